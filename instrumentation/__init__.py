@@ -1,0 +1,1 @@
+"""TraceML training-side API. Importing this package never imports torch."""

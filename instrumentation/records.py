@@ -1,0 +1,62 @@
+"""What the training-side samplers hand to the exporter (one typed record per finished step).
+
+These are the boundary between `traceml` (instrumentation) and `traceml.exporter`.
+Standard library only. Values are exactly what the samplers measured: a missing
+GPU time is `None`, never 0.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class EventTotals:
+    """One raw event summed over a step: repeated occurrences add up, clocks stay separate."""
+
+    cpu_ms: float
+    gpu_ms: float | None
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseInterval:
+    """One occurrence of a raw event on the wall clock (for trace-viewer child spans)."""
+
+    raw_event: str
+    start_time_ns: int
+    end_time_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedStepTime:
+    """One published StepTimeBatch after CUDA timing resolved (or was unavailable).
+
+    `start_time_ns`/`end_time_ns` are wall-clock (time.time_ns epoch) bounds of the
+    step's first and last event, derived from the captured perf_counter values.
+    """
+
+    step: int
+    start_time_ns: int
+    end_time_ns: int
+    events: Mapping[str, EventTotals]
+    phases: tuple[PhaseInterval, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class StepMemorySnapshot:
+    """Peak allocator memory of the tracked device over one step; None on non-CUDA devices."""
+
+    step: int
+    device: str
+    peak_allocated_bytes: int | None
+    peak_reserved_bytes: int | None
+    time_ns: int
+
+
+class TelemetrySink(Protocol):
+    """Receives finished records on a sampler thread (never on the training thread)."""
+
+    def on_step_time(self, record: ResolvedStepTime) -> None: ...
+
+    def on_step_memory(self, record: StepMemorySnapshot) -> None: ...

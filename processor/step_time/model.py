@@ -1,0 +1,258 @@
+"""Step Time shared data contracts: the lowest processor layer (standard library only).
+
+Three core domain shapes flow through the processor:
+
+    StepTimeRepositorySnapshot  normalised source facts (sqlite.py)
+      -> StepTimeWindow         canonical analysed facts (analysis.py)
+      -> StepTimeAnalysis       window plus one diagnosis (pipeline.py)
+
+Values are milliseconds on the window's selected clock unless a name says
+otherwise. `None` means unavailable (never measured, or only partly present on
+the aligned steps); a measured zero stays `0.0`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+CLOCK_CPU = "cpu"
+CLOCK_GPU = "gpu"
+
+FRESHNESS_COLD = "cold"
+FRESHNESS_LIVE = "live"
+FRESHNESS_BRIDGED = "bridged"
+FRESHNESS_EXPIRED = "expired"
+FRESHNESS_STATES = (FRESHNESS_COLD, FRESHNESS_LIVE, FRESHNESS_BRIDGED, FRESHNESS_EXPIRED)
+
+SEVERITY_INFO = "info"
+SEVERITY_WARN = "warn"
+SEVERITY_CRIT = "crit"
+
+
+# --- Ingest side: what receivers hand to storage --------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RankIdentity:
+    """Who a rank is; every field but the global rank may be unknown."""
+
+    global_rank: int
+    local_rank: int | None = None
+    node_rank: int | None = None
+    world_size: int | None = None
+    local_world_size: int | None = None
+    hostname: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RawEventValue:
+    """One raw event's summed values for one step, as received (before normalisation)."""
+
+    cpu_ms: float | None
+    gpu_ms: float | None
+    count: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimeIngestRecord:
+    """One `traceml.step` span decoded: exactly one `step_time_samples` row."""
+
+    run_id: str
+    identity: RankIdentity
+    step: int
+    start_time: float  # unix seconds, step start
+    sample_time: float  # unix seconds, step end
+    events: Mapping[str, RawEventValue]  # raw event name -> values
+    training_strategy: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepMemoryIngestRecord:
+    """One step's peak memory of one rank's tracked device (bytes; None when unavailable)."""
+
+    run_id: str
+    global_rank: int
+    step: int
+    device: str
+    peak_allocated_bytes: int | None
+    peak_reserved_bytes: int | None
+    sample_time: float
+
+
+# --- Repository side -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ClockPair:
+    """One canonical metric on both clocks for one row; either may be missing."""
+
+    cpu_ms: float | None
+    gpu_ms: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimeSourceRow:
+    """One decoded source row with CPU/GPU clock pairs; no alignment or derived meaning.
+
+    `values` holds only the canonical metrics the row carries.
+    """
+
+    row_id: int
+    global_rank: int
+    step: int
+    sample_time: float | None
+    values: Mapping[str, ClockPair]
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimeSourceCursor:
+    """The single stored latest-row/latest-step position used by live-session reuse."""
+
+    latest_row_id: int
+    latest_step: int | None
+
+
+@dataclass(frozen=True)
+class StepTimeRepositorySnapshot:
+    """Normalised source facts for one run, read in one SQLite snapshot."""
+
+    run_id: str
+    training_strategy: str
+    ranks: Mapping[int, RankIdentity]  # the persisted rank universe
+    cursor: StepTimeSourceCursor
+    rows: Sequence[StepTimeSourceRow]
+    rejected: Mapping[str, int] = field(default_factory=dict)  # decode reason -> count
+
+
+# --- Window side -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimeValues:
+    """Optional phase, derived and CPU-reporting values for one step or one rank average."""
+
+    input_wait: float | None = None
+    h2d: float | None = None
+    forward: float | None = None
+    backward: float | None = None
+    optimizer_step: float | None = None
+    traced_step_time: float | None = None
+    compute: float | None = None
+    residual: float | None = None
+    step_time: float | None = None
+    # Explicit-clock aggregates kept whatever the selected clock is.
+    step_time_cpu: float | None = None
+    step_time_gpu: float | None = None
+    traced_step_time_cpu: float | None = None
+    traced_step_time_gpu: float | None = None
+    dataloader_fetch_cpu: float | None = None
+
+    def get(self, metric: str) -> float | None:
+        return getattr(self, metric)
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimeStepFacts:
+    """One aligned step id and its typed values."""
+
+    step: int
+    values: StepTimeValues
+
+
+@dataclass(frozen=True)
+class StepTimeRankFacts:
+    """Typed aligned steps of one rank and the corresponding rank-window average."""
+
+    rank: int
+    identity: RankIdentity
+    average: StepTimeValues
+    steps: Sequence[StepTimeStepFacts]
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimeMetric:
+    """Flat per-signal series and rank statistics; clock and coverage live on the window.
+
+    Statistics use only the ranks that measured the metric. `worst`/`worst_rank`
+    describe the same rank; `representative_rank` is the real rank nearest the
+    mathematical median (then lower value, then lower rank).
+    """
+
+    name: str
+    series: tuple[float | None, ...]  # per aligned step: median over measured ranks
+    rank_values: Mapping[int, float]  # rank -> window average, measured ranks only
+    median: float | None
+    average: float | None
+    worst: float | None
+    worst_rank: int | None
+    skew: float | None  # (worst - median) / median; None with < 2 measured ranks
+    representative_rank: int | None
+    representative_value: float | None
+
+
+@dataclass(frozen=True)
+class StepTimeWindow:
+    """Canonical analysed facts for the common step window of one run."""
+
+    run_id: str
+    clock: str | None  # CLOCK_CPU / CLOCK_GPU; None when the window is empty
+    steps: tuple[int, ...]  # aligned step ids, ascending
+    expected_ranks: tuple[int, ...]  # the rank universe, kept even when a rank lacks a metric
+    rank_facts: Mapping[int, StepTimeRankFacts]
+    metrics: Mapping[str, StepTimeMetric]  # canonical + derived metric name -> statistics
+    coverage: Mapping[str, tuple[int, int]]  # metric -> (measured ranks, expected ranks)
+    shares: Mapping[str, float | None]  # metric -> median(metric) / median(step_time)
+    training_strategy: str
+
+    @property
+    def step_count(self) -> int:
+        return len(self.steps)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.steps
+
+
+@dataclass(frozen=True, slots=True)
+class DiagnosisIssue:
+    """One finding. `evidence` holds rule-specific, JSON-safe facts (documented in DIAGNOSIS.md)."""
+
+    kind: str
+    severity: str
+    status: str
+    score: float | None
+    summary: str
+    culprit_rank: int | None = None
+    victim_rank: int | None = None
+    component: str | None = None
+    evidence: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StepTimeDiagnosis:
+    """Ordered issues; `primary` is `issues[0]` (BALANCED/WARMUP/INCOMPLETE_DATA when nothing fires)."""
+
+    issues: tuple[DiagnosisIssue, ...]
+
+    @property
+    def primary(self) -> DiagnosisIssue:
+        return self.issues[0]
+
+
+@dataclass(frozen=True)
+class StepTimeAnalysis:
+    """The window plus one diagnosis: what every surface reads."""
+
+    window: StepTimeWindow
+    diagnosis: StepTimeDiagnosis
+    cursor: StepTimeSourceCursor | None = None
+
+
+@dataclass(frozen=True)
+class LiveStepTimeResult:
+    """Freshness added to an existing analysis, without copying its timing facts."""
+
+    analysis: StepTimeAnalysis
+    freshness: str
+    age_s: float | None  # seconds since the analysis was last good (monotonic)
+    error: str | None = None

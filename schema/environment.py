@@ -1,0 +1,62 @@
+"""Every environment variable TraceML reads, declared and documented once.
+
+Both sides import the names from here; each reads its own at start-up. Standard
+OpenTelemetry variables (`OTEL_*`) keep their standard meaning; TraceML's own
+start with `TRACEML_`. `docs/configuration.md` lists them for people.
+"""
+from __future__ import annotations
+
+# --- Standard OpenTelemetry variables honoured ---------------------------------
+OTEL_SDK_DISABLED = "OTEL_SDK_DISABLED"
+OTEL_SERVICE_NAME = "OTEL_SERVICE_NAME"
+OTEL_RESOURCE_ATTRIBUTES = "OTEL_RESOURCE_ATTRIBUTES"
+OTEL_EXPORTER_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
+OTEL_EXPORTER_OTLP_PROTOCOL = "OTEL_EXPORTER_OTLP_PROTOCOL"
+OTEL_EXPORTER_OTLP_HEADERS = "OTEL_EXPORTER_OTLP_HEADERS"
+OTEL_EXPORTER_OTLP_TIMEOUT = "OTEL_EXPORTER_OTLP_TIMEOUT"
+OTEL_EXPORTER_OTLP_COMPRESSION = "OTEL_EXPORTER_OTLP_COMPRESSION"
+OTEL_EXPORTER_OTLP_INSECURE = "OTEL_EXPORTER_OTLP_INSECURE"
+
+# --- Launcher / rank identity (set by torchrun, SLURM) -------------------------
+TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
+SLURM_JOB_ID = "SLURM_JOB_ID"
+RANK = "RANK"
+LOCAL_RANK = "LOCAL_RANK"
+GROUP_RANK = "GROUP_RANK"
+WORLD_SIZE = "WORLD_SIZE"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+
+# --- TraceML training side ----------------------------------------------------
+TRACEML_DISABLE = "TRACEML_DISABLE"
+"""Kill switch: any of 1/true/yes/on makes every TraceML call a no-op."""
+TRACEML_RUN_ID = "TRACEML_RUN_ID"
+"""Explicit run id; wins over TORCHELASTIC_RUN_ID and SLURM_JOB_ID."""
+TRACEML_MODE = "TRACEML_MODE"
+"""`auto` (patch DataLoader, forward, backward, H2D, optimizer) or `manual`."""
+TRACEML_TRAINING_STRATEGY = "TRACEML_TRAINING_STRATEGY"
+"""`ddp` (default with world size > 1), `fsdp` or `single`."""
+TRACEML_PHASE_SPANS = "TRACEML_PHASE_SPANS"
+"""Emit per-phase child spans for trace viewers (default on)."""
+TRACEML_LAUNCHED = "TRACEML_LAUNCHED"
+"""Set by `traceml run` in each rank: enable instrumentation without code changes."""
+
+# --- TraceML processor ----------------------------------------------------------
+TRACEML_PROCESSOR_DB = "TRACEML_PROCESSOR_DB"
+TRACEML_PROCESSOR_OTLP_GRPC = "TRACEML_PROCESSOR_OTLP_GRPC"
+TRACEML_PROCESSOR_OTLP_HTTP = "TRACEML_PROCESSOR_OTLP_HTTP"
+TRACEML_PROCESSOR_PROMETHEUS = "TRACEML_PROCESSOR_PROMETHEUS"
+TRACEML_PROCESSOR_EXPORT_ENDPOINT = "TRACEML_PROCESSOR_EXPORT_ENDPOINT"
+TRACEML_PROCESSOR_SUMMARY_DIR = "TRACEML_PROCESSOR_SUMMARY_DIR"
+TRACEML_PROCESSOR_AUTH_TOKEN = "TRACEML_PROCESSOR_AUTH_TOKEN"
+TRACEML_PROCESSOR_TLS_CERT = "TRACEML_PROCESSOR_TLS_CERT"
+TRACEML_PROCESSOR_TLS_KEY = "TRACEML_PROCESSOR_TLS_KEY"
+TRACEML_PROCESSOR_IDLE_TIMEOUT = "TRACEML_PROCESSOR_IDLE_TIMEOUT"
+
+TRUE_VALUES = frozenset({"1", "true", "yes", "on"})
+
+
+def env_flag(value: str | None, default: bool = False) -> bool:
+    """Parse a boolean environment value the way the OTel SDK does (case-insensitive)."""
+    if value is None or value.strip() == "":
+        return default
+    return value.strip().lower() in TRUE_VALUES

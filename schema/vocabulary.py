@@ -166,6 +166,25 @@ ATTR_QUEUE = "traceml.queue"
 """Which bounded queue dropped: `timing`, `memory`, `spans`, `metrics`."""
 QUEUE_NAMES: tuple[str, ...] = ("timing", "memory", "spans", "metrics")
 
+# Export outcome metrics carry the signal whose export failed or was retried.
+SIGNAL_TRACES = "traces"
+SIGNAL_METRICS = "metrics"
+SIGNALS: tuple[str, ...] = (SIGNAL_TRACES, SIGNAL_METRICS)
+
+# Final counts on the `traceml.run.end` span (besides ATTR_STEPS_COMPLETED and,
+# when any step was published, ATTR_STEP = the last step number).
+RUN_END_DROPPED_PREFIX = "traceml.telemetry.dropped."
+ATTR_RUN_END_EXPORT_FAILURES = "traceml.telemetry.export.failures"
+ATTR_RUN_END_EXPORT_RETRIES = "traceml.telemetry.export.retries"
+
+
+def run_end_dropped_attribute(queue: str) -> str:
+    """`spans` -> `traceml.telemetry.dropped.spans` (a final count on the run-end span)."""
+    if queue not in QUEUE_NAMES:
+        raise ValueError(f"unknown queue {queue!r}")
+    return RUN_END_DROPPED_PREFIX + queue
+
+
 # --- Processor re-exported summary metrics (no step attribute, ever) ------------
 
 ATTR_METRIC = "traceml.metric"
@@ -236,6 +255,25 @@ PROCESSOR_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("traceml.processor.run.lag", "s",
                "Seconds between now and the newest step end received for a run.", (ATTR_RUN_ID,)),
     MetricSpec("traceml.processor.runs", "{run}", "Runs currently tracked.", ()),
+)
+
+# What each rank's exporter sends (step-keyed raw input; see docs/wire-format.md).
+TRAINING_METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec(METRIC_MEMORY_PEAK_ALLOCATED, "By",
+               "Peak memory allocated by tensors on the rank's device during one step.",
+               (ATTR_RUN_ID, ATTR_RANK, ATTR_STEP, ATTR_DEVICE)),
+    MetricSpec(METRIC_MEMORY_PEAK_RESERVED, "By",
+               "Peak memory reserved by the caching allocator on the rank's device during one step.",
+               (ATTR_RUN_ID, ATTR_RANK, ATTR_STEP, ATTR_DEVICE)),
+    MetricSpec(METRIC_TELEMETRY_DROPPED, "{record}",
+               "Telemetry records dropped on the training side because a bounded queue was full, by queue.",
+               (ATTR_RUN_ID, ATTR_RANK, ATTR_QUEUE), kind="counter"),
+    MetricSpec(METRIC_EXPORT_FAILURES, "{record}",
+               "Spans or metric points lost because their OTLP export failed after retries, by signal.",
+               (ATTR_RUN_ID, ATTR_RANK, ATTR_SIGNAL), kind="counter"),
+    MetricSpec(METRIC_EXPORT_RETRIES, "{request}",
+               "OTLP export requests retried after a transient error, by signal.",
+               (ATTR_RUN_ID, ATTR_RANK, ATTR_SIGNAL), kind="counter"),
 )
 
 _UNIT_SUFFIX = {"s": "seconds", "By": "bytes", "1": "ratio", "ms": "milliseconds"}

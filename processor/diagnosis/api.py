@@ -1,0 +1,46 @@
+"""`diagnose(window)`: gates, every rule, and the issue order.
+
+Order: severity (crit, warn, info), then score (highest first, no score last),
+then straggler kinds before the others, then kind name for a stable tie-break.
+`StepTimeDiagnosis.primary` is therefore `issues[0]`.
+"""
+from __future__ import annotations
+
+from traceml.processor.diagnosis.context import RuleContext
+from traceml.processor.diagnosis.policy import DEFAULT_POLICY, DiagnosisPolicy
+from traceml.processor.diagnosis.rules import (
+    balanced,
+    compute_bound,
+    h2d_bound,
+    incomplete_data,
+    input_bound,
+    residual_heavy,
+    warmup,
+)
+from traceml.processor.diagnosis.straggler import rank_straggler
+from traceml.processor.step_time.model import DiagnosisIssue, StepTimeDiagnosis, StepTimeWindow
+from traceml.schema.diagnosis import STRAGGLER_KINDS, severity_rank
+
+RULES = (rank_straggler, input_bound, h2d_bound, residual_heavy, compute_bound, incomplete_data)
+
+
+def issue_order_key(issue: DiagnosisIssue) -> tuple:
+    return (
+        -severity_rank(issue.severity),
+        issue.score is None,
+        -(issue.score or 0.0),
+        issue.kind not in STRAGGLER_KINDS,
+        issue.kind,
+    )
+
+
+def diagnose(window: StepTimeWindow, policy: DiagnosisPolicy = DEFAULT_POLICY) -> StepTimeDiagnosis:
+    """Diagnose one analysed window. Pure: same window and policy, same issues."""
+    ctx = RuleContext(window=window, policy=policy)
+    gate = warmup(ctx)
+    if gate is not None:
+        return StepTimeDiagnosis(issues=(gate,))
+    issues = [issue for rule in RULES if (issue := rule(ctx)) is not None]
+    if not issues:
+        return StepTimeDiagnosis(issues=(balanced(ctx),))
+    return StepTimeDiagnosis(issues=tuple(sorted(issues, key=issue_order_key)))

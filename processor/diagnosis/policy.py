@@ -1,0 +1,45 @@
+"""Diagnosis thresholds: the one place they live. Live view and final summary share them."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from traceml.schema.diagnosis import SEVERITY_CRIT, SEVERITY_INFO, SEVERITY_WARN
+
+
+@dataclass(frozen=True)
+class DiagnosisPolicy:
+    """Every threshold, gate and cap a rule reads (see docs/DIAGNOSIS.md)."""
+
+    warn_share: float = 0.10
+    """Input, H2D and residual shares, and the straggler score, warn at or above this."""
+    crit_share: float = 0.20
+    """... and are critical at or above this (subject to the caps)."""
+    compute_bound_share: float = 0.90
+    """Compute share at or above which COMPUTE_BOUND (info) is reported."""
+    straggler_attribution: float = 0.80
+    """A straggler cause is named when its excess covers at least this fraction of the gap."""
+    min_steps: int = 2
+    """Below this many aligned steps the diagnosis is WARMUP and no rule runs."""
+    crit_min_steps: int = 20
+    """Critical severity needs at least this many aligned steps; fewer caps at warn."""
+    phase_floor_ms: float = 0.0
+    """Optional floor: input/H2D/residual findings need a median at least this large (0 = off)."""
+    tolerance: float = 1e-9
+    """Comparisons at a threshold forgive this much float rounding (0.2 - 1e-12 still counts)."""
+
+    def at_least(self, value: float, threshold: float) -> bool:
+        return value >= threshold - self.tolerance
+
+    def severity_for(self, score: float) -> str | None:
+        """Uncapped severity of a share or straggler score; None below the warn threshold."""
+        if self.at_least(score, self.crit_share):
+            return SEVERITY_CRIT
+        if self.at_least(score, self.warn_share):
+            return SEVERITY_WARN
+        return None
+
+
+DEFAULT_POLICY = DiagnosisPolicy()
+"""Used by both the live and the summary profile."""
+
+__all__ = ["DiagnosisPolicy", "DEFAULT_POLICY", "SEVERITY_CRIT", "SEVERITY_INFO", "SEVERITY_WARN"]

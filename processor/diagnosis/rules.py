@@ -1,0 +1,158 @@
+"""Share rules (input, H2D, residual), compute-bound, and the gate issues.
+
+Each rule returns one `DiagnosisIssue` or None; ordering happens in `api.py`.
+"""
+from __future__ import annotations
+
+from traceml.processor.diagnosis.context import RuleContext, ShareFacts
+from traceml.processor.step_time.model import CLOCK_GPU, DiagnosisIssue
+from traceml.schema.diagnosis import (
+    BALANCED,
+    COMPUTE_BOUND,
+    H2D_BOUND,
+    INCOMPLETE_DATA,
+    INPUT_BOUND,
+    RESIDUAL_HEAVY,
+    SEVERITY_INFO,
+    SEVERITY_WARN,
+    STATUS_BALANCED,
+    STATUS_INCOMPLETE,
+    STATUS_WARMUP,
+    WARMUP,
+)
+from traceml.schema.vocabulary import (
+    METRIC_COMPUTE,
+    METRIC_H2D,
+    METRIC_INPUT_WAIT,
+    METRIC_RESIDUAL,
+    REQUIRED_METRICS,
+)
+
+OVERHEAD_METRICS: tuple[str, ...] = (METRIC_INPUT_WAIT, METRIC_H2D, METRIC_RESIDUAL)
+"""Shares that, at or above the warn threshold, rule out COMPUTE_BOUND."""
+
+_SHARE_WORDING = {
+    INPUT_BOUND: "waiting on input",
+    H2D_BOUND: "in host-to-device copies",
+    RESIDUAL_HEAVY: "outside every timed phase (unattributed)",
+}
+
+
+def _share_issue(ctx: RuleContext, kind: str, facts: ShareFacts | None) -> DiagnosisIssue | None:
+    if facts is None:
+        return None
+    uncapped = ctx.policy.severity_for(facts.share)
+    if uncapped is None:
+        return None
+    if facts.median_ms < ctx.policy.phase_floor_ms:
+        return None
+    severity, caps = ctx.capped(uncapped)
+    evidence = {
+        **ctx.common_evidence(),
+        "metric": facts.metric,
+        "share": facts.share,
+        "median_ms": facts.median_ms,
+        "step_time_median_ms": facts.step_time_median_ms,
+        "worst_rank": facts.worst_rank,
+        "worst_ms": facts.worst_ms,
+        "cohort_ranks": list(facts.cohort),
+        "warn_threshold": ctx.policy.warn_share,
+        "crit_threshold": ctx.policy.crit_share,
+        "uncapped_severity": uncapped,
+        "severity_caps": caps,
+    }
+    summary = (
+        f"{facts.share:.0%} of the median step ({facts.median_ms:.1f} of "
+        f"{facts.step_time_median_ms:.1f} ms) is spent {_SHARE_WORDING[kind]}"
+    )
+    return DiagnosisIssue(kind=kind, severity=severity, status=ctx.status, score=facts.share,
+                          summary=summary, evidence=evidence)
+
+
+def input_bound(ctx: RuleContext) -> DiagnosisIssue | None:
+    return _share_issue(ctx, INPUT_BOUND, ctx.share(METRIC_INPUT_WAIT))
+
+
+def h2d_bound(ctx: RuleContext) -> DiagnosisIssue | None:
+    """GPU clock only: on the CPU clock an asynchronous copy's launch time says nothing."""
+    if ctx.window.clock != CLOCK_GPU:
+        return None
+    return _share_issue(ctx, H2D_BOUND, ctx.share(METRIC_H2D))
+
+
+def residual_heavy(ctx: RuleContext) -> DiagnosisIssue | None:
+    return _share_issue(ctx, RESIDUAL_HEAVY, ctx.share(METRIC_RESIDUAL))
+
+
+def compute_bound(ctx: RuleContext) -> DiagnosisIssue | None:
+    """Information, not a problem: nearly all of the step is compute and no overhead stands out."""
+    facts = ctx.share(METRIC_COMPUTE)
+    if facts is None or not ctx.policy.at_least(facts.share, ctx.policy.compute_bound_share):
+        return None
+    overhead: dict[str, float | None] = {}
+    for metric in OVERHEAD_METRICS:
+        other = ctx.share(metric)
+        overhead[metric] = None if other is None else other.share
+        if other is not None and ctx.policy.at_least(other.share, ctx.policy.warn_share):
+            return None
+    evidence = {
+        **ctx.common_evidence(),
+        "metric": METRIC_COMPUTE,
+        "share": facts.share,
+        "median_ms": facts.median_ms,
+        "step_time_median_ms": facts.step_time_median_ms,
+        "cohort_ranks": list(facts.cohort),
+        "threshold": ctx.policy.compute_bound_share,
+        "overhead_shares": overhead,
+    }
+    summary = f"compute is {facts.share:.0%} of the median step; no overhead reaches {ctx.policy.warn_share:.0%}"
+    return DiagnosisIssue(kind=COMPUTE_BOUND, severity=SEVERITY_INFO, status=ctx.status, score=None,
+                          summary=summary, evidence=evidence)
+
+
+def warmup(ctx: RuleContext) -> DiagnosisIssue | None:
+    if ctx.step_count >= ctx.policy.min_steps:
+        return None
+    evidence = {**ctx.common_evidence(), "min_steps": ctx.policy.min_steps}
+    summary = f"warming up: {ctx.step_count} aligned step(s), {ctx.policy.min_steps} needed"
+    return DiagnosisIssue(kind=WARMUP, severity=SEVERITY_INFO, status=STATUS_WARMUP, score=None,
+                          summary=summary, evidence=evidence)
+
+
+def signal_coverage(ctx: RuleContext) -> dict[str, tuple[int, int]]:
+    """(measured ranks, expected ranks) per required signal, as the analyzer counted them."""
+    expected = len(ctx.window.expected_ranks)
+    out: dict[str, tuple[int, int]] = {}
+    for metric in REQUIRED_METRICS:
+        coverage = ctx.window.coverage.get(metric)
+        if coverage is None:
+            measured = sum(1 for f in ctx.window.rank_facts.values() if f.average.get(metric) is not None)
+            coverage = (measured, expected)
+        out[metric] = (int(coverage[0]), int(coverage[1]))
+    return out
+
+
+def incomplete_data(ctx: RuleContext) -> DiagnosisIssue | None:
+    """A required signal measured by no rank: every rule needing it is blind, so say so."""
+    coverage = signal_coverage(ctx)
+    missing = [m for m, (measured, expected) in coverage.items() if measured == 0 and expected > 0]
+    if not missing:
+        return None
+    evidence = {
+        **ctx.common_evidence(),
+        "missing_signals": missing,
+        "signal_coverage": {m: f"{measured}/{expected}" for m, (measured, expected) in coverage.items()},
+    }
+    summary = f"no rank reports {', '.join(missing)}: rules that need it cannot run"
+    return DiagnosisIssue(kind=INCOMPLETE_DATA, severity=SEVERITY_WARN, status=STATUS_INCOMPLETE,
+                          score=None, summary=summary, evidence=evidence)
+
+
+def balanced(ctx: RuleContext) -> DiagnosisIssue:
+    shares = {}
+    for metric in (*OVERHEAD_METRICS, METRIC_COMPUTE):
+        facts = ctx.share(metric)
+        shares[metric] = None if facts is None else facts.share
+    evidence = {**ctx.common_evidence(), "shares": shares}
+    return DiagnosisIssue(kind=BALANCED, severity=SEVERITY_INFO, status=STATUS_BALANCED, score=None,
+                          summary="no bottleneck or straggler crosses a threshold", evidence=evidence)

@@ -1,0 +1,67 @@
+"""Public diagnosis vocabulary: issue kinds, severities, statuses and components.
+
+These strings are public values: they appear in `final_summary.json`, in the live
+view, and as attribute values of the re-exported `traceml.diagnosis.active`
+metric (so alert rules match on them). Standard library only.
+`docs/DIAGNOSIS.md` explains each one.
+"""
+from __future__ import annotations
+
+# --- Kinds ----------------------------------------------------------------------
+INPUT_BOUND = "INPUT_BOUND"
+H2D_BOUND = "H2D_BOUND"
+RESIDUAL_HEAVY = "RESIDUAL_HEAVY"
+COMPUTE_BOUND = "COMPUTE_BOUND"
+INPUT_STRAGGLER = "INPUT_STRAGGLER"
+H2D_STRAGGLER = "H2D_STRAGGLER"
+COMPUTE_STRAGGLER = "COMPUTE_STRAGGLER"
+STRAGGLER = "STRAGGLER"
+WARMUP = "WARMUP"
+INCOMPLETE_DATA = "INCOMPLETE_DATA"
+BALANCED = "BALANCED"
+
+STRAGGLER_KINDS: tuple[str, ...] = (INPUT_STRAGGLER, H2D_STRAGGLER, COMPUTE_STRAGGLER, STRAGGLER)
+SHARE_KINDS: tuple[str, ...] = (INPUT_BOUND, H2D_BOUND, RESIDUAL_HEAVY)
+DIAGNOSIS_KINDS: tuple[str, ...] = (
+    *STRAGGLER_KINDS, *SHARE_KINDS, COMPUTE_BOUND, INCOMPLETE_DATA, WARMUP, BALANCED,
+)
+
+# --- Severities (ascending) -----------------------------------------------------------
+SEVERITY_INFO = "info"
+SEVERITY_WARN = "warn"
+SEVERITY_CRIT = "crit"
+SEVERITIES: tuple[str, ...] = (SEVERITY_INFO, SEVERITY_WARN, SEVERITY_CRIT)
+
+# --- Statuses: how far an issue can be trusted ------------------------------------------
+STATUS_CONFIRMED = "confirmed"
+"""A finding over a window long enough for critical severity (>= 20 aligned steps)."""
+STATUS_PROVISIONAL = "provisional"
+"""A finding over a short window (2..19 aligned steps): it can never be critical."""
+STATUS_WARMUP = "warmup"
+"""Fewer than 2 aligned steps: no rule was evaluated."""
+STATUS_INCOMPLETE = "incomplete"
+"""A required signal is measured by no rank: the rules that need it could not run."""
+STATUS_BALANCED = "balanced"
+"""Rules ran and none fired."""
+DIAGNOSIS_STATUSES: tuple[str, ...] = (
+    STATUS_CONFIRMED, STATUS_PROVISIONAL, STATUS_WARMUP, STATUS_INCOMPLETE, STATUS_BALANCED,
+)
+
+# --- Straggler components (which excess explains the gap) -----------------------------
+COMPONENT_INPUT_WAIT = "input_wait"
+COMPONENT_H2D = "h2d"
+COMPONENT_COMPUTE = "compute"
+COMPONENT_UNATTRIBUTED = "sync_or_unattributed"
+STRAGGLER_COMPONENTS: tuple[str, ...] = (
+    COMPONENT_INPUT_WAIT, COMPONENT_H2D, COMPONENT_COMPUTE, COMPONENT_UNATTRIBUTED,
+)
+
+# --- Severity caps recorded in evidence -------------------------------------------------
+CAP_SHORT_WINDOW = "short_window"
+CAP_FSDP = "fsdp"
+SEVERITY_CAPS: tuple[str, ...] = (CAP_SHORT_WINDOW, CAP_FSDP)
+
+
+def severity_rank(severity: str) -> int:
+    """info < warn < crit, as an integer for ordering."""
+    return SEVERITIES.index(severity)

@@ -1,0 +1,295 @@
+"""`OtlpStepExporter`: the TelemetrySink that turns finished steps into OTLP on its own thread.
+
+The samplers call `on_step_time` / `on_step_memory` on their threads; each call only
+appends the record to a bounded queue of ours (drop-new-when-full, counted) and
+returns. One daemon thread builds the protobuf messages, sends them, counts
+failures and retries, periodically exports the drop/failure/retry counters, and
+at shutdown drains, sends final counters and the `traceml.run.end` marker, all
+within a bounded time. No method raises into the caller.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+from traceml.identity import RunIdentity
+from traceml.records import ResolvedStepTime, StepMemorySnapshot
+from traceml.schema import vocabulary as v
+
+from .encoding import OtlpEncoder
+from .settings import DEFAULT_SHUTDOWN_TIMEOUT_S, ExporterSettings
+from .transport import ExportOutcome, make_transport
+
+_log = logging.getLogger("traceml.exporter")
+
+QUEUE_SPANS = "spans"
+QUEUE_METRICS = "metrics"
+
+
+@dataclass(frozen=True, slots=True)
+class ExporterStats:
+    """Counts since start; `dropped` holds this exporter's queues and the instrumentation's."""
+
+    steps_received: int
+    steps_exported: int
+    spans_exported: int
+    memory_points_exported: int
+    dropped: Mapping[str, int]
+    failures: Mapping[str, int]
+    retries: Mapping[str, int]
+    queued_steps: int
+    queued_memory: int
+
+
+def _instrumentation_drops() -> Mapping[str, int]:
+    """`traceml.step_events.dropped_counts()` when the instrumentation is importable."""
+    try:
+        from traceml import step_events
+    except Exception:
+        return {}
+    try:
+        return dict(step_events.dropped_counts())
+    except Exception:
+        return {}
+
+
+class OtlpStepExporter:
+    """Implements `traceml.records.TelemetrySink`; see the module docstring."""
+
+    def __init__(self, identity: RunIdentity, settings: ExporterSettings, *,
+                 instrumentation_drops: Callable[[], Mapping[str, int]] | None = None,
+                 transport=None):
+        self.identity = identity
+        self.settings = settings
+        self._encoder = OtlpEncoder(identity, settings)
+        self._instrumentation_drops = instrumentation_drops or _instrumentation_drops
+        self._stop = threading.Event()  # aborts retry backoff (shutdown deadline reached)
+        self._transport = transport or make_transport(settings, self._stop)
+        self._steps: collections.deque[ResolvedStepTime] = collections.deque()
+        self._memory: collections.deque[StepMemorySnapshot] = collections.deque()
+        self._capacity = settings.queue_size
+        self._wake_at = max(1, min(settings.max_batch, settings.queue_size // 2))
+        self._wake = threading.Event()
+        self._flush_waiters: list[threading.Event] = []
+        self._closing = False
+        self._shutdown_deadline: float | None = None
+        self._start_ns = time.time_ns()
+        self._dropped = {QUEUE_SPANS: 0, QUEUE_METRICS: 0}
+        self._failures = {s: 0 for s in v.SIGNALS}
+        self._retries = {s: 0 for s in v.SIGNALS}
+        self._steps_received = 0
+        self._steps_exported = 0
+        self._spans_exported = 0
+        self._points_exported = 0
+        self._last_step: int | None = None
+        self._failure_logs = 0
+        self._last_counters: tuple | None = None
+        self._run_end_sent = False
+        self._thread = threading.Thread(target=self._run, name="traceml-otlp-exporter", daemon=True)
+        self._thread.start()
+
+    # --- TelemetrySink (sampler threads) -------------------------------------------------
+
+    def on_step_time(self, record: ResolvedStepTime) -> None:
+        if self._closing or len(self._steps) >= self._capacity:
+            self._dropped[QUEUE_SPANS] += 1
+            return
+        self._steps.append(record)
+        self._steps_received += 1
+        if len(self._steps) >= self._wake_at:
+            self._wake.set()
+
+    def on_step_memory(self, record: StepMemorySnapshot) -> None:
+        if self._closing or len(self._memory) >= self._capacity:
+            self._dropped[QUEUE_METRICS] += 1
+            return
+        self._memory.append(record)
+        if len(self._memory) >= self._wake_at:
+            self._wake.set()
+
+    # --- control -----------------------------------------------------------------------
+
+    def stats(self) -> ExporterStats:
+        return ExporterStats(
+            steps_received=self._steps_received, steps_exported=self._steps_exported,
+            spans_exported=self._spans_exported, memory_points_exported=self._points_exported,
+            dropped=self._all_drops(), failures=dict(self._failures), retries=dict(self._retries),
+            queued_steps=len(self._steps), queued_memory=len(self._memory))
+
+    def force_flush(self, timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S) -> bool:
+        """Export everything queued so far; True when done within `timeout_s`."""
+        if not self._thread.is_alive():
+            return False
+        done = threading.Event()
+        self._flush_waiters.append(done)
+        self._wake.set()
+        return done.wait(timeout_s)
+
+    def shutdown(self, timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S) -> bool:
+        """Drain, send final counters and the run-end marker; returns within about `timeout_s`.
+
+        True when everything queued was handed to the endpoint (delivered or counted as failed)
+        and the worker finished in time.
+        """
+        if self._closing:
+            self._thread.join(max(0.0, timeout_s))
+            return not self._thread.is_alive()
+        self._shutdown_deadline = time.monotonic() + max(0.0, timeout_s)
+        self._closing = True
+        self._wake.set()
+        self._thread.join(max(0.0, timeout_s))
+        if self._thread.is_alive():
+            self._stop.set()  # cut any backoff short; in-flight calls end at the shutdown deadline
+            self._thread.join(1.0)
+        finished = not self._thread.is_alive()
+        self._transport.close()
+        return finished
+
+    @property
+    def run_end_sent(self) -> bool:
+        return self._run_end_sent
+
+    # --- worker --------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        next_counters = time.monotonic() + self.settings.telemetry_interval_s
+        while True:
+            try:
+                if not self._closing:
+                    self._wake.wait(self.settings.export_interval_s)
+                    self._wake.clear()
+                waiters, self._flush_waiters = self._flush_waiters, []
+                closing = self._closing
+                self._drain()
+                if closing:
+                    self._send_counters(force=True)
+                    self._send_run_end()
+                    for w in waiters + self._flush_waiters:
+                        w.set()
+                    return
+                if time.monotonic() >= next_counters:
+                    self._send_counters(force=False)
+                    next_counters = time.monotonic() + self.settings.telemetry_interval_s
+                for w in waiters:
+                    w.set()
+            except Exception as exc:  # the worker must survive anything a record can do
+                self._note_failure(f"exporter worker error: {type(exc).__name__}: {exc}")
+                if self._closing:
+                    return
+
+    def _deadline(self) -> float:
+        deadline = time.monotonic() + self.settings.timeout_s
+        if self._shutdown_deadline is not None:
+            deadline = min(deadline, self._shutdown_deadline)
+        return deadline
+
+    def _drain(self) -> None:
+        """Send what is queued, in batches of at most `max_batch`, until both queues are empty."""
+        batch = self.settings.max_batch
+        while self._steps or self._memory:
+            if self._shutdown_deadline is not None and time.monotonic() >= self._shutdown_deadline:
+                self._abandon_queued()
+                return
+            if self._steps:
+                self._send_steps([self._steps.popleft() for _ in range(min(batch, len(self._steps)))])
+            if self._memory:
+                self._send_memory([self._memory.popleft() for _ in range(min(batch, len(self._memory)))])
+
+    def _abandon_queued(self) -> None:
+        """Shutdown ran out of time: what is still queued is counted as failed, not encoded."""
+        self._failures[v.SIGNAL_TRACES] += len(self._steps)
+        self._failures[v.SIGNAL_METRICS] += len(self._memory)
+        self._note_failure(f"shutdown deadline reached with {len(self._steps)} steps and "
+                           f"{len(self._memory)} memory snapshots unsent")
+        self._steps.clear()
+        self._memory.clear()
+
+    def _send_steps(self, records: list[ResolvedStepTime]) -> None:
+        spans = []
+        steps = 0
+        for record in records:
+            try:
+                spans.extend(self._encoder.step_spans(record))
+                steps += 1
+                self._last_step = record.step if self._last_step is None else max(self._last_step, record.step)
+            except Exception as exc:
+                self._failures[v.SIGNAL_TRACES] += 1
+                self._note_failure(f"step record not encodable ({type(exc).__name__}: {exc}): {record!r:.200}")
+        if not spans:
+            return
+        outcome = self._export(v.SIGNAL_TRACES, self._encoder.trace_request(spans), len(spans))
+        if outcome.delivered:
+            self._steps_exported += steps
+            self._spans_exported += len(spans) - outcome.rejected
+
+    def _send_memory(self, records: list[StepMemorySnapshot]) -> None:
+        points = []
+        for record in records:
+            try:
+                points.extend(self._encoder.memory_points(record))
+            except Exception as exc:
+                self._failures[v.SIGNAL_METRICS] += 1
+                self._note_failure(f"memory record not encodable ({type(exc).__name__}: {exc}): {record!r:.200}")
+        if not points:
+            return
+        outcome = self._export(v.SIGNAL_METRICS, self._encoder.metrics_request(points), len(points))
+        if outcome.delivered:
+            self._points_exported += len(points) - outcome.rejected
+
+    def _all_drops(self) -> dict[str, int]:
+        drops = {q: 0 for q in v.QUEUE_NAMES}
+        for queue, count in self._instrumentation_drops().items():
+            if queue in drops:
+                drops[queue] += int(count)
+        for queue, count in self._dropped.items():
+            drops[queue] += count
+        return drops
+
+    def _send_counters(self, force: bool) -> None:
+        drops = self._all_drops()
+        snapshot = (tuple(drops.items()), tuple(self._failures.items()), tuple(self._retries.items()))
+        if not force and snapshot == self._last_counters:
+            return
+        now = time.time_ns()
+        enc = self._encoder
+        points = (enc.counter_points(v.METRIC_TELEMETRY_DROPPED, v.ATTR_QUEUE, drops, self._start_ns, now)
+                  + enc.counter_points(v.METRIC_EXPORT_FAILURES, v.ATTR_SIGNAL, dict(self._failures),
+                                       self._start_ns, now)
+                  + enc.counter_points(v.METRIC_EXPORT_RETRIES, v.ATTR_SIGNAL, dict(self._retries),
+                                       self._start_ns, now))
+        outcome = self._export(v.SIGNAL_METRICS, enc.metrics_request(points), len(points))
+        if outcome.delivered:
+            self._last_counters = snapshot
+
+    def _send_run_end(self) -> None:
+        span = self._encoder.run_end_span(
+            self._start_ns, time.time_ns(), self._steps_received, self._last_step, self._all_drops(),
+            sum(self._failures.values()), sum(self._retries.values()))
+        outcome = self._export(v.SIGNAL_TRACES, self._encoder.trace_request([span]), 1)
+        self._run_end_sent = outcome.delivered
+
+    def _export(self, signal: str, request, items: int) -> ExportOutcome:
+        try:
+            outcome = self._transport.export(signal, request, self._deadline())
+        except Exception as exc:
+            outcome = ExportOutcome(False, 0, error=f"{type(exc).__name__}: {exc}")
+        self._retries[signal] += outcome.retries
+        if not outcome.delivered:
+            self._failures[signal] += items
+            self._note_failure(f"OTLP {signal} export to {self.settings.endpoint} failed: {outcome.error}")
+        elif outcome.rejected:
+            self._failures[signal] += outcome.rejected
+            self._note_failure(f"OTLP receiver rejected {outcome.rejected} of {items} {signal} items")
+        return outcome
+
+    def _note_failure(self, message: str) -> None:
+        """First failure at WARNING, then every 100th: a dead endpoint must not flood the log."""
+        if self._failure_logs % 100 == 0:
+            _log.warning("traceml: %s (failures so far: %d)", message, self._failure_logs + 1)
+        else:
+            _log.debug("traceml: %s", message)
+        self._failure_logs += 1

@@ -1,0 +1,234 @@
+"""A real OTLP receiver for tests: gRPC and HTTP/protobuf servers on 127.0.0.1 (free ports).
+
+Built only from `opentelemetry-proto` and grpcio/http.server; it stores every decoded
+request and can be switched at run time to misbehave:
+- `ok`: accept (200 / OK);
+- `stall`: hold each request up to `stall_s` seconds, then accept;
+- `error`: answer a retryable error (HTTP 503, gRPC UNAVAILABLE);
+- `reject`: answer a permanent error (HTTP 400, gRPC INVALID_ARGUMENT).
+
+Helpers flatten what arrived into plain dicts keyed by (run id, rank, step), so
+tests compare values exactly. Usable as a context manager.
+"""
+from __future__ import annotations
+
+import gzip
+import threading
+import time
+from concurrent import futures
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import grpc
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+MODES = ("ok", "stall", "error", "reject")
+MAX_BODY = 64 * 1024 * 1024
+
+
+def any_value(value):
+    kind = value.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind in ("array_value", "kvlist_value"):
+        return str(getattr(value, kind))
+    return getattr(value, kind)
+
+
+def attributes(kvs) -> dict:
+    return {kv.key: any_value(kv.value) for kv in kvs}
+
+
+class OtlpTestReceiver:
+    def __init__(self, mode: str = "ok", stall_s: float = 30.0):
+        self.mode = mode
+        self.stall_s = stall_s
+        self._lock = threading.Lock()
+        self._released = threading.Event()
+        self.trace_requests: list = []
+        self.metric_requests: list = []
+        self.calls = {"grpc": 0, "http": 0}
+        self._grpc_server = None
+        self._http_server = None
+        self.grpc_port = 0
+        self.http_port = 0
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> "OtlpTestReceiver":
+        self._grpc_server = grpc.server(futures.ThreadPoolExecutor(max_workers=8),
+                                        options=[("grpc.max_receive_message_length", MAX_BODY)])
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceServicer(self), self._grpc_server)
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(_MetricsServicer(self), self._grpc_server)
+        self.grpc_port = self._grpc_server.add_insecure_port("127.0.0.1:0")
+        self._grpc_server.start()
+        self._http_server = ThreadingHTTPServer(("127.0.0.1", 0), _http_handler(self))
+        self._http_server.daemon_threads = True
+        self.http_port = self._http_server.server_address[1]
+        threading.Thread(target=self._http_server.serve_forever, name="otlp-test-http", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._released.set()  # free any stalled handler
+        if self._grpc_server is not None:
+            self._grpc_server.stop(grace=0.5).wait(2.0)
+        if self._http_server is not None:
+            self._http_server.shutdown()
+            self._http_server.server_close()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    @property
+    def grpc_endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.grpc_port}"
+
+    @property
+    def http_endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def release_stalls(self) -> None:
+        self._released.set()
+
+    # --- what arrived ---------------------------------------------------------------------
+
+    def _accept(self, signal: str, request) -> str:
+        """Record (in ok/stall mode) and return the mode that decided the answer."""
+        mode = self.mode
+        if mode == "stall":
+            self._released.wait(self.stall_s)
+        if mode in ("ok", "stall"):
+            with self._lock:
+                (self.trace_requests if signal == "traces" else self.metric_requests).append(request)
+        return mode
+
+    def spans(self) -> list[tuple[dict, object]]:
+        """(resource attributes, span) for every span received, in arrival order."""
+        with self._lock:
+            requests = list(self.trace_requests)
+        out = []
+        for request in requests:
+            for rs in request.resource_spans:
+                res = attributes(rs.resource.attributes)
+                for ss in rs.scope_spans:
+                    for span in ss.spans:
+                        out.append((res, span))
+        return out
+
+    def metric_points(self) -> list[tuple[dict, object, object]]:
+        """(resource attributes, metric, data point) for every number point received."""
+        with self._lock:
+            requests = list(self.metric_requests)
+        out = []
+        for request in requests:
+            for rm in request.resource_metrics:
+                res = attributes(rm.resource.attributes)
+                for sm in rm.scope_metrics:
+                    for metric in sm.metrics:
+                        kind = metric.WhichOneof("data")
+                        for point in getattr(metric, kind).data_points:
+                            out.append((res, metric, point))
+        return out
+
+    def step_spans(self, name: str = "traceml.step") -> dict[tuple, dict]:
+        """(run, rank, step) -> {"attributes", "resource", "start", "end", "span_id", "trace_id"}."""
+        rows = {}
+        for res, span in self.spans():
+            if span.name != name:
+                continue
+            attrs = attributes(span.attributes)
+            key = (attrs.get("traceml.run.id"), attrs.get("traceml.rank"), attrs.get("traceml.step"))
+            rows[key] = {"attributes": attrs, "resource": res, "start": span.start_time_unix_nano,
+                         "end": span.end_time_unix_nano, "span_id": span.span_id, "trace_id": span.trace_id,
+                         "parent_span_id": span.parent_span_id}
+        return rows
+
+    def wait_for(self, predicate, timeout_s: float = 30.0, poll_s: float = 0.05) -> bool:
+        """Poll until `predicate()` holds ("did not hang" bound, not a timing assertion)."""
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            if predicate():
+                return True
+            time.sleep(poll_s)
+        return bool(predicate())
+
+
+class _TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
+    def __init__(self, receiver: OtlpTestReceiver):
+        self.receiver = receiver
+
+    def Export(self, request, context):
+        self.receiver.calls["grpc"] += 1
+        mode = self.receiver._accept("traces", request)
+        if mode == "error":
+            context.abort(grpc.StatusCode.UNAVAILABLE, "test receiver: unavailable")
+        if mode == "reject":
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "test receiver: rejected")
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+class _MetricsServicer(metrics_service_pb2_grpc.MetricsServiceServicer):
+    def __init__(self, receiver: OtlpTestReceiver):
+        self.receiver = receiver
+
+    def Export(self, request, context):
+        self.receiver.calls["grpc"] += 1
+        mode = self.receiver._accept("metrics", request)
+        if mode == "error":
+            context.abort(grpc.StatusCode.UNAVAILABLE, "test receiver: unavailable")
+        if mode == "reject":
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "test receiver: rejected")
+        return metrics_service_pb2.ExportMetricsServiceResponse()
+
+
+def _http_handler(receiver: OtlpTestReceiver):
+    routes = {
+        "/v1/traces": ("traces", trace_service_pb2.ExportTraceServiceRequest,
+                       trace_service_pb2.ExportTraceServiceResponse),
+        "/v1/metrics": ("metrics", metrics_service_pb2.ExportMetricsServiceRequest,
+                        metrics_service_pb2.ExportMetricsServiceResponse),
+    }
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):  # keep test output clean
+            pass
+
+        def _answer(self, status: int, body: bytes, content_type: str = "application/x-protobuf"):
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self):
+            receiver.calls["http"] += 1
+            route = routes.get(self.path)
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else b""
+            if route is None:
+                return self._answer(404, b"not found", "text/plain")
+            signal, request_type, response_type = route
+            if self.headers.get("Content-Type", "").split(";")[0].strip() != "application/x-protobuf":
+                return self._answer(415, b"protobuf only", "text/plain")
+            try:
+                if (self.headers.get("Content-Encoding") or "").lower() == "gzip":
+                    body = gzip.decompress(body)
+                    if len(body) > MAX_BODY:
+                        raise ValueError("body too large after decompression")
+                request = request_type()
+                request.ParseFromString(body)
+            except Exception as exc:
+                return self._answer(400, f"bad request: {exc}".encode(), "text/plain")
+            mode = receiver._accept(signal, request)
+            if mode == "error":
+                return self._answer(503, b"test receiver: unavailable", "text/plain")
+            if mode == "reject":
+                return self._answer(400, b"test receiver: rejected", "text/plain")
+            return self._answer(200, response_type().SerializeToString())
+
+    return Handler

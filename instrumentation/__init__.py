@@ -1,1 +1,328 @@
-"""TraceML training-side API. Importing this package never imports torch."""
+"""TraceML training-side API. Importing this package never imports torch.
+
+    import traceml
+    traceml.init()                       # auto mode: patches + samplers (+ exporter)
+    for batch in loader:
+        with traceml.trace_step(model):  # one TraceML step
+            ...
+    traceml.shutdown()
+
+See docs/instrumentation.md for modes, lifecycle rules and misuse behaviour.
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+
+from traceml.schema.vocabulary import RAW_FORWARD, RAW_OPTIMIZER_STEP, RAW_STEP_TIME
+
+from . import settings as _settings
+from . import step_events as _se
+from . import timing as _timing
+from .hooks import TimedIterable, instrument_forward, instrument_optimizer
+from .hooks import timed_backward as _timed_backward
+from .hooks import timed_h2d as _timed_h2d
+from .memory import StepMemoryTracker
+from .records import (
+    EventTotals,
+    PhaseInterval,
+    ResolvedStepTime,
+    StepMemorySnapshot,
+    TelemetrySink,
+)
+from .samplers import StepMemorySampler, StepTimeSampler, register_sink, unregister_sink
+from .step_events import (
+    abort_step_capture,
+    complete_step_capture,
+    current_capture,
+    dropped_counts,
+    misuse_counts,
+    set_recording,
+    steps_completed,
+)
+from .timing import dataloader_timing_scope, timed_region
+
+__all__ = [
+    "init", "shutdown", "trace_step", "is_initialized",
+    "wrap_dataloader", "wrap_forward", "wrap_optimizer", "timed_region", "timed_forward",
+    "timed_backward", "timed_h2d", "timed_optimizer_step", "dataloader_timing_scope",
+    "register_sink", "unregister_sink", "dropped_counts", "misuse_counts", "steps_completed",
+    "set_recording", "current_capture", "complete_step_capture", "abort_step_capture",
+    "StepMemoryTracker", "EventTotals", "PhaseInterval", "ResolvedStepTime",
+    "StepMemorySnapshot", "TelemetrySink",
+]
+
+_log = logging.getLogger("traceml")
+_lock = threading.RLock()
+_disabled = _settings.kill_switch()
+_initialized = False
+_mode: str | None = None
+_time_sampler: StepTimeSampler | None = None
+_memory_sampler: StepMemorySampler | None = None
+_exporter_sink = None
+_atexit_registered = False
+_default_device = None
+_in_step = False
+
+
+def is_initialized() -> bool:
+    return _initialized
+
+
+def mode() -> str | None:
+    """`auto` or `manual` after init, else None."""
+    return _mode
+
+
+def init(mode: str | None = None, *, endpoint: str | None = None, protocol: str | None = None,
+         run_id: str | None = None, strategy: str | None = None,
+         phase_spans: bool | None = None) -> None:
+    """Start TraceML in this process (idempotent; a no-op under TRACEML_DISABLE).
+
+    Starts the two samplers, installs the automatic patches in `auto` mode, and starts
+    the OTLP exporter when an endpoint is configured (argument or
+    OTEL_EXPORTER_OTLP_ENDPOINT). An invalid mode raises ValueError; a failing
+    exporter is logged and training continues without export.
+    """
+    global _disabled, _initialized, _mode, _time_sampler, _memory_sampler, _exporter_sink
+    global _atexit_registered, _default_device
+    with _lock:
+        config = _settings.read_settings(mode)
+        _disabled = config.disabled
+        if config.disabled or _initialized:
+            return
+        _default_device = _detect_default_device()
+        if config.mode == _settings.MODE_AUTO:
+            from . import patches
+
+            patches.install()
+        _time_sampler = StepTimeSampler()
+        _memory_sampler = StepMemorySampler()
+        _time_sampler.start()
+        _memory_sampler.start()
+        _exporter_sink = _start_exporter(endpoint=endpoint, protocol=protocol, run_id=run_id,
+                                         strategy=strategy, phase_spans=phase_spans)
+        if not _atexit_registered:
+            atexit.register(_shutdown_at_exit)
+            _atexit_registered = True
+        _mode = config.mode
+        _initialized = True
+        _se.set_recording(True)
+
+
+def _detect_default_device():
+    """The CUDA current device when torch is importable and CUDA is available, else None (CPU)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    try:
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+    except Exception:
+        pass
+    return None
+
+
+def _start_exporter(**kwargs):
+    """Start the OTLP exporter through `traceml.exporter.start_from_settings`, guarded.
+
+    The hook returns a TelemetrySink (or None when no endpoint is configured); it is
+    registered here and flushed by `shutdown()`. Any failure is logged once and
+    training goes on without export.
+    """
+    try:
+        import traceml.exporter as exporter
+
+        start = getattr(exporter, "start_from_settings", None)
+        if start is None:
+            return None
+        sink = start(**kwargs)
+    except Exception:
+        _log.exception("TraceML: the OTLP exporter failed to start; training continues without export")
+        return None
+    if sink is not None:
+        register_sink(sink)
+    return sink
+
+
+def shutdown(timeout_s: float = 5.0) -> None:
+    """Stop recording, drain both samplers, then flush and close the exporter (idempotent).
+
+    The exporter sink gets `on_run_end(steps_completed, dropped_counts)` (when it has
+    that method) after the samplers drained, then `shutdown(timeout_s)`.
+    """
+    global _initialized, _mode, _time_sampler, _memory_sampler, _exporter_sink
+    with _lock:
+        if not _initialized:
+            return
+        _se.set_recording(False)
+        for sampler in (_time_sampler, _memory_sampler):
+            if sampler is not None:
+                try:
+                    sampler.stop(timeout_s)
+                except Exception:
+                    _log.exception("TraceML: sampler drain failed at shutdown")
+        sink = _exporter_sink
+        if sink is not None:
+            unregister_sink(sink)
+            try:
+                on_run_end = getattr(sink, "on_run_end", None)
+                if on_run_end is not None:
+                    on_run_end(_se.steps_completed(), _se.dropped_counts())
+                close = getattr(sink, "shutdown", None)
+                if close is not None:
+                    close(timeout_s)
+            except Exception:
+                _log.exception("TraceML: exporter shutdown failed")
+        if _mode == _settings.MODE_AUTO:
+            from . import patches
+
+            patches.uninstall()
+        _time_sampler = _memory_sampler = _exporter_sink = None
+        _initialized = False
+        _mode = None
+
+
+def _shutdown_at_exit() -> None:
+    try:
+        shutdown(timeout_s=2.0)
+    except Exception:
+        pass
+
+
+# --- trace_step ---------------------------------------------------------------------
+
+_tracker_cache: list = [None, None]  # [model, tracker]: the last model's tracker
+
+
+def _tracker_for(model) -> StepMemoryTracker:
+    cached_model, tracker = _tracker_cache
+    if tracker is not None and cached_model is model:
+        return tracker
+    device = _default_device
+    if model is not None:
+        try:
+            device = next(model.parameters()).device
+        except (StopIteration, AttributeError, TypeError):
+            pass
+    tracker = StepMemoryTracker(device)
+    _timing.configure_gpu_timing(tracker.is_cuda)
+    if model is not None and _mode == _settings.MODE_AUTO:
+        from . import patches
+
+        patches.instrument_model(model)
+    _tracker_cache[0] = model
+    _tracker_cache[1] = tracker
+    return tracker
+
+
+class _TraceStep:
+    __slots__ = ("_model", "_capture", "_region", "_tracker", "_active")
+
+    def __init__(self, model) -> None:
+        self._model = model
+        self._active = False
+
+    def __enter__(self):
+        global _in_step
+        if _disabled:
+            return self
+        if not _initialized:
+            _se.warn_once("trace_step_without_init", "trace_step() was called before "
+                          "traceml.init(); the step runs untraced")
+            return self
+        if _in_step:
+            _se.warn_once("nested_trace_step", "trace_step() was nested inside another "
+                          "trace_step(); the inner one is ignored and the outer step is kept")
+            return self
+        if not _se.recording_allowed():
+            return self
+        _in_step = True
+        self._active = True
+        tracker = self._tracker = _tracker_for(self._model)
+        self._capture = _se.begin_step_capture()
+        tracker.reset()
+        self._region = timed_region(RAW_STEP_TIME).start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        global _in_step
+        if not self._active:
+            return False
+        self._active = False
+        _in_step = False
+        self._region.__exit__(exc_type, exc, tb)
+        if exc_type is not None:
+            abort_step_capture(self._capture)
+            return False
+        self._tracker.read()
+        complete_step_capture(self._capture)
+        return False
+
+
+def trace_step(model=None) -> _TraceStep:
+    """Context manager around one training step (or accumulation group).
+
+    Begins the capture (keeping input events recorded since the last step), resets
+    the tracked device's peak memory, times the block as the traced step, reads
+    memory and completes the capture. An exception aborts the capture (the step
+    counter does not move) and propagates unchanged. `model` selects the tracked
+    device and, in auto mode, gets forward hooks on that outermost module.
+    """
+    return _TraceStep(model)
+
+
+# --- Manual-mode wrappers -------------------------------------------------------------
+
+
+def wrap_dataloader(iterable):
+    """Return an iterable whose `next()` calls are timed as input wait."""
+    if _disabled:
+        return iterable
+    return TimedIterable(iterable)
+
+
+def wrap_forward(module):
+    """Time every call of `module` (the outermost model) as forward; returns the module."""
+    if not _disabled:
+        instrument_forward(module)
+    return module
+
+
+def wrap_optimizer(optimizer):
+    """Time `optimizer.step()` through its step hooks; returns the optimizer."""
+    if not _disabled:
+        instrument_optimizer(optimizer)
+    return optimizer
+
+
+def timed_forward() -> timed_region:
+    return timed_region(RAW_FORWARD)
+
+
+def timed_backward() -> timed_region:
+    """`with traceml.timed_backward(): loss.backward()`."""
+    return _timed_backward()
+
+
+def timed_h2d() -> timed_region:
+    """`with traceml.timed_h2d(): batch = batch.to(device, non_blocking=True)`."""
+    return _timed_h2d()
+
+
+def timed_optimizer_step() -> timed_region:
+    return timed_region(RAW_OPTIMIZER_STEP)
+
+
+def _reset_for_tests() -> None:
+    """Shut down and forget all process state (tests only)."""
+    global _disabled, _in_step, _default_device
+    shutdown(timeout_s=1.0)
+    _se._reset_for_tests()
+    _timing._reset_for_tests()
+    _tracker_cache[0] = _tracker_cache[1] = None
+    _disabled = _settings.kill_switch()
+    _in_step = False
+    _default_device = None

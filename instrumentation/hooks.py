@@ -1,0 +1,200 @@
+"""Region timers built on timed_region, shared by manual wrappers and automatic patches.
+
+Each piece here turns a framework callback pair (module pre/post forward hooks,
+optimizer step pre/post hooks) or an iterator `next()` into one timed region. No
+torch import at module level.
+"""
+from __future__ import annotations
+
+from traceml.schema.vocabulary import (
+    RAW_BACKWARD,
+    RAW_DATALOADER_NEXT,
+    RAW_FORWARD,
+    RAW_H2D,
+    RAW_OPTIMIZER_STEP,
+)
+
+from . import step_events as _se
+from . import timing as _timing
+from .timing import timed_region
+
+
+class HookRegionTimer:
+    """Opens a region in a pre-hook and closes it in the matching post-hook.
+
+    A stack handles re-entrant calls (the inner region of the same name is inert);
+    entries whose step already ended (a post-hook that never ran because the call
+    raised) are dropped at the next pre-hook instead of leaking.
+    """
+
+    __slots__ = ("raw_event", "_stack")
+
+    def __init__(self, raw_event: str) -> None:
+        self.raw_event = raw_event
+        self._stack: list = []
+
+    def pre(self, *_args, **_kwargs) -> None:
+        if not _se._recording:
+            return
+        stack = self._stack
+        while stack and stack[-1]._state == 3:
+            stack.pop()
+        if stack and stack[-1]._capture is not None and stack[-1]._capture.detached:
+            stack.clear()
+        stack.append(timed_region(self.raw_event).start())
+
+    def post(self, *_args, **_kwargs) -> None:
+        stack = self._stack
+        if stack:
+            stack.pop().stop()
+
+
+class ForwardTimer(HookRegionTimer):
+    __slots__ = ("handles",)
+
+    def __init__(self) -> None:
+        super().__init__(RAW_FORWARD)
+        self.handles: list = []
+
+    def forward_pre(self, module, args):
+        self.pre()
+
+    def forward_post(self, module, args, output):
+        self.post()
+
+
+_FORWARD_ATTR = "_traceml_forward_timer"
+
+
+def instrument_forward(module) -> ForwardTimer:
+    """Time every call of `module` (only this module, not its children). Idempotent."""
+    timer = getattr(module, _FORWARD_ATTR, None)
+    if timer is not None and timer.handles:
+        return timer
+    timer = ForwardTimer()
+    timer.handles.append(module.register_forward_pre_hook(timer.forward_pre))
+    # always_call: the closing hook runs even when forward raises, so nothing leaks.
+    timer.handles.append(module.register_forward_hook(timer.forward_post, always_call=True))
+    object.__setattr__(module, _FORWARD_ATTR, timer)
+    return timer
+
+
+def remove_forward_instrumentation(module) -> None:
+    timer = getattr(module, _FORWARD_ATTR, None)
+    if timer is None:
+        return
+    for handle in timer.handles:
+        handle.remove()
+    timer.handles.clear()
+    try:
+        object.__delattr__(module, _FORWARD_ATTR)
+    except AttributeError:
+        pass
+
+
+class OptimizerTimer(HookRegionTimer):
+    __slots__ = ("handles",)
+
+    def __init__(self) -> None:
+        super().__init__(RAW_OPTIMIZER_STEP)
+        self.handles: list = []
+
+    def step_pre(self, optimizer, args, kwargs):
+        self.pre()
+        return None
+
+    def step_post(self, optimizer, args, kwargs):
+        self.post()
+
+
+_OPTIMIZER_ATTR = "_traceml_optimizer_timer"
+
+
+def instrument_optimizer(optimizer) -> OptimizerTimer:
+    """Time `optimizer.step()` through its own step hooks. Idempotent."""
+    timer = getattr(optimizer, _OPTIMIZER_ATTR, None)
+    if timer is not None and timer.handles:
+        return timer
+    timer = OptimizerTimer()
+    timer.handles.append(optimizer.register_step_pre_hook(timer.step_pre))
+    timer.handles.append(optimizer.register_step_post_hook(timer.step_post))
+    setattr(optimizer, _OPTIMIZER_ATTR, timer)
+    return timer
+
+
+def timed_next(next_fn, *args):
+    """Call `next_fn(*args)` as one input-wait region (CPU clock); epoch-end StopIteration is not recorded."""
+    if not _timing._dataloader_timing or not _se._recording:
+        return next_fn(*args)
+    region = timed_region(RAW_DATALOADER_NEXT, device="cpu").start()
+    try:
+        item = next_fn(*args)
+    except StopIteration:
+        region.discard()
+        raise
+    except BaseException:
+        region.stop()
+        raise
+    region.stop()
+    return item
+
+
+class TimedIterable:
+    """Wraps an iterable so that each `next()` on its iterator is timed as input wait."""
+
+    def __init__(self, iterable) -> None:
+        self.iterable = iterable
+
+    def __iter__(self):
+        return _TimedIterator(iter(self.iterable))
+
+    def __len__(self):
+        return len(self.iterable)
+
+    def __getattr__(self, name):
+        return getattr(self.iterable, name)
+
+
+class _TimedIterator:
+    __slots__ = ("_it",)
+
+    def __init__(self, it) -> None:
+        self._it = it
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return timed_next(next, self._it)
+
+
+def timed_backward() -> timed_region:
+    return timed_region(RAW_BACKWARD)
+
+
+def timed_h2d() -> timed_region:
+    return timed_region(RAW_H2D)
+
+
+def _is_cuda_target(target) -> bool:
+    if target is None:
+        return False
+    if isinstance(target, str):
+        return target.startswith("cuda")
+    kind = getattr(target, "type", None)  # torch.device
+    if isinstance(kind, str):
+        return kind == "cuda"
+    if isinstance(target, int) and not isinstance(target, bool):
+        return True  # a bare int is a CUDA device ordinal
+    is_cuda = getattr(target, "is_cuda", None)  # a tensor: .to(other) takes its device
+    return is_cuda is True
+
+
+def moves_host_to_device(tensor, args: tuple, kwargs: dict) -> bool:
+    """True when `tensor.to(*args, **kwargs)` copies a CPU tensor onto a CUDA device."""
+    target = kwargs.get("device")
+    if target is None and args:
+        target = args[0]
+    if not _is_cuda_target(target):
+        return False
+    return getattr(tensor, "is_cpu", False) is True

@@ -1,0 +1,135 @@
+"""Automatic mode: reversible patches that time the five regions without code changes.
+
+Installed once per process by `traceml.init(mode="auto")`, removed by `uninstall()`:
+- DataLoader iteration: `_BaseDataLoaderIter.__next__` (input wait, CPU clock,
+  honouring `dataloader_timing_scope`);
+- backward: `torch.Tensor.backward`;
+- host-to-device copies: `torch.Tensor.to` / `torch.Tensor.cuda`, counted only when a
+  CPU tensor really goes to a CUDA device (never on CPU-only runs);
+- optimizer step: global optimizer step pre/post hooks;
+- forward: hooks on the outermost module only, added by `trace_step(model)` or
+  `instrument_model(model)` (a global module hook would slow every submodule call).
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+
+from . import hooks as _hooks
+from . import step_events as _se
+from .timing import timed_region
+
+_lock = threading.Lock()
+_installed = False
+_originals: list = []  # (owner, attribute, original)
+_handles: list = []
+_models: list = []  # weak references to modules given forward hooks in auto mode
+_optimizer_timer: _hooks.OptimizerTimer | None = None
+
+
+def is_installed() -> bool:
+    return _installed
+
+
+_MISSING = object()
+
+
+def _patch(owner, name: str, replacement) -> None:
+    # An inherited attribute (Tensor.to lives on torch._C.TensorBase) is shadowed,
+    # then deleted again on uninstall.
+    _originals.append((owner, name, owner.__dict__.get(name, _MISSING)))
+    setattr(owner, name, replacement)
+
+
+def install() -> bool:
+    """Install every automatic patch; returns False when they were already installed."""
+    global _installed, _optimizer_timer
+    with _lock:
+        if _installed:
+            return False
+        import torch
+        from torch.utils.data import dataloader as _dl
+
+        from traceml.schema.vocabulary import RAW_BACKWARD, RAW_H2D
+
+        iter_cls = _dl._BaseDataLoaderIter
+        orig_next = iter_cls.__dict__["__next__"]
+
+        def __next__(self):
+            return _hooks.timed_next(orig_next, self)
+
+        __next__.__wrapped__ = orig_next
+        _patch(iter_cls, "__next__", __next__)
+
+        tensor_cls = torch.Tensor
+        orig_backward = tensor_cls.__dict__["backward"]
+
+        def backward(self, *args, **kwargs):
+            if not _se._recording:
+                return orig_backward(self, *args, **kwargs)
+            with timed_region(RAW_BACKWARD):
+                return orig_backward(self, *args, **kwargs)
+
+        backward.__wrapped__ = orig_backward
+        _patch(tensor_cls, "backward", backward)
+
+        orig_to = tensor_cls.to
+        orig_cuda = tensor_cls.cuda
+        moves = _hooks.moves_host_to_device
+
+        def to(self, *args, **kwargs):
+            if _se._recording and moves(self, args, kwargs):
+                with timed_region(RAW_H2D):
+                    return orig_to(self, *args, **kwargs)
+            return orig_to(self, *args, **kwargs)
+
+        def cuda(self, *args, **kwargs):
+            if _se._recording and getattr(self, "is_cpu", False) is True:
+                with timed_region(RAW_H2D):
+                    return orig_cuda(self, *args, **kwargs)
+            return orig_cuda(self, *args, **kwargs)
+
+        to.__wrapped__ = orig_to
+        cuda.__wrapped__ = orig_cuda
+        _patch(tensor_cls, "to", to)
+        _patch(tensor_cls, "cuda", cuda)
+
+        from torch.optim.optimizer import (
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
+
+        timer = _optimizer_timer = _hooks.OptimizerTimer()
+        _handles.append(register_optimizer_step_pre_hook(timer.step_pre))
+        _handles.append(register_optimizer_step_post_hook(timer.step_post))
+        _installed = True
+        return True
+
+
+def instrument_model(model) -> None:
+    """Time forward calls of `model` (the outermost module). Idempotent; undone by uninstall()."""
+    if getattr(model, _hooks._FORWARD_ATTR, None) is not None:
+        return
+    _hooks.instrument_forward(model)
+    with _lock:
+        _models.append(weakref.ref(model))
+
+
+def uninstall() -> None:
+    """Restore every patched attribute and remove every hook this module added."""
+    global _installed, _optimizer_timer
+    with _lock:
+        while _originals:
+            owner, name, original = _originals.pop()
+            if original is _MISSING:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
+        while _handles:
+            _handles.pop().remove()
+        while _models:
+            model = _models.pop()()
+            if model is not None:
+                _hooks.remove_forward_instrumentation(model)
+        _optimizer_timer = None
+        _installed = False

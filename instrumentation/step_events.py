@@ -1,0 +1,330 @@
+"""StepCapture, the two bounded queues to the samplers, and the helpers that own them.
+
+The training thread only appends small tuples to the active capture and, at a step
+boundary, moves the capture's event list into the timing queue. Everything costly
+(summing, CUDA resolution, building records) happens later on the sampler threads.
+
+Lifecycle (contract, "Training-to-sampler handoff"):
+- Events recorded while no step is open land in a pending capture created lazily by
+  `current_capture()`; they are attributed to the next completed step.
+- `complete_step_capture()` detaches the capture, assigns one step number and
+  publishes its timing batch and final memory snapshot.
+- `abort_step_capture()` discards the capture; the step counter does not move.
+- Completing or aborting a capture that is already detached does nothing, so a stale
+  caller can never finalise a later step.
+- `set_recording(False)` detaches and discards the active capture; while recording
+  is off nothing is recorded. The samplers keep draining what was published.
+
+A timing event is a plain tuple `(raw_event, cpu_start_ns, cpu_end_ns, gpu_start,
+gpu_end)` where the GPU items are CUDA-event-like objects (`query()`,
+`elapsed_time()`) or None. Only one thread records: the first one that records
+after recording is enabled (the training thread); others are ignored and counted.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from collections import deque
+
+from .records import StepMemorySnapshot
+
+QUEUE_CAPACITY = 2048
+"""Items per queue (timing batches, memory snapshots); new items are dropped when full."""
+
+MAX_EVENTS_PER_CAPTURE = 8192
+"""Bound on one capture's events, so a loop that never closes a step cannot grow memory."""
+
+# Positions inside a timing event tuple.
+EV_NAME, EV_CPU_START, EV_CPU_END, EV_GPU_START, EV_GPU_END = range(5)
+
+
+class StepTimeBatch:
+    """One completed step's timing events, as published to the timing queue."""
+
+    __slots__ = ("step", "events")
+
+    def __init__(self, step: int, events: list) -> None:
+        self.step = step
+        self.events = events
+
+    def __repr__(self) -> str:
+        return f"StepTimeBatch(step={self.step}, events={len(self.events)})"
+
+
+class MemoryReading:
+    """One peak-memory reading of the tracked device (bytes; None on non-CUDA devices)."""
+
+    __slots__ = ("device", "peak_allocated_bytes", "peak_reserved_bytes", "time_ns")
+
+    def __init__(self, device: str, peak_allocated_bytes: int | None,
+                 peak_reserved_bytes: int | None, time_ns: int) -> None:
+        self.device = device
+        self.peak_allocated_bytes = peak_allocated_bytes
+        self.peak_reserved_bytes = peak_reserved_bytes
+        self.time_ns = time_ns
+
+
+class StepCapture:
+    """The events and the one memory reading of one step, until it is completed or aborted.
+
+    Integrations obtain it with `current_capture()`/`begin_step_capture()` and finish
+    it only through `complete_step_capture()`/`abort_step_capture()`.
+    """
+
+    __slots__ = ("events", "memory", "detached")
+
+    def __init__(self) -> None:
+        self.events: list = []
+        self.memory: MemoryReading | None = None
+        self.detached = False
+
+    def record(self, reading: MemoryReading) -> None:
+        """Keep `reading` as this step's memory snapshot (replaces an earlier one)."""
+        if not self.detached:
+            self.memory = reading
+
+    def is_empty(self) -> bool:
+        return not self.events and self.memory is None
+
+
+class BoundedDropQueue:
+    """Single-producer, single-consumer queue that drops new items when full and counts them."""
+
+    __slots__ = ("_items", "capacity", "dropped")
+
+    def __init__(self, capacity: int = QUEUE_CAPACITY) -> None:
+        self._items: deque = deque()
+        self.capacity = capacity
+        self.dropped = 0
+
+    def put(self, item) -> bool:
+        if len(self._items) >= self.capacity:
+            self.dropped += 1
+            return False
+        self._items.append(item)
+        return True
+
+    def drain(self) -> list:
+        out = []
+        pop = self._items.popleft
+        while True:
+            try:
+                out.append(pop())
+            except IndexError:
+                return out
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+# --- Process-wide state (owned by the helpers below) ------------------------------
+
+_active: StepCapture | None = None
+_next_step = 0
+_recording = False
+_owner: int | None = None
+_timing_queue = BoundedDropQueue()
+_memory_queue = BoundedDropQueue()
+_events_dropped = 0
+_foreign_dropped = 0
+open_regions: dict = {}
+"""raw event -> the outermost open region of that name (timing.py nests on this)."""
+
+_warned: set = set()
+_misuse: dict = {}
+_get_ident = threading.get_ident
+
+
+def warn_once(key: str, message: str) -> None:
+    """Count one misuse of kind `key`; emit a RuntimeWarning the first time only."""
+    _misuse[key] = _misuse.get(key, 0) + 1
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(f"TraceML: {message}", RuntimeWarning, stacklevel=3)
+
+
+def misuse_counts() -> dict[str, int]:
+    """How often each documented misuse was seen (keys: see docs/instrumentation.md)."""
+    return dict(_misuse)
+
+
+def recording_allowed() -> bool:
+    """True when recording is on and the caller is the recording (training) thread."""
+    global _owner, _foreign_dropped
+    if not _recording:
+        return False
+    tid = _get_ident()
+    if tid == _owner:
+        return True
+    if _owner is None:
+        _owner = tid
+        return True
+    _foreign_dropped += 1
+    warn_once("foreign_thread", "a timed region was entered from a thread other than the "
+              "training thread; it is ignored (only the training thread records)")
+    return False
+
+
+def current_capture() -> StepCapture:
+    """The active capture, created lazily (pending events attach to the next step)."""
+    global _active
+    capture = _active
+    if capture is None:
+        capture = _active = StepCapture()
+    return capture
+
+
+begin_step_capture = current_capture
+
+
+def has_active_capture() -> bool:
+    return _active is not None
+
+
+def record_timing_event(event: tuple, capture: StepCapture | None = None) -> bool:
+    """Append one timing event to the active capture (timed-region utilities only).
+
+    `capture` is the capture that was active when the region opened: a region whose
+    step completed or aborted in between spans a boundary and is discarded.
+    """
+    global _events_dropped
+    if not _recording:
+        return False
+    active = _active
+    if capture is not None and (capture is not active or capture.detached):
+        warn_once("spanning_region", f"region {event[0]!r} spanned a step boundary "
+                  "(opened before the step completed or aborted, closed after); it is discarded")
+        return False
+    if active is None:
+        active = current_capture()
+    events = active.events
+    if len(events) >= MAX_EVENTS_PER_CAPTURE:
+        _events_dropped += 1
+        return False
+    events.append(event)
+    return True
+
+
+def _close_boundary() -> None:
+    """Forget regions still open at a step boundary: they must not span captures."""
+    if open_regions:
+        names = sorted(open_regions)
+        open_regions.clear()
+        warn_once("spanning_region", f"regions {names} were still open at a step boundary; "
+                  "they will be discarded when they close")
+
+
+def complete_step_capture(capture: StepCapture | None = None) -> int | None:
+    """Detach the active capture, number it, and publish its timing batch and memory.
+
+    Returns the step number, or None when nothing was published: `capture` is given
+    and no longer active (already completed/aborted), the capture is empty, or
+    recording is off (the capture is then discarded).
+    """
+    global _active, _next_step
+    active = _active
+    if active is None or (capture is not None and capture is not active):
+        return None
+    _active = None
+    active.detached = True
+    _close_boundary()
+    if not _recording or active.is_empty():
+        return None
+    step = _next_step
+    _next_step = step + 1
+    if active.events:
+        _timing_queue.put(StepTimeBatch(step, active.events))
+    reading = active.memory
+    if reading is not None:
+        _memory_queue.put(StepMemorySnapshot(step, reading.device, reading.peak_allocated_bytes,
+                                             reading.peak_reserved_bytes, reading.time_ns))
+    return step
+
+
+def abort_step_capture(capture: StepCapture | None = None) -> None:
+    """Discard the active capture (or do nothing if `capture` is already detached)."""
+    global _active
+    active = _active
+    if active is None or (capture is not None and capture is not active):
+        return
+    _active = None
+    active.detached = True
+    _close_boundary()
+
+
+def publish_step_memory_event(snapshot: StepMemorySnapshot) -> bool:
+    """Queue one finished memory snapshot (complete_step_capture does this for its capture)."""
+    return _memory_queue.put(snapshot)
+
+
+def drain_step_memory_events() -> list[StepMemorySnapshot]:
+    return _memory_queue.drain()
+
+
+def drain_step_time_batches() -> list[StepTimeBatch]:
+    return _timing_queue.drain()
+
+
+def dropped_counts() -> dict[str, int]:
+    """Items lost so far, by queue name (the exporter reports `timing` and `memory`).
+
+    `timing` = `timing_batches` (whole steps refused by the full timing queue) +
+    `timing_events` (single events refused by a full capture); `memory` = snapshots
+    refused by the full memory queue; `foreign_thread` = regions ignored because
+    they were entered from a thread other than the training thread.
+    """
+    return {
+        "timing": _timing_queue.dropped + _events_dropped,
+        "memory": _memory_queue.dropped,
+        "timing_batches": _timing_queue.dropped,
+        "timing_events": _events_dropped,
+        "foreign_thread": _foreign_dropped,
+    }
+
+
+def set_recording(enabled: bool) -> None:
+    """Turn recording on or off; turning it off discards the active capture unpublished."""
+    global _recording, _active, _owner
+    if not enabled and _active is not None:
+        _active.detached = True
+        _active = None
+        open_regions.clear()
+    if enabled and not _recording:
+        _owner = None  # the next thread to record becomes the training thread
+    _recording = bool(enabled)
+
+
+def is_recording() -> bool:
+    return _recording
+
+
+def steps_completed() -> int:
+    """Number of steps published so far (the next step number)."""
+    return _next_step
+
+
+def queue_depths() -> dict[str, int]:
+    return {"timing": len(_timing_queue), "memory": len(_memory_queue)}
+
+
+def _reset_for_tests() -> None:
+    """Forget all state (tests only): counter, queues, captures, warnings, owner."""
+    global _active, _next_step, _recording, _owner, _timing_queue, _memory_queue
+    global _events_dropped, _foreign_dropped
+    _active = None
+    _next_step = 0
+    _recording = False
+    _owner = None
+    _timing_queue = BoundedDropQueue()
+    _memory_queue = BoundedDropQueue()
+    _events_dropped = 0
+    _foreign_dropped = 0
+    open_regions.clear()
+    _warned.clear()
+    _misuse.clear()
+
+
+def wall_offset_ns() -> int:
+    """time.time_ns() - time.perf_counter_ns(), sampled now (maps perf stamps to wall clock)."""
+    return time.time_ns() - time.perf_counter_ns()

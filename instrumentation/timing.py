@@ -1,0 +1,208 @@
+"""Timed regions: two perf_counter_ns stamps (plus a pooled CUDA event pair on CUDA).
+
+Entering and leaving a region costs the training thread two clock reads, a few
+attribute stores and one list append; on CUDA also two `Event.record()` calls on the
+current stream. Nothing here synchronises the device or waits for the GPU: the timing
+sampler resolves the events later with `Event.query()`.
+
+Nesting: a region nested inside an open region of the same raw event is not recorded
+(the outermost one wins), so an automatic patch and a manual wrapper around the same
+work never count it twice.
+"""
+from __future__ import annotations
+
+import time
+
+from traceml.schema.vocabulary import RAW_DATALOADER_NEXT as _RAW_DATALOADER_NEXT
+
+from . import step_events as _se
+
+_perf_ns = time.perf_counter_ns
+
+
+class CudaEventPool:
+    """Reuses timing-enabled CUDA events; the timing sampler releases them after resolving."""
+
+    def __init__(self, factory=None, max_free: int = 8192) -> None:
+        self._free: list = []
+        self._factory = factory
+        self._max_free = max_free
+        self.created = 0
+
+    def acquire(self):
+        try:
+            return self._free.pop()
+        except IndexError:
+            pass
+        factory = self._factory
+        if factory is None:
+            import torch
+
+            factory = self._factory = lambda: torch.cuda.Event(enable_timing=True)
+        self.created += 1
+        return factory()
+
+    def release(self, event) -> None:
+        if len(self._free) < self._max_free:
+            self._free.append(event)
+
+    def free_count(self) -> int:
+        return len(self._free)
+
+
+# Process-wide timing policy (set by traceml.init / trace_step, read on every region).
+_gpu_default = False
+_pool: CudaEventPool | None = None
+_dataloader_timing = True
+
+
+def configure_gpu_timing(enabled: bool, pool: CudaEventPool | None = None) -> None:
+    """Use CUDA event pairs for regions without an explicit device (needs a pool on CUDA)."""
+    global _gpu_default, _pool
+    if pool is not None:
+        _pool = pool
+    elif enabled and _pool is None:
+        _pool = CudaEventPool()
+    _gpu_default = bool(enabled)
+
+
+def event_pool() -> CudaEventPool | None:
+    return _pool
+
+
+def gpu_timing_enabled() -> bool:
+    return _gpu_default
+
+
+def _device_is_cuda(device) -> bool:
+    if device is None:
+        return _gpu_default
+    kind = getattr(device, "type", None)
+    if kind is None:
+        kind = str(device).split(":", 1)[0]
+    return kind == "cuda"
+
+
+class timed_region:
+    """Context manager timing one occurrence of `raw_event` into the active capture.
+
+    `device=None` follows the process policy (CUDA events when the traced step runs
+    on CUDA); `device="cpu"` forces CPU-only timing. Leaving a region twice, or a
+    region that was never entered, warns once and records nothing.
+    """
+
+    __slots__ = ("raw_event", "_gpu", "_capture", "_t0", "_g0", "_state")
+
+    def __init__(self, raw_event: str, *, device=None) -> None:
+        self.raw_event = raw_event
+        self._gpu = _gpu_default if device is None else _device_is_cuda(device)
+        self._capture = None
+        self._g0 = None
+        self._state = 0  # 0 new, 1 open and recording, 2 open but inert, 3 closed
+
+    def __enter__(self):
+        if self._state != 0:
+            _se.warn_once("reentered_region", f"region {self.raw_event!r} entered twice; "
+                          "the second entry is ignored")
+            return self
+        raw = self.raw_event
+        if not _se.recording_allowed() or raw in _se.open_regions:
+            self._state = 2
+            return self
+        _se.open_regions[raw] = self
+        self._capture = _se.current_capture()
+        self._state = 1
+        if self._gpu and _pool is not None:
+            g0 = self._g0 = _pool.acquire()
+            g0.record()
+        self._t0 = _perf_ns()
+        return self
+
+    def __exit__(self, exc_type=None, exc=None, tb=None) -> bool:
+        t1 = _perf_ns()
+        state = self._state
+        if state == 1:
+            self._state = 3
+            raw = self.raw_event
+            g0 = self._g0
+            g1 = None
+            if g0 is not None:
+                g1 = _pool.acquire()
+                g1.record()
+            if _se.open_regions.get(raw) is self:
+                del _se.open_regions[raw]
+            if not _se.record_timing_event((raw, self._t0, t1, g0, g1), self._capture) \
+                    and g0 is not None:
+                _pool.release(g0)
+                _pool.release(g1)
+            self._capture = None
+        elif state == 2:
+            self._state = 3
+        else:
+            _se.warn_once("unbalanced_exit", f"region {self.raw_event!r} exited without a "
+                          "matching entry; the exit is ignored")
+        return False
+
+    # Explicit form for hook pairs (pre/post hooks) that cannot use `with`.
+    start = __enter__
+
+    def stop(self) -> None:
+        self.__exit__(None, None, None)
+
+    def discard(self) -> None:
+        """Close an open region without recording it (e.g. the epoch-ending `next()`)."""
+        if self._state == 1:
+            if _se.open_regions.get(self.raw_event) is self:
+                del _se.open_regions[self.raw_event]
+            if self._g0 is not None:
+                _pool.release(self._g0)
+            self._capture = None
+        self._state = 3
+
+
+class _DataLoaderTimingScope:
+    __slots__ = ("_enabled", "_outer")
+
+    def __init__(self, enabled: bool) -> None:
+        self._enabled = bool(enabled)
+        self._outer = None
+
+    def __enter__(self):
+        global _dataloader_timing
+        self._outer = _dataloader_timing
+        _dataloader_timing = self._enabled
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        global _dataloader_timing
+        _dataloader_timing = self._outer
+        return False
+
+
+def dataloader_timing_scope(enabled: bool) -> _DataLoaderTimingScope:
+    """Set the process-wide DataLoader timing policy inside the block; restore the outer one."""
+    return _DataLoaderTimingScope(enabled)
+
+
+def dataloader_timing_enabled() -> bool:
+    return _dataloader_timing
+
+
+def timed_dataloader_next(iterator):
+    """`next(iterator)` timed as input wait when the DataLoader policy allows (CPU clock only).
+
+    Input wait is host-side waiting for a batch; GPU events around it would measure
+    only whatever kernels happen to be queued, so it stays on the CPU clock.
+    """
+    if not _dataloader_timing:
+        return next(iterator)
+    with timed_region(_RAW_DATALOADER_NEXT, device="cpu"):
+        return next(iterator)
+
+
+
+def _reset_for_tests() -> None:
+    global _gpu_default, _pool, _dataloader_timing
+    _gpu_default = False
+    _pool = None
+    _dataloader_timing = True

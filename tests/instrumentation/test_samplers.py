@@ -1,0 +1,167 @@
+"""Timing and memory samplers: FIFO hold-back, per-event summing, no merging, draining."""
+from __future__ import annotations
+
+import pytest
+
+from traceml import step_events as se
+from traceml.samplers import StepMemorySampler, StepTimeSampler
+from traceml.schema.vocabulary import RAW_BACKWARD, RAW_FORWARD, RAW_H2D, RAW_STEP_TIME
+from traceml.timing import CudaEventPool, timed_region
+
+from instr_fakes import FakeCudaEvent, FakeGpuClock, RecordingSink
+
+
+def _gpu_event(clock, name, start_ms, end_ms, t0=0, t1=1_000_000):
+    return (name, t0, t1, FakeCudaEvent(clock, start_ms), FakeCudaEvent(clock, end_ms))
+
+
+def _sampler(batches, sink):
+    queue = list(batches)
+
+    def drain():
+        out = list(queue)
+        queue.clear()
+        return out
+
+    return StepTimeSampler(sinks=(sink,), drain=drain, pool=CudaEventPool(factory=lambda: None))
+
+
+def test_unresolved_earlier_batch_holds_back_later_ones():
+    clock = FakeGpuClock()
+    early = se.StepTimeBatch(0, [_gpu_event(clock, RAW_FORWARD, 0.0, 2.0)])
+    late = se.StepTimeBatch(1, [_gpu_event(clock, RAW_FORWARD, 5.0, 6.0)])
+    late.events[0][3].done = late.events[0][4].done = True  # the later batch is already done
+    sink = RecordingSink()
+    sampler = _sampler([early, late], sink)
+    assert sampler.run_once() == 0
+    assert sink.steps == [] and len(sampler.pending) == 2
+    early.events[0][3].done = early.events[0][4].done = True
+    assert sampler.run_once() == 2
+    assert [r.step for r in sink.steps] == [0, 1]
+    assert sink.steps[0].events[RAW_FORWARD].gpu_ms == 2.0
+
+
+def test_resolution_uses_only_query_and_elapsed_time():
+    """Fake events have no synchronize(): any call to it would raise AttributeError."""
+    clock = FakeGpuClock()
+    batch = se.StepTimeBatch(0, [_gpu_event(clock, RAW_FORWARD, 1.0, 4.0)])
+    for ev in batch.events[0][3:]:
+        ev.done = True
+    sink = RecordingSink()
+    _sampler([batch], sink).run_once()
+    assert sink.steps[0].events[RAW_FORWARD].gpu_ms == 3.0
+    assert batch.events[0][4].queries >= 1
+
+
+def test_repeated_events_are_summed_per_event_with_cpu_and_gpu_separate():
+    clock = FakeGpuClock()
+    events = [
+        _gpu_event(clock, RAW_FORWARD, 0.0, 2.0, t0=0, t1=3_000_000),
+        _gpu_event(clock, RAW_FORWARD, 10.0, 11.5, t0=5_000_000, t1=6_000_000),
+        _gpu_event(clock, RAW_BACKWARD, 3.0, 7.0, t0=3_000_000, t1=5_000_000),
+        (RAW_H2D, 6_000_000, 6_500_000, None, None),
+    ]
+    for e in events:
+        for g in e[3:]:
+            if g is not None:
+                g.done = True
+    sink = RecordingSink()
+    _sampler([se.StepTimeBatch(7, events)], sink).run_once()
+    (record,) = sink.steps
+    fwd, bwd, h2d = record.events[RAW_FORWARD], record.events[RAW_BACKWARD], record.events[RAW_H2D]
+    assert (fwd.cpu_ms, fwd.gpu_ms, fwd.count) == (4.0, 3.5, 2)
+    assert (bwd.cpu_ms, bwd.gpu_ms, bwd.count) == (2.0, 4.0, 1)
+    assert (h2d.cpu_ms, h2d.gpu_ms, h2d.count) == (0.5, None, 1)  # missing GPU time is None, not 0
+    assert record.end_time_ns - record.start_time_ns == 6_500_000
+    assert [p.raw_event for p in record.phases] == [RAW_FORWARD, RAW_BACKWARD, RAW_FORWARD, RAW_H2D]
+
+
+def test_batches_with_the_same_step_number_are_not_merged():
+    sink = RecordingSink()
+    a = se.StepTimeBatch(3, [(RAW_STEP_TIME, 0, 1_000_000, None, None)])
+    b = se.StepTimeBatch(3, [(RAW_STEP_TIME, 2_000_000, 4_000_000, None, None)])
+    _sampler([a, b], sink).run_once()
+    assert [(r.step, r.events[RAW_STEP_TIME].cpu_ms, r.events[RAW_STEP_TIME].count)
+            for r in sink.steps] == [(3, 1.0, 1), (3, 2.0, 1)]
+
+
+def test_partially_resolved_gpu_occurrences_make_the_event_gpu_unavailable():
+    clock = FakeGpuClock()
+    good = _gpu_event(clock, RAW_FORWARD, 0.0, 1.0)
+    for g in good[3:]:
+        g.done = True
+    sink = RecordingSink()
+    _sampler([se.StepTimeBatch(0, [good, (RAW_FORWARD, 0, 10, None, None)])], sink).run_once()
+    assert sink.steps[0].events[RAW_FORWARD].gpu_ms is None
+    assert sink.steps[0].events[RAW_FORWARD].count == 2
+
+
+def test_stop_delivers_never_resolving_batches_with_gpu_unavailable():
+    clock = FakeGpuClock()
+    stuck = se.StepTimeBatch(0, [_gpu_event(clock, RAW_FORWARD, 0.0, 1.0)])
+    sink = RecordingSink()
+    sampler = _sampler([stuck], sink)
+    sampler.stop(timeout_s=0.05)
+    assert [r.step for r in sink.steps] == [0]
+    assert sink.steps[0].events[RAW_FORWARD].gpu_ms is None
+
+
+def test_timed_regions_on_the_fake_gpu_resolve_through_the_real_sampler(recording, fake_gpu, sink):
+    with timed_region(RAW_FORWARD):
+        fake_gpu.now_ms = 2.5
+    with timed_region(RAW_FORWARD):
+        fake_gpu.now_ms = 4.0
+    se.complete_step_capture()
+    sampler = StepTimeSampler()
+    assert sampler.run_once() == 0  # nothing completed on the "device" yet
+    fake_gpu.complete_all()
+    assert sampler.run_once() == 1
+    assert sink.steps[0].events[RAW_FORWARD].gpu_ms == 4.0
+    assert sink.steps[0].events[RAW_FORWARD].count == 2
+    from traceml import timing
+    assert timing.event_pool().free_count() == 4  # events went back to the pool
+
+
+def test_samplers_keep_draining_after_recording_stops(recording, sink):
+    from traceml.memory import StepMemoryTracker
+    with timed_region(RAW_STEP_TIME):
+        pass
+    StepMemoryTracker("cpu").read()
+    se.complete_step_capture()
+    se.set_recording(False)
+    assert StepTimeSampler().run_once() == 1
+    assert StepMemorySampler().run_once() == 1
+    assert [r.step for r in sink.steps] == [0] and [m.step for m in sink.memory] == [0]
+
+
+def test_a_failing_sink_does_not_stop_delivery_to_others(recording):
+    class Broken:
+        def on_step_time(self, record):
+            raise RuntimeError("boom")
+
+        def on_step_memory(self, record):
+            raise RuntimeError("boom")
+
+    good = RecordingSink()
+    with timed_region(RAW_STEP_TIME):
+        pass
+    se.complete_step_capture()
+    StepTimeSampler(sinks=(Broken(), good)).run_once()
+    assert [r.step for r in good.steps] == [0]
+
+
+def test_sampler_threads_are_daemons_and_deliver_in_the_background(recording, sink):
+    sampler = StepTimeSampler(interval_s=0.01)
+    sampler.start()
+    try:
+        assert sampler._thread.daemon
+        with timed_region(RAW_STEP_TIME):
+            pass
+        se.complete_step_capture()
+        import time
+        deadline = time.monotonic() + 10
+        while not sink.steps and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        sampler.stop()
+    assert [r.step for r in sink.steps] == [0]

@@ -1,0 +1,220 @@
+"""Public API: init, trace_step, manual and automatic modes on a tiny CPU model."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import traceml
+from traceml import patches, step_events as se
+from traceml.samplers import StepMemorySampler, StepTimeSampler
+from traceml.schema.vocabulary import (
+    RAW_BACKWARD,
+    RAW_DATALOADER_NEXT,
+    RAW_FORWARD,
+    RAW_H2D,
+    RAW_OPTIMIZER_STEP,
+    RAW_STEP_TIME,
+)
+
+
+def _tiny():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = torch.utils.data.TensorDataset(torch.randn(12, 8), torch.randn(12, 1))
+    return model, opt, torch.utils.data.DataLoader(data, batch_size=4)
+
+
+def _flush():
+    """Deliver everything queued (the background samplers may already have some)."""
+    StepTimeSampler().run_once()
+    StepMemorySampler().run_once()
+
+
+def _counts(record):
+    return {name: totals.count for name, totals in record.events.items()}
+
+
+def test_auto_mode_times_every_region_once_per_step(sink):
+    traceml.init(mode="auto")
+    model, opt, loader = _tiny()
+    for x, y in loader:
+        with traceml.trace_step(model):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    traceml.shutdown()
+    _flush()
+    assert [r.step for r in sink.steps] == [0, 1, 2]
+    for record in sink.steps:
+        assert _counts(record) == {RAW_DATALOADER_NEXT: 1, RAW_FORWARD: 1, RAW_BACKWARD: 1,
+                                   RAW_OPTIMIZER_STEP: 1, RAW_STEP_TIME: 1}
+        assert all(t.gpu_ms is None for t in record.events.values())  # CPU run
+        assert record.events[RAW_STEP_TIME].cpu_ms >= record.events[RAW_FORWARD].cpu_ms
+    assert [(m.step, m.peak_allocated_bytes) for m in sink.memory] == [(0, None), (1, None), (2, None)]
+
+
+def test_auto_mode_counts_no_h2d_on_cpu_and_no_submodule_forwards(sink):
+    traceml.init(mode="auto")
+    model, opt, _ = _tiny()
+    x = torch.randn(4, 8)
+    with traceml.trace_step(model):
+        x = x.to("cpu").to(torch.float32)
+        model(x).sum().backward()
+    traceml.shutdown()
+    _flush()
+    (record,) = sink.steps
+    assert RAW_H2D not in record.events
+    assert record.events[RAW_FORWARD].count == 1
+
+
+def test_h2d_detection_only_for_cpu_to_cuda_copies():
+    from traceml.hooks import moves_host_to_device
+
+    cpu = torch.zeros(1)
+    assert moves_host_to_device(cpu, ("cuda",), {})
+    assert moves_host_to_device(cpu, (), {"device": torch.device("cuda", 0)})
+    assert moves_host_to_device(cpu, (0,), {})
+    assert not moves_host_to_device(cpu, ("cpu",), {})
+    assert not moves_host_to_device(cpu, (torch.float16,), {})
+    assert not moves_host_to_device(cpu, (), {"dtype": torch.float16})
+    assert not moves_host_to_device(torch.zeros(1, device="meta"), ("cuda",), {})
+    assert not moves_host_to_device(cpu, (cpu,), {})  # .to(other_cpu_tensor)
+
+
+def test_uninstall_restores_the_originals():
+    from torch.utils.data import dataloader as dl
+
+    before = (torch.Tensor.backward, torch.Tensor.to, torch.Tensor.cuda, dl._BaseDataLoaderIter.__next__)
+    traceml.init(mode="auto")
+    model, opt, _ = _tiny()
+    with traceml.trace_step(model):
+        pass
+    assert patches.is_installed()
+    assert torch.Tensor.backward is not before[0]
+    assert len(model._forward_pre_hooks) == 1
+    assert patches.install() is False  # installed once
+    traceml.shutdown()
+    after = (torch.Tensor.backward, torch.Tensor.to, torch.Tensor.cuda, dl._BaseDataLoaderIter.__next__)
+    assert after == before
+    assert "to" not in torch.Tensor.__dict__
+    assert len(model._forward_pre_hooks) == 0 and len(model._forward_hooks) == 0
+    from torch.optim import optimizer as optmod
+    assert len(optmod._global_optimizer_pre_hooks) == 0
+    assert len(optmod._global_optimizer_post_hooks) == 0
+
+
+def test_manual_mode_installs_no_patches_and_wrappers_time_each_region(sink):
+    from torch.utils.data import dataloader as dl
+
+    original_next = dl._BaseDataLoaderIter.__next__
+    traceml.init(mode="manual")
+    assert dl._BaseDataLoaderIter.__next__ is original_next and not patches.is_installed()
+    model, opt, loader = _tiny()
+    model = traceml.wrap_forward(model)
+    opt = traceml.wrap_optimizer(opt)
+    for x, y in traceml.wrap_dataloader(loader):
+        with traceml.trace_step(model):
+            with traceml.timed_h2d():
+                x, y = x.to("cpu"), y.to("cpu")
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            with traceml.timed_backward():
+                loss.backward()
+            opt.step()
+    traceml.shutdown()
+    _flush()
+    assert len(sink.steps) == 3
+    for record in sink.steps:
+        assert _counts(record) == {RAW_DATALOADER_NEXT: 1, RAW_H2D: 1, RAW_FORWARD: 1, RAW_BACKWARD: 1,
+                                   RAW_OPTIMIZER_STEP: 1, RAW_STEP_TIME: 1}
+
+
+def test_manual_wrappers_in_auto_mode_do_not_double_count(sink):
+    traceml.init(mode="auto")
+    model, opt, loader = _tiny()
+    traceml.wrap_optimizer(opt)
+    traceml.wrap_forward(model)
+    for x, y in traceml.wrap_dataloader(loader):
+        with traceml.trace_step(model):
+            with traceml.timed_backward():
+                model(x).sum().backward()
+            opt.step()
+        break
+    traceml.shutdown()
+    _flush()
+    assert _counts(sink.steps[0]) == {RAW_DATALOADER_NEXT: 1, RAW_FORWARD: 1, RAW_BACKWARD: 1,
+                                      RAW_OPTIMIZER_STEP: 1, RAW_STEP_TIME: 1}
+
+
+def test_exception_in_trace_step_aborts_and_propagates_unchanged(sink):
+    traceml.init(mode="manual")
+    error = ValueError("user code failed")
+    with pytest.raises(ValueError) as caught:
+        with traceml.trace_step():
+            raise error
+    assert caught.value is error
+    with traceml.trace_step():
+        pass
+    traceml.shutdown()
+    _flush()
+    assert [r.step for r in sink.steps] == [0]  # the aborted step did not advance the counter
+
+
+def test_forward_exception_does_not_leak_an_open_region(sink):
+    traceml.init(mode="auto")
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(RuntimeError):
+        with traceml.trace_step(model):
+            model(torch.zeros(3, 5))  # wrong shape
+    with traceml.trace_step(model):
+        model(torch.zeros(3, 2))
+    traceml.shutdown()
+    _flush()
+    (record,) = sink.steps
+    assert record.events[RAW_FORWARD].count == 1
+
+
+def test_dataloader_timing_scope_disables_and_restores(sink):
+    traceml.init(mode="auto")
+    model, opt, loader = _tiny()
+    it = iter(loader)
+    with traceml.dataloader_timing_scope(False):
+        next(it)
+        with traceml.dataloader_timing_scope(True):
+            next(it)
+        next(it)
+    from traceml import timing
+    assert timing.dataloader_timing_enabled()
+    with traceml.trace_step(model):
+        pass
+    traceml.shutdown()
+    _flush()
+    assert sink.steps[0].events[RAW_DATALOADER_NEXT].count == 1
+
+
+def test_epoch_end_stop_iteration_is_not_recorded(sink):
+    traceml.init(mode="auto")
+    model, _, loader = _tiny()
+    batches = list(loader)  # three nexts plus the StopIteration
+    assert len(batches) == 3
+    with traceml.trace_step(model):
+        pass
+    traceml.shutdown()
+    _flush()
+    assert sink.steps[0].events[RAW_DATALOADER_NEXT].count == 3
+
+
+def test_init_is_idempotent_and_rejects_an_unknown_mode():
+    with pytest.raises(ValueError, match="mode"):
+        traceml.init(mode="sometimes")
+    assert not traceml.is_initialized()
+    traceml.init(mode="manual")
+    traceml.init(mode="auto")  # already initialised: unchanged
+    assert traceml.mode() == "manual" and not patches.is_installed()
+
+
+def test_trace_step_mode_from_environment(monkeypatch):
+    monkeypatch.setenv("TRACEML_MODE", "manual")
+    traceml.init()
+    assert traceml.mode() == "manual"

@@ -1,0 +1,105 @@
+"""Per-rank entry point that `traceml run` hands to torch's elastic launcher.
+
+    python -m traceml.launcher.bootstrap script.py [args]
+    python -m traceml.launcher.bootstrap -m package.module [args]
+
+It turns TraceML on without any change to the user's script: `traceml.init()`
+in automatic mode, the Hugging Face / Lightning integrations when those
+libraries are installed, then the script runs as `__main__` exactly as
+`python script.py` would run it (same `sys.argv`, `sys.path[0]`), and
+`traceml.shutdown()` flushes at the end, also after an exception. The
+script's exit status and exception propagate unchanged. TraceML's own
+failures are reported on stderr and never stop training.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import runpy
+import sys
+from typing import Sequence
+
+_PREFIX = "[traceml]"
+
+
+def _warn(message: str) -> None:
+    print(f"{_PREFIX} {message}", file=sys.stderr, flush=True)
+
+
+def _enable_instrumentation() -> bool:
+    try:
+        import traceml
+
+        traceml.init()
+    except Exception as exc:  # telemetry must never stop training
+        _warn(f"instrumentation disabled for this rank: {type(exc).__name__}: {exc}")
+        return False
+    _attach_integrations()
+    return True
+
+
+def _attach_integrations() -> None:
+    """Attach the framework integrations whose libraries are installed (no import otherwise)."""
+    candidates = (
+        ("transformers", "traceml.integrations.huggingface"),
+        ("lightning", "traceml.integrations.lightning"),
+        ("pytorch_lightning", "traceml.integrations.lightning"),
+    )
+    attached: set[str] = set()
+    for library, module_name in candidates:
+        if module_name in attached or importlib.util.find_spec(library) is None:
+            continue
+        try:
+            module = importlib.import_module(module_name)
+            auto_attach = getattr(module, "auto_attach")
+        except (ImportError, AttributeError) as exc:
+            _warn(f"{library} integration unavailable: {exc}")
+            continue
+        try:
+            auto_attach()
+            attached.add(module_name)
+        except Exception as exc:
+            _warn(f"{library} integration failed to attach: {type(exc).__name__}: {exc}")
+
+
+def _shutdown() -> None:
+    try:
+        import traceml
+
+        traceml.shutdown()
+    except Exception as exc:
+        _warn(f"shutdown did not complete: {type(exc).__name__}: {exc}")
+
+
+def _run_target(argv: Sequence[str]) -> None:
+    if not argv:
+        raise SystemExit("usage: python -m traceml.launcher.bootstrap (script.py | -m module) [args]")
+    if argv[0] == "-m":
+        if len(argv) < 2:
+            raise SystemExit("bootstrap: -m needs a module name")
+        module, args = argv[1], list(argv[2:])
+        sys.argv = [module, *args]
+        sys.path.insert(0, os.getcwd())
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        return
+    script, args = argv[0], list(argv[1:])
+    sys.argv = [script, *args]
+    # What `python script.py` puts first on sys.path: the script's own folder.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    runpy.run_path(script, run_name="__main__")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if sys.path and sys.path[0] in ("", os.getcwd()):
+        # `python -m` put the current directory first; the script's folder replaces it.
+        sys.path.pop(0)
+    _enable_instrumentation()
+    try:
+        _run_target(argv)
+    finally:
+        _shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""The `traceml` command: one entry point, one module per subcommand.
+
+`run` hands its arguments to torch's own torchrun parser (extended with TraceML
+flags), so it is dispatched before argparse sees anything; the other
+subcommands parse their own flags. Heavy imports (torch, rich) happen inside
+the subcommand that needs them, so `traceml --help` and `traceml compare` stay
+quick and work without torch.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Callable, Sequence
+
+USAGE = """\
+usage: traceml <command> [options]
+
+Step-time profiling for PyTorch training over OpenTelemetry.
+
+commands:
+  run       launch a script with torchrun options and TraceML on every rank
+            (embedded processor, final summary, --live view)
+  demo      a self-contained CPU run with an injected bottleneck (< 1 minute)
+  summary   rebuild final_summary.json and the card from a run folder or database
+  compare   compare two final summaries (step time, phases, diagnosis, memory)
+  top       watch a processor database live from another terminal
+
+`traceml <command> --help` describes each command; docs/cli.md has them all.
+"""
+
+
+def _run(argv: Sequence[str]) -> int:
+    from traceml.launcher import run
+
+    return run.main(argv)
+
+
+def _demo(argv: Sequence[str]) -> int:
+    from traceml.launcher import demo
+
+    return demo.main(argv)
+
+
+def _summary(argv: Sequence[str]) -> int:
+    from traceml.launcher import summary
+
+    return summary.main(argv)
+
+
+def _compare(argv: Sequence[str]) -> int:
+    from traceml.launcher import compare
+
+    return compare.main(argv)
+
+
+def _top(argv: Sequence[str]) -> int:
+    from traceml.launcher import top
+
+    return top.main(argv)
+
+
+COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
+    "run": _run,
+    "demo": _demo,
+    "summary": _summary,
+    "compare": _compare,
+    "top": _top,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE, end="")
+        return 0 if argv else 2
+    if argv[0] == "--version":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"traceml {version('traceml-otel')}")
+        except PackageNotFoundError:
+            print("traceml (version unknown)")
+        return 0
+    command = COMMANDS.get(argv[0])
+    if command is None:
+        print(f"traceml: unknown command {argv[0]!r}\n", file=sys.stderr)
+        print(USAGE, end="", file=sys.stderr)
+        return 2
+    try:
+        return int(command(argv[1:]) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""The embedded `traceml-processor`: a child process on free loopback ports.
+
+A child process rather than a thread keeps the processor's GIL time (OTLP
+decoding, SQLite commits, analysis) away from the launcher's elastic agent, and
+lets `traceml run` stop it with the same SIGTERM path a container would get.
+Its log goes to `processor.log` in the run folder, not to the terminal.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 20.0
+
+
+class EmbeddedProcessorError(RuntimeError):
+    """The embedded processor did not start; the message says why and where its log is."""
+
+
+def free_loopback_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessorEndpoints:
+    grpc_port: int
+    http_port: int
+
+    @property
+    def otlp_grpc_endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.grpc_port}"
+
+    @property
+    def ready_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}/readyz"
+
+
+class EmbeddedProcessor:
+    """Start with `start()`, point ranks at `endpoints`, `stop()` when they are done."""
+
+    def __init__(self, db_path: Path, summary_dir: Path, log_path: Path) -> None:
+        self.db_path = Path(db_path)
+        self.summary_dir = Path(summary_dir)
+        self.log_path = Path(log_path)
+        self.endpoints: ProcessorEndpoints | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_file = None
+
+    def command(self, endpoints: ProcessorEndpoints) -> list[str]:
+        return [
+            sys.executable, "-m", "traceml.processor.cli",
+            "--db", str(self.db_path),
+            "--otlp-grpc", f"127.0.0.1:{endpoints.grpc_port}",
+            "--otlp-http", f"127.0.0.1:{endpoints.http_port}",
+            "--summary-dir", str(self.summary_dir),
+        ]
+
+    def start(self, ready_timeout_s: float = READY_TIMEOUT_S) -> ProcessorEndpoints:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        endpoints = ProcessorEndpoints(free_loopback_port(), free_loopback_port())
+        while endpoints.http_port == endpoints.grpc_port:
+            endpoints = ProcessorEndpoints(endpoints.grpc_port, free_loopback_port())
+        self._log_file = open(self.log_path, "ab")
+        child_env = dict(os.environ)
+        # The processor must not export its own summary metrics to the endpoint the
+        # ranks use, and must never pick up the user's collector from the environment.
+        for name in list(child_env):
+            if name.startswith("OTEL_EXPORTER_OTLP"):
+                del child_env[name]
+        self._proc = subprocess.Popen(
+            self.command(endpoints), stdout=self._log_file, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, env=child_env, start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+        )
+        deadline = time.monotonic() + ready_timeout_s
+        while True:
+            code = self._proc.poll()
+            if code is not None:
+                self._close_log()
+                raise EmbeddedProcessorError(
+                    f"the embedded traceml-processor exited with code {code} during start-up; "
+                    f"see {self.log_path}")
+            if _is_ready(endpoints.ready_url):
+                break
+            if time.monotonic() > deadline:
+                self.stop()
+                raise EmbeddedProcessorError(
+                    f"the embedded traceml-processor was not ready after {ready_timeout_s:.0f} s; "
+                    f"see {self.log_path}")
+            time.sleep(0.1)
+        self.endpoints = endpoints
+        return endpoints
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
+        """SIGTERM (the processor flushes and commits), then SIGKILL after the timeout."""
+        proc = self._proc
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            try:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+            except ProcessLookupError:
+                pass
+        self._close_log()
+        return proc.returncode
+
+    def _close_log(self) -> None:
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGTERM the processor if the launcher dies without stopping it (e.g. SIGKILL).
+
+    The processor then summarises the open run and exits instead of lingering.
+    """
+    try:
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+    except Exception:
+        pass
+
+
+def _is_ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1.0) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False

@@ -1,0 +1,68 @@
+"""End of a run: write `final_summary.json` and the text card, then print the card.
+
+The launcher writes them itself after stopping the embedded processor (the
+processor's own run-end summary may already be there; ours, written last from
+the complete database, replaces it with the same content), so a run whose
+script crashed, or whose ranks never sent their end marker, still ends with a
+summary. Building the summary is the reporting layer's job; this module only
+calls it, reads what it wrote and prints it.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from traceml.launcher import run_dir as rd
+
+
+@dataclass(frozen=True)
+class FinalReport:
+    summary_path: Path
+    card_path: Path | None
+    summary: dict[str, Any]
+    card: str
+
+    @property
+    def diagnosis(self) -> dict[str, Any] | None:
+        diagnosis = self.summary.get("diagnosis")
+        return diagnosis if isinstance(diagnosis, dict) else None
+
+
+def write_report(db_path: Path, run_id: str, folder: Path) -> FinalReport:
+    """Build the summary from the database into `folder` and load what was written."""
+    from traceml.processor.reporting.writer import write_final_summary
+
+    folder.mkdir(parents=True, exist_ok=True)
+    written = [Path(p) for p in write_final_summary(Path(db_path), run_id, Path(folder))]
+    summary_path = next((p for p in written if p.suffix == ".json"), folder / rd.SUMMARY_FILENAME)
+    card_path = next((p for p in written if p.suffix == ".txt"), None)
+    summary = json.loads(summary_path.read_text())
+    card = card_path.read_text() if card_path is not None else str(summary.get("card") or "")
+    return FinalReport(summary_path, card_path, summary, card)
+
+
+def finalize_run(run_path: Path, run_id: str, *, out: TextIO, print_card: bool = True,
+                 exit_code: int = 0) -> FinalReport | None:
+    """Write and print the run's summary; a failure here is reported, never raised."""
+    db_path = run_path / rd.DB_FILENAME
+    if not db_path.exists():
+        print(f"[traceml] no telemetry database at {db_path}; no summary written", file=out, flush=True)
+        return None
+    try:
+        report = write_report(db_path, run_id, run_path)
+    except Exception as exc:  # the training outcome matters more than our summary
+        print(f"[traceml] could not write the final summary: {type(exc).__name__}: {exc}",
+              file=out, flush=True)
+        return None
+    if print_card and report.card:
+        print("", file=out)
+        print(report.card.rstrip("\n"), file=out)
+    note = "" if exit_code == 0 else f" (the script failed with exit code {exit_code})"
+    print(f"\n[traceml] final summary: {report.summary_path}{note}", file=out)
+    if report.card_path is not None:
+        print(f"[traceml] text card:     {report.card_path}", file=out)
+    print(f"[traceml] compare runs:  traceml compare {report.summary_path} <other run>/"
+          f"{rd.SUMMARY_FILENAME}", file=out, flush=True)
+    return report

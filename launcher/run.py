@@ -1,0 +1,304 @@
+"""`traceml run [torchrun options] script.py [args]`: torchrun with TraceML turned on.
+
+Options are parsed by torch's own torchrun parser (so every torchrun flag and
+its `PET_*` environment form work unchanged) extended with a few TraceML flags,
+and ranks are spawned by torch's elastic launcher. Each rank runs
+`python -m traceml.launcher.bootstrap script.py args`, which enables the
+instrumentation and then runs the script as `__main__`.
+
+Without an OTLP endpoint (`--endpoint` or `OTEL_EXPORTER_OTLP_ENDPOINT`) an
+embedded `traceml-processor` receives the ranks' telemetry on loopback and the
+run ends with `final_summary.json` and the text card under
+`./traceml_runs/<run id>/`, also when the script fails. With an endpoint the
+ranks only export.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator, Mapping, Sequence, TextIO
+
+from traceml.launcher import run_dir as rd
+from traceml.launcher.embedded import EmbeddedProcessor, EmbeddedProcessorError
+from traceml.schema import environment as env
+
+if TYPE_CHECKING:
+    from traceml.launcher.finalize import FinalReport
+
+BOOTSTRAP_MODULE = "traceml.launcher.bootstrap"
+EXIT_LAUNCH_ERROR = 2
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    """The TraceML flags of `traceml run` (everything else belongs to torchrun)."""
+
+    live: bool = False
+    refresh_s: float = 1.0
+    endpoint: str | None = None
+    protocol: str | None = None
+    run_id: str | None = None
+    runs_dir: str = rd.DEFAULT_RUNS_DIR
+    print_summary: bool = True
+
+
+def build_parser(prog: str = "traceml run") -> argparse.ArgumentParser:
+    """torchrun's parser, renamed, plus a TraceML option group."""
+    from torch.distributed.run import get_args_parser
+
+    parser = get_args_parser()
+    parser.prog = prog
+    parser.description = (
+        "Launch a PyTorch script with torchrun's options and TraceML enabled on every rank. "
+        "Without an OTLP endpoint an embedded traceml-processor collects the telemetry and the "
+        "run ends with final_summary.json and a text card under ./traceml_runs/<run id>/.")
+    add_traceml_options(parser)
+    return parser
+
+
+def add_traceml_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("TraceML")
+    group.add_argument("--live", action="store_true",
+                       help="show the live Step Time view while training (plain periodic lines when "
+                            "stdout is not a terminal); rank output goes to <run dir>/logs")
+    group.add_argument("--refresh", dest="traceml_refresh", type=float, default=1.0, metavar="SECONDS",
+                       help="live view refresh interval (default 1.0)")
+    group.add_argument("--endpoint", dest="traceml_endpoint", default=None, metavar="URL",
+                       help="export OTLP to this endpoint instead of starting the embedded processor "
+                            "(default: $OTEL_EXPORTER_OTLP_ENDPOINT)")
+    group.add_argument("--protocol", dest="traceml_protocol", default=None,
+                       choices=("grpc", "http/protobuf"),
+                       help="OTLP protocol for --endpoint (default: $OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)")
+    group.add_argument("--run-id", dest="traceml_run_id", default=None, metavar="ID",
+                       help="run id shared by all ranks (default: $TRACEML_RUN_ID, --rdzv-id, "
+                            "$SLURM_JOB_ID, else generated)")
+    group.add_argument("--runs-dir", dest="traceml_runs_dir", default=rd.DEFAULT_RUNS_DIR, metavar="DIR",
+                       help="where the embedded processor keeps <run id>/ (default ./traceml_runs)")
+    group.add_argument("--no-summary-print", dest="traceml_print_summary", action="store_false",
+                       help="write the final summary without printing the card")
+
+
+def parse(argv: Sequence[str], prog: str = "traceml run") -> tuple[argparse.Namespace, RunOptions]:
+    parser = build_parser(prog)
+    args = parser.parse_args(list(argv))
+    if args.traceml_refresh <= 0:
+        parser.error("--refresh must be positive")
+    options = RunOptions(
+        live=args.live,
+        refresh_s=args.traceml_refresh,
+        endpoint=args.traceml_endpoint,
+        protocol=args.traceml_protocol,
+        run_id=args.traceml_run_id,
+        runs_dir=args.traceml_runs_dir,
+        print_summary=args.traceml_print_summary,
+    )
+    for name in ("live", "traceml_refresh", "traceml_endpoint", "traceml_protocol",
+                 "traceml_run_id", "traceml_runs_dir", "traceml_print_summary"):
+        delattr(args, name)
+    return args, options
+
+
+def wrap_with_bootstrap(args: argparse.Namespace) -> bool:
+    """Point torchrun at the per-rank bootstrap; False when the entry point is not Python."""
+    if args.no_python:
+        return False
+    script_args = list(args.training_script_args)
+    if args.module:
+        target = ["-m", args.training_script]
+    else:
+        target = [args.training_script]
+    args.run_path = False
+    args.module = True
+    args.training_script = BOOTSTRAP_MODULE
+    args.training_script_args = [*target, *script_args]
+    return True
+
+
+def exit_code_of(exc: BaseException) -> int:
+    """Map what torch's launcher raised to the exit status a shell expects."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    if isinstance(exc, ChildFailedError):
+        _, failure = exc.get_first_failure()
+        code = int(failure.exitcode)
+        return 128 - code if code < 0 else (code or 1)
+    if isinstance(exc, SignalException):
+        return 128 + int(exc.sigval)
+    if isinstance(exc, KeyboardInterrupt):
+        return 128 + int(signal.SIGINT)
+    if isinstance(exc, SystemExit):
+        return exc.code if isinstance(exc.code, int) else 1
+    return 1
+
+
+class _TerminatedBeforeLaunch(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"received signal {signum}")
+        self.signum = signum
+
+
+@contextmanager
+def _patched_environ(values: Mapping[str, str]) -> Iterator[None]:
+    """Set the ranks' environment (inherited through the elastic agent), restore afterwards."""
+    previous = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """Until torch installs its own handlers, SIGTERM must still let us clean up."""
+    if sys.platform == "win32":
+        yield
+        return
+
+    def handler(signum, _frame):
+        raise _TerminatedBeforeLaunch(signum)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (e.g. a test harness)
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    exit_code: int
+    run_id: str
+    run_dir: Path | None  # None when exporting to an external endpoint
+    report: "FinalReport | None" = None
+
+
+def _say(out: TextIO, message: str) -> None:
+    print(f"[traceml] {message}", file=out, flush=True)
+
+
+def launch(args: argparse.Namespace, options: RunOptions, *, out: TextIO | None = None) -> LaunchResult:
+    """Run the job to completion; `exit_code` is the status to forward."""
+    from torch.distributed.run import run as torch_run
+
+    out = out or sys.stdout
+    user_rdzv_id = args.rdzv_id if not args.standalone else None
+    resolved = rd.resolve_run_id(options.run_id, user_rdzv_id)
+    endpoint = options.endpoint or os.environ.get(env.OTEL_EXPORTER_OTLP_ENDPOINT) or None
+    if resolved.source == "generated" and _is_multi_node(args.nnodes):
+        _say(out, "warning: multi-node launch without --run-id, --rdzv-id or $TRACEML_RUN_ID: "
+                  "each node generates its own run id")
+
+    rank_env = {env.TRACEML_LAUNCHED: "1", env.TRACEML_RUN_ID: resolved.run_id}
+    if not wrap_with_bootstrap(args):
+        _say(out, "warning: --no-python entry points cannot be instrumented automatically; "
+                  "TRACEML_LAUNCHED and TRACEML_RUN_ID are set for a script that calls traceml.init()")
+
+    processor: EmbeddedProcessor | None = None
+    run_path: Path | None = None
+    monitor = None
+    report = None
+    exit_code = 0
+    with _sigterm_raises():
+        try:
+            if endpoint:
+                rank_env[env.OTEL_EXPORTER_OTLP_ENDPOINT] = endpoint
+                if options.protocol:
+                    rank_env[env.OTEL_EXPORTER_OTLP_PROTOCOL] = options.protocol
+                if options.live:
+                    _say(out, "--live needs the embedded processor; with an endpoint, watch the "
+                              "processor instead (traceml top --db PATH)")
+                _say(out, f"run {resolved.run_id}: exporting OTLP to {endpoint}")
+            else:
+                run_path = rd.run_directory(options.runs_dir, resolved.run_id)
+                run_path.mkdir(parents=True, exist_ok=True)
+                processor = EmbeddedProcessor(
+                    db_path=run_path / rd.DB_FILENAME,
+                    summary_dir=Path(options.runs_dir),
+                    log_path=run_path / "processor.log",
+                )
+                endpoints = processor.start()
+                rank_env[env.OTEL_EXPORTER_OTLP_ENDPOINT] = endpoints.otlp_grpc_endpoint
+                rank_env[env.OTEL_EXPORTER_OTLP_PROTOCOL] = "grpc"
+                _say(out, f"run {resolved.run_id}: embedded processor on 127.0.0.1:{endpoints.grpc_port} "
+                          f"(OTLP gRPC), data in {run_path}")
+                if options.live:
+                    _redirect_rank_output(args, run_path)
+                    from traceml.launcher.live import LiveMonitor
+
+                    monitor = LiveMonitor(run_path / rd.DB_FILENAME, resolved.run_id,
+                                          refresh_s=options.refresh_s, out=out)
+                    monitor.start()
+            with _patched_environ(rank_env):
+                torch_run(args)
+        except EmbeddedProcessorError as exc:
+            _say(out, f"error: {exc}")
+            exit_code = EXIT_LAUNCH_ERROR
+        except _TerminatedBeforeLaunch as exc:
+            exit_code = 128 + exc.signum
+        except BaseException as exc:  # noqa: BLE001 - every failure still gets a summary
+            exit_code = exit_code_of(exc)
+            _report_failure(out, exc, args)
+        finally:
+            if monitor is not None:
+                monitor.stop()
+            if processor is not None:
+                processor.stop()
+                if run_path is not None and processor.endpoints is not None:
+                    from traceml.launcher.finalize import finalize_run
+
+                    report = finalize_run(run_path, resolved.run_id, out=out,
+                                 print_card=options.print_summary, exit_code=exit_code)
+    return LaunchResult(exit_code, resolved.run_id, run_path, report)
+
+
+def _is_multi_node(nnodes: str) -> bool:
+    from torch.distributed.run import parse_min_max_nnodes
+
+    try:
+        _, max_nodes = parse_min_max_nnodes(nnodes)
+    except Exception:
+        return False
+    return max_nodes > 1
+
+
+def _redirect_rank_output(args: argparse.Namespace, run_path: Path) -> None:
+    """Keep the live view readable: rank stdout/stderr go to files unless the user chose."""
+    if str(args.redirects) == "0" and str(args.tee) == "0" and not args.log_dir:
+        args.redirects = "3"
+        args.log_dir = str(run_path / "logs")
+
+
+def _report_failure(out: TextIO, exc: BaseException, args: argparse.Namespace) -> None:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    if isinstance(exc, ChildFailedError):
+        rank, failure = exc.get_first_failure()
+        _say(out, f"rank {rank} failed with exit code {failure.exitcode}")
+        if args.log_dir and str(args.redirects) != "0":
+            for log in sorted(Path(args.log_dir).rglob("stderr.log")):
+                if log.parent.name == str(failure.local_rank):
+                    tail = log.read_text(errors="replace").splitlines()[-20:]
+                    _say(out, f"last lines of {log}:")
+                    print("\n".join(tail), file=out, flush=True)
+    elif not isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        _say(out, f"launch failed: {type(exc).__name__}: {exc}")
+
+
+def main(argv: Sequence[str]) -> int:
+    args, options = parse(argv)
+    return launch(args, options).exit_code

@@ -1,0 +1,171 @@
+"""`traceml-processor`: flags first, then TRACEML_PROCESSOR_* / OTEL_* environment, then defaults.
+
+Loopback by default. SIGTERM and SIGINT stop the receivers, commit what is
+queued, summarise open runs and exit 0.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from traceml.schema import environment as env
+
+DEFAULT_GRPC = "127.0.0.1:4317"
+DEFAULT_HTTP = "127.0.0.1:4318"
+OFF = ("off", "none", "")
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    value = os.environ.get(name)
+    return value if value not in (None, "") else default
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="traceml-processor",
+        description="Receive TraceML OTLP, store it in SQLite, diagnose live, re-export summary metrics.")
+    p.add_argument("--db", help=f"SQLite file (env {env.TRACEML_PROCESSOR_DB}; default ./traceml.db)")
+    p.add_argument("--otlp-grpc", metavar="HOST:PORT",
+                   help=f"OTLP/gRPC listen address or 'off' (env {env.TRACEML_PROCESSOR_OTLP_GRPC}; "
+                        f"default {DEFAULT_GRPC})")
+    p.add_argument("--otlp-http", metavar="HOST:PORT",
+                   help=f"OTLP/HTTP listen address, also /healthz and /readyz, or 'off' "
+                        f"(env {env.TRACEML_PROCESSOR_OTLP_HTTP}; default {DEFAULT_HTTP})")
+    p.add_argument("--prometheus", metavar="HOST:PORT",
+                   help=f"serve /metrics here (env {env.TRACEML_PROCESSOR_PROMETHEUS}; default off)")
+    p.add_argument("--export-endpoint", metavar="URL",
+                   help=f"push summary metrics over OTLP (env {env.TRACEML_PROCESSOR_EXPORT_ENDPOINT}, "
+                        f"else {env.OTEL_EXPORTER_OTLP_METRICS_ENDPOINT} / {env.OTEL_EXPORTER_OTLP_ENDPOINT}; "
+                        "default off)")
+    p.add_argument("--export-protocol", choices=("grpc", "http/protobuf"),
+                   help=f"OTLP protocol for --export-endpoint (env {env.OTEL_EXPORTER_OTLP_METRICS_PROTOCOL} / "
+                        f"{env.OTEL_EXPORTER_OTLP_PROTOCOL}; default grpc, http/protobuf for URLs ending /v1/metrics)")
+    p.add_argument("--export-interval", type=float, metavar="SECONDS",
+                   help=f"seconds between pushes (env {env.TRACEML_PROCESSOR_EXPORT_INTERVAL}; default 5)")
+    p.add_argument("--summary-dir", metavar="DIR",
+                   help=f"write final_summary.json + card per ended run here "
+                        f"(env {env.TRACEML_PROCESSOR_SUMMARY_DIR}; default off)")
+    p.add_argument("--idle-timeout", type=float, metavar="SECONDS",
+                   help=f"end a run after this long without data (env {env.TRACEML_PROCESSOR_IDLE_TIMEOUT}; "
+                        "default 300)")
+    p.add_argument("--refresh-interval", type=float, metavar="SECONDS",
+                   help=f"live analysis refresh period (env {env.TRACEML_PROCESSOR_REFRESH_INTERVAL}; default 0.5)")
+    p.add_argument("--auth-token-file", metavar="FILE",
+                   help=f"require 'Authorization: Bearer <token>' (token read from FILE; "
+                        f"or env {env.TRACEML_PROCESSOR_AUTH_TOKEN})")
+    p.add_argument("--tls-cert", metavar="PEM", help=f"server certificate (env {env.TRACEML_PROCESSOR_TLS_CERT})")
+    p.add_argument("--tls-key", metavar="PEM", help=f"server key (env {env.TRACEML_PROCESSOR_TLS_KEY})")
+    p.add_argument("--max-runs", type=int, help=f"env {env.TRACEML_PROCESSOR_MAX_RUNS}; default 1000")
+    p.add_argument("--max-ranks-per-run", type=int,
+                   help=f"env {env.TRACEML_PROCESSOR_MAX_RANKS_PER_RUN}; default 16384")
+    p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    return p
+
+
+def _address(value: str | None, default: str | None):
+    from traceml.processor.security import parse_host_port
+
+    value = default if value is None else value
+    if value is None or value.strip().lower() in OFF:
+        return None
+    return parse_host_port(value)
+
+
+def _export_config(args):
+    from traceml.processor.reexport import OtlpExportConfig, parse_headers
+
+    endpoint = (args.export_endpoint or _env(env.TRACEML_PROCESSOR_EXPORT_ENDPOINT)
+                or _env(env.OTEL_EXPORTER_OTLP_METRICS_ENDPOINT) or _env(env.OTEL_EXPORTER_OTLP_ENDPOINT))
+    if not endpoint or endpoint.strip().lower() in OFF:
+        return None
+    protocol = (args.export_protocol or _env(env.OTEL_EXPORTER_OTLP_METRICS_PROTOCOL)
+                or _env(env.OTEL_EXPORTER_OTLP_PROTOCOL))
+    if protocol is None:
+        protocol = "http/protobuf" if endpoint.rstrip("/").endswith("/v1/metrics") else "grpc"
+    if protocol not in ("grpc", "http/protobuf"):
+        raise ValueError(f"unsupported OTLP protocol {protocol!r} for summary export (grpc or http/protobuf)")
+    timeout_ms = _env(env.OTEL_EXPORTER_OTLP_TIMEOUT)
+    insecure = _env(env.OTEL_EXPORTER_OTLP_INSECURE)
+    return OtlpExportConfig(
+        endpoint=endpoint.strip(), protocol=protocol,
+        headers=parse_headers(_env(env.OTEL_EXPORTER_OTLP_HEADERS)),
+        timeout_s=float(timeout_ms) / 1000.0 if timeout_ms else 10.0,
+        interval_s=float(args.export_interval or _env(env.TRACEML_PROCESSOR_EXPORT_INTERVAL, "5")),
+        insecure=None if insecure is None else env.env_flag(insecure),
+        compression=_env(env.OTEL_EXPORTER_OTLP_COMPRESSION),
+    )
+
+
+def config_from_args(argv=None):
+    """Flags + environment -> ProcessorConfig. Raises ValueError on bad settings."""
+    from traceml.processor.decode import DecodeLimits
+    from traceml.processor.security import BearerAuth, TlsConfig
+    from traceml.processor.service import ProcessorConfig
+
+    args = build_parser().parse_args(argv)
+    token = _env(env.TRACEML_PROCESSOR_AUTH_TOKEN)
+    if args.auth_token_file:
+        token = Path(args.auth_token_file).read_text().strip()
+    limits = DecodeLimits(
+        max_runs=int(args.max_runs or _env(env.TRACEML_PROCESSOR_MAX_RUNS, "1000")),
+        max_ranks_per_run=int(args.max_ranks_per_run or _env(env.TRACEML_PROCESSOR_MAX_RANKS_PER_RUN, "16384")),
+    )
+    summary_dir = args.summary_dir or _env(env.TRACEML_PROCESSOR_SUMMARY_DIR)
+    config = ProcessorConfig(
+        db=Path(args.db or _env(env.TRACEML_PROCESSOR_DB, "traceml.db")),
+        otlp_grpc=_address(args.otlp_grpc, _env(env.TRACEML_PROCESSOR_OTLP_GRPC, DEFAULT_GRPC)),
+        otlp_http=_address(args.otlp_http, _env(env.TRACEML_PROCESSOR_OTLP_HTTP, DEFAULT_HTTP)),
+        prometheus=_address(args.prometheus, _env(env.TRACEML_PROCESSOR_PROMETHEUS)),
+        export=_export_config(args),
+        summary_dir=Path(summary_dir) if summary_dir else None,
+        auth=BearerAuth(token or None),
+        tls=TlsConfig(args.tls_cert or _env(env.TRACEML_PROCESSOR_TLS_CERT),
+                      args.tls_key or _env(env.TRACEML_PROCESSOR_TLS_KEY)),
+        idle_timeout_s=float(args.idle_timeout or _env(env.TRACEML_PROCESSOR_IDLE_TIMEOUT, "300")),
+        refresh_interval_s=float(args.refresh_interval or _env(env.TRACEML_PROCESSOR_REFRESH_INTERVAL, "0.5")),
+        limits=limits,
+    )
+    if config.idle_timeout_s <= 0 or config.refresh_interval_s <= 0:
+        raise ValueError("--idle-timeout and --refresh-interval must be positive")
+    return config, args
+
+
+def main(argv=None) -> int:
+    try:
+        config, args = config_from_args(argv)
+    except (ValueError, OSError) as exc:
+        print(f"traceml-processor: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=getattr(logging, args.log_level), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from traceml.processor.service import ProcessorService
+
+    stop = threading.Event()
+
+    def _on_signal(signum, _frame):
+        logging.getLogger("traceml.processor").info("signal %d: stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    try:
+        service = ProcessorService(config).start()
+    except (ValueError, OSError, RuntimeError) as exc:
+        print(f"traceml-processor: cannot start: {exc}", file=sys.stderr)
+        return 1
+    # One line on stdout that launchers and tests can wait for.
+    print(f"traceml-processor ready grpc={service.grpc_port} http={service.http_port} "
+          f"prometheus={service.prometheus_port}", flush=True)
+    while not stop.wait(0.5):
+        pass
+    service.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,581 @@
+"""OTLP export requests -> typed TraceML ingest records, with every refusal counted.
+
+The decoder is the processor's only reader of wire names (all from
+`traceml.schema.vocabulary`). It never raises on content: a bad span or data
+point is rejected with a reason and the rest of the request is kept; telemetry
+that is not TraceML's is ignored and counted. The receivers turn the counts into
+OTLP partial-success answers and self-metrics.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import math
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+from google.protobuf import json_format
+
+from traceml.processor.step_time.model import (
+    RankIdentity,
+    RawEventValue,
+    StepMemoryIngestRecord,
+    StepTimeIngestRecord,
+)
+from traceml.schema import vocabulary as v
+
+# Reasons (stable strings: they appear in partial-success messages and self-metrics).
+MISSING_RUN_ID = "missing_run_id"
+MISSING_RANK = "missing_rank"
+MISSING_STEP = "missing_step"
+MISSING_TIMESTAMP = "missing_timestamp"
+WRONG_TYPE = "wrong_attribute_type"
+NON_FINITE = "non_finite_value"
+NEGATIVE = "negative_value"
+ABSURD = "absurd_value"
+NO_EVENTS = "no_events"
+ATTRIBUTE_TOO_LARGE = "attribute_too_large"
+TOO_MANY_ATTRIBUTES = "too_many_attributes"
+TOO_MANY_RUNS = "too_many_runs"
+TOO_MANY_RANKS = "too_many_ranks"
+
+# Why something was ignored rather than rejected.
+IGNORED_FOREIGN = "not_traceml"
+IGNORED_PHASE_SPAN = "phase_span"
+IGNORED_UNUSED_METRIC = "unused_metric"
+
+
+@dataclass(frozen=True)
+class DecodeLimits:
+    """Caps that keep one client from exhausting the processor."""
+
+    max_runs: int = 1_000
+    max_ranks_per_run: int = 16_384
+    max_attribute_bytes: int = 4_096  # per string value
+    max_run_id_chars: int = 256
+    max_attributes: int = 512  # per span / data point
+    max_step: int = 2**53
+    max_event_ms: float = 86_400_000.0  # one day per summed event and step
+    max_event_count: int = 10_000_000
+    max_memory_bytes: int = 2**50  # 1 PiB
+
+
+@dataclass(frozen=True, slots=True)
+class RunEndMarker:
+    """A rank said it finished cleanly (`traceml.run.end`)."""
+
+    run_id: str
+    global_rank: int
+    steps_completed: int | None
+    world_size: int | None
+    sample_time: float
+    final_counts: Mapping[str, int] = field(default_factory=dict)  # attribute key -> count
+    dropped: Mapping[str, int] = field(default_factory=dict)  # queue -> final dropped count
+
+
+@dataclass(frozen=True, slots=True)
+class DropReport:
+    """Cumulative count of telemetry a rank reported dropped from one of its queues."""
+
+    run_id: str
+    global_rank: int
+    queue: str
+    dropped: int
+    sample_time: float
+
+
+@dataclass
+class DecodedBatch:
+    """Everything one export request contributed, plus what was refused and why."""
+
+    signal: str  # "traces" | "metrics"
+    step_records: list[StepTimeIngestRecord] = field(default_factory=list)
+    memory_records: list[StepMemoryIngestRecord] = field(default_factory=list)
+    run_ends: list[RunEndMarker] = field(default_factory=list)
+    drops: list[DropReport] = field(default_factory=list)
+    rejected: Counter = field(default_factory=Counter)  # reason -> items
+    ignored: Counter = field(default_factory=Counter)  # reason -> items
+    examples: list[str] = field(default_factory=list)  # first few explanations
+    world_sizes: dict[str, int] = field(default_factory=dict)  # run -> declared world size
+
+    @property
+    def rejected_count(self) -> int:
+        return sum(self.rejected.values())
+
+    @property
+    def ignored_count(self) -> int:
+        return sum(self.ignored.values())
+
+    @property
+    def record_count(self) -> int:
+        return len(self.step_records) + len(self.memory_records) + len(self.run_ends) + len(self.drops)
+
+    @property
+    def run_ids(self) -> set[str]:
+        runs = {r.run_id for r in self.step_records}
+        runs.update(r.run_id for r in self.memory_records)
+        runs.update(r.run_id for r in self.run_ends)
+        runs.update(r.run_id for r in self.drops)
+        return runs
+
+    def reject(self, reason: str, detail: str) -> None:
+        self.rejected[reason] += 1
+        if len(self.examples) < 3:
+            self.examples.append(f"{reason}: {detail}")
+
+    def message(self) -> str:
+        """The partial-success `error_message`: empty when nothing was refused or ignored."""
+        parts = []
+        if self.rejected:
+            counts = ", ".join(f"{k}={n}" for k, n in sorted(self.rejected.items()))
+            parts.append(f"rejected {self.rejected_count} ({counts})")
+            if self.examples:
+                parts.append("first: " + "; ".join(self.examples))
+        if self.ignored:
+            counts = ", ".join(f"{k}={n}" for k, n in sorted(self.ignored.items()))
+            parts.append(f"ignored {self.ignored_count} that TraceML does not use ({counts})")
+        return "; ".join(parts)
+
+
+class _Reject(Exception):
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+class RunAdmission:
+    """Thread-safe caps on how many runs, and ranks per run, the processor tracks."""
+
+    def __init__(self, limits: DecodeLimits, known_runs: Iterable[str] = ()):
+        self._limits = limits
+        self._lock = threading.Lock()
+        self._ranks: dict[str, set[int]] = {run: set() for run in known_runs}
+
+    def admit(self, run_id: str, rank: int) -> None:
+        ranks = self._ranks.get(run_id)
+        if ranks is not None and rank in ranks:
+            return
+        with self._lock:
+            ranks = self._ranks.get(run_id)
+            if ranks is None:
+                if len(self._ranks) >= self._limits.max_runs:
+                    raise _Reject(TOO_MANY_RUNS, f"run {run_id!r} exceeds the cap of {self._limits.max_runs} runs")
+                ranks = self._ranks[run_id] = set()
+            if rank not in ranks:
+                if len(ranks) >= self._limits.max_ranks_per_run:
+                    raise _Reject(TOO_MANY_RANKS,
+                                  f"rank {rank} of run {run_id!r} exceeds the cap of "
+                                  f"{self._limits.max_ranks_per_run} ranks per run")
+                ranks.add(rank)
+
+    def forget(self, run_id: str) -> None:
+        with self._lock:
+            self._ranks.pop(run_id, None)
+
+    def run_count(self) -> int:
+        return len(self._ranks)
+
+
+# --- attribute helpers -------------------------------------------------------------------
+
+
+def _any_value(value, limits: DecodeLimits, key: str):
+    """protobuf AnyValue -> Python scalar; arrays/maps/bytes come back as a marker type."""
+    kind = value.WhichOneof("value")
+    if kind == "string_value":
+        s = value.string_value
+        if len(s) > limits.max_attribute_bytes:
+            raise _Reject(ATTRIBUTE_TOO_LARGE, f"{key} is {len(s)} characters (cap {limits.max_attribute_bytes})")
+        return s
+    if kind == "int_value":
+        return value.int_value
+    if kind == "double_value":
+        return value.double_value
+    if kind == "bool_value":
+        return value.bool_value
+    if kind is None:
+        return None
+    return _Unsupported(kind)
+
+
+class _Unsupported:
+    __slots__ = ("kind",)
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    def __repr__(self) -> str:
+        return f"<{self.kind}>"
+
+
+def _attributes(kvs, limits: DecodeLimits) -> dict:
+    if len(kvs) > limits.max_attributes:
+        raise _Reject(TOO_MANY_ATTRIBUTES, f"{len(kvs)} attributes (cap {limits.max_attributes})")
+    out = {}
+    for kv in kvs:
+        key = kv.key
+        if len(key) > limits.max_attribute_bytes:
+            raise _Reject(ATTRIBUTE_TOO_LARGE, f"attribute key of {len(key)} characters")
+        out[key] = _any_value(kv.value, limits, key)
+    return out
+
+
+def _int_attr(attrs: Mapping, key: str, *, allow_string: bool, minimum: int, maximum: int) -> int | None:
+    """An integer attribute; strings of digits only where OTel env config makes them strings."""
+    if key not in attrs:
+        return None
+    value = attrs[key]
+    if isinstance(value, bool) or value is None:
+        raise _Reject(WRONG_TYPE, f"{key} must be an integer, got {value!r}")
+    if isinstance(value, str):
+        text = value.strip()
+        if not allow_string or not text.lstrip("-").isdigit():
+            raise _Reject(WRONG_TYPE, f"{key} must be an integer, got string {value[:64]!r}")
+        value = int(text)
+    elif isinstance(value, float):
+        raise _Reject(WRONG_TYPE, f"{key} must be an integer, got double {value!r}")
+    elif not isinstance(value, int):
+        raise _Reject(WRONG_TYPE, f"{key} must be an integer, got {value!r}")
+    if value < minimum:
+        raise _Reject(NEGATIVE, f"{key} is {value} (must be >= {minimum})")
+    if value > maximum:
+        raise _Reject(ABSURD, f"{key} is {value} (must be <= {maximum})")
+    return value
+
+
+def _ms_value(value, key: str, limits: DecodeLimits) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _Reject(WRONG_TYPE, f"{key} must be a number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise _Reject(NON_FINITE, f"{key} is {value}")
+    if value < 0:
+        raise _Reject(NEGATIVE, f"{key} is {value}")
+    if value > limits.max_event_ms:
+        raise _Reject(ABSURD, f"{key} is {value} ms (cap {limits.max_event_ms:g})")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class _Resource:
+    run_id: str | None
+    identity: RankIdentity | None
+    strategy: str | None
+    error: _Reject | None
+
+
+def _resource_identity(kvs, limits: DecodeLimits) -> _Resource:
+    """Run and rank identity of one resource; TraceML keys win over NeMo/Megatron aliases."""
+    try:
+        attrs = _attributes(kvs, limits)
+        for alias, key in v.RESOURCE_ALIASES.items():
+            if key not in attrs and alias in attrs:
+                attrs[key] = attrs[alias]
+        run_id = attrs.get(v.ATTR_RUN_ID)
+        if run_id is not None:
+            if not isinstance(run_id, str):
+                raise _Reject(WRONG_TYPE, f"{v.ATTR_RUN_ID} must be a string, got {run_id!r}")
+            run_id = run_id.strip()
+            if len(run_id) > limits.max_run_id_chars:
+                raise _Reject(ATTRIBUTE_TOO_LARGE,
+                              f"{v.ATTR_RUN_ID} is {len(run_id)} characters (cap {limits.max_run_id_chars})")
+            run_id = run_id or None
+        rank_cap = limits.max_ranks_per_run * 64
+        rank = _int_attr(attrs, v.ATTR_RANK, allow_string=True, minimum=0, maximum=rank_cap)
+        identity = None
+        if rank is not None:
+            hostname = attrs.get(v.RES_HOST_NAME)
+            identity = RankIdentity(
+                global_rank=rank,
+                local_rank=_int_attr(attrs, v.ATTR_LOCAL_RANK, allow_string=True, minimum=0, maximum=rank_cap),
+                node_rank=_int_attr(attrs, v.ATTR_NODE_RANK, allow_string=True, minimum=0, maximum=rank_cap),
+                world_size=_int_attr(attrs, v.ATTR_WORLD_SIZE, allow_string=True, minimum=1, maximum=rank_cap),
+                local_world_size=_int_attr(attrs, v.ATTR_LOCAL_WORLD_SIZE, allow_string=True,
+                                           minimum=1, maximum=rank_cap),
+                hostname=hostname if isinstance(hostname, str) else None,
+            )
+        strategy = attrs.get(v.ATTR_TRAINING_STRATEGY)
+        if strategy is not None and not isinstance(strategy, str):
+            raise _Reject(WRONG_TYPE, f"{v.ATTR_TRAINING_STRATEGY} must be a string, got {strategy!r}")
+        return _Resource(run_id, identity, strategy, None)
+    except _Reject as exc:
+        return _Resource(None, None, None, exc)
+
+
+# --- traces ---------------------------------------------------------------------------------
+
+
+class Decoder:
+    """Stateless per request except for the shared run/rank admission caps."""
+
+    def __init__(self, limits: DecodeLimits | None = None, admission: RunAdmission | None = None):
+        self.limits = limits or DecodeLimits()
+        self.admission = admission or RunAdmission(self.limits)
+
+    def decode_traces(self, request) -> DecodedBatch:
+        """`ExportTraceServiceRequest` -> step rows and run-end markers."""
+        batch = DecodedBatch("traces")
+        limits = self.limits
+        for resource_spans in request.resource_spans:
+            spans = [s for scope in resource_spans.scope_spans for s in scope.spans]
+            if not spans:
+                continue
+            traceml = [s for s in spans if s.name.startswith("traceml.")]
+            foreign = len(spans) - len(traceml)
+            if foreign:
+                batch.ignored[IGNORED_FOREIGN] += foreign
+            if not traceml:
+                continue
+            res = _resource_identity(resource_spans.resource.attributes, limits)
+            for span in traceml:
+                name = span.name
+                if name.startswith(v.SPAN_PHASE_PREFIX):
+                    batch.ignored[IGNORED_PHASE_SPAN] += 1
+                    continue
+                if name != v.SPAN_STEP and name != v.SPAN_RUN_END:
+                    batch.ignored[IGNORED_FOREIGN] += 1
+                    continue
+                try:
+                    if res.error is not None:
+                        raise res.error
+                    if name == v.SPAN_STEP:
+                        batch.step_records.append(self._step_span(span, res))
+                    else:
+                        batch.run_ends.append(self._run_end_span(span, res))
+                    if res.identity is not None and res.identity.world_size is not None:
+                        batch.world_sizes[res.run_id] = res.identity.world_size
+                except _Reject as exc:
+                    batch.reject(exc.reason, f"span {name!r}: {exc.detail}")
+        return batch
+
+    def _span_identity(self, attrs: Mapping, res: _Resource) -> tuple[str, RankIdentity]:
+        run_id = res.run_id
+        if run_id is None:
+            span_run = attrs.get(v.ATTR_RUN_ID)
+            if isinstance(span_run, str) and span_run.strip():
+                if len(span_run) > self.limits.max_run_id_chars:
+                    raise _Reject(ATTRIBUTE_TOO_LARGE, f"{v.ATTR_RUN_ID} is too long")
+                run_id = span_run.strip()
+            elif span_run is not None and not isinstance(span_run, str):
+                raise _Reject(WRONG_TYPE, f"{v.ATTR_RUN_ID} must be a string, got {span_run!r}")
+        if run_id is None:
+            raise _Reject(MISSING_RUN_ID, f"no {v.ATTR_RUN_ID} (or nemo.run.id) on the resource")
+        rank_cap = self.limits.max_ranks_per_run * 64
+        span_rank = _int_attr(attrs, v.ATTR_RANK, allow_string=False, minimum=0, maximum=rank_cap)
+        identity = res.identity
+        if identity is None:
+            if span_rank is None:
+                raise _Reject(MISSING_RANK, f"no {v.ATTR_RANK} (or dl.rank) on the resource or span")
+            identity = RankIdentity(global_rank=span_rank)
+        self.admission.admit(run_id, identity.global_rank)
+        return run_id, identity
+
+    def _step_span(self, span, res: _Resource) -> StepTimeIngestRecord:
+        limits = self.limits
+        attrs = _attributes(span.attributes, limits)
+        run_id, identity = self._span_identity(attrs, res)
+        step = _int_attr(attrs, v.ATTR_STEP, allow_string=False, minimum=0, maximum=limits.max_step)
+        if step is None:
+            raise _Reject(MISSING_STEP, f"no {v.ATTR_STEP} attribute")
+        if span.start_time_unix_nano == 0 or span.end_time_unix_nano == 0:
+            raise _Reject(MISSING_TIMESTAMP, "start or end time is zero")
+        if span.end_time_unix_nano < span.start_time_unix_nano:
+            raise _Reject(NEGATIVE, "end time before start time")
+        fields: dict[str, dict[str, object]] = {}
+        for key, value in attrs.items():
+            parsed = v.parse_event_attribute(key)
+            if parsed is None:
+                continue
+            raw_event, field_name = parsed
+            if field_name == v.EVENT_FIELD_COUNT:
+                count = _int_attr(attrs, key, allow_string=False, minimum=0, maximum=limits.max_event_count)
+                fields.setdefault(raw_event, {})[field_name] = count
+            else:
+                fields.setdefault(raw_event, {})[field_name] = _ms_value(value, key, limits)
+        events = {}
+        for raw_event, values in fields.items():
+            cpu = values.get(v.EVENT_FIELD_CPU_MS)
+            gpu = values.get(v.EVENT_FIELD_GPU_MS)
+            if cpu is None and gpu is None:
+                continue  # a count alone carries no timing
+            events[raw_event] = RawEventValue(cpu_ms=cpu, gpu_ms=gpu, count=values.get(v.EVENT_FIELD_COUNT))
+        if not events:
+            raise _Reject(NO_EVENTS, f"step {step} carries no {v.EVENT_ATTR_PREFIX}* timing attributes")
+        strategy = res.strategy
+        return StepTimeIngestRecord(
+            run_id=run_id,
+            identity=identity,
+            step=step,
+            start_time=span.start_time_unix_nano / 1e9,
+            sample_time=span.end_time_unix_nano / 1e9,
+            events=events,
+            training_strategy=strategy,
+        )
+
+    def _run_end_span(self, span, res: _Resource) -> RunEndMarker:
+        attrs = _attributes(span.attributes, self.limits)
+        run_id, identity = self._span_identity(attrs, res)
+        completed = _int_attr(attrs, v.ATTR_STEPS_COMPLETED, allow_string=False, minimum=0,
+                              maximum=self.limits.max_step)
+        counts: dict[str, int] = {}
+        dropped: dict[str, int] = {}
+        count_keys = (v.ATTR_STEPS_COMPLETED, v.ATTR_STEP, v.ATTR_RUN_END_EXPORT_FAILURES,
+                      v.ATTR_RUN_END_EXPORT_RETRIES)
+        for key in attrs:
+            if key in count_keys or key.startswith(v.RUN_END_DROPPED_PREFIX):
+                value = _int_attr(attrs, key, allow_string=False, minimum=0, maximum=self.limits.max_step)
+                counts[key] = value
+                queue = key[len(v.RUN_END_DROPPED_PREFIX):]
+                if key.startswith(v.RUN_END_DROPPED_PREFIX) and queue in v.QUEUE_NAMES:
+                    dropped[queue] = value
+        when = (span.end_time_unix_nano or span.start_time_unix_nano) / 1e9
+        return RunEndMarker(run_id, identity.global_rank, completed, identity.world_size, when,
+                            counts, dropped)
+
+    # --- metrics --------------------------------------------------------------------------
+
+    def decode_metrics(self, request) -> DecodedBatch:
+        """`ExportMetricsServiceRequest` -> per-step memory rows and drop counts."""
+        batch = DecodedBatch("metrics")
+        limits = self.limits
+        memory_names = (v.METRIC_MEMORY_PEAK_ALLOCATED, v.METRIC_MEMORY_PEAK_RESERVED)
+        unused = (v.METRIC_EXPORT_FAILURES, v.METRIC_EXPORT_RETRIES)
+        for resource_metrics in request.resource_metrics:
+            res = None
+            # (run, rank, step, device) -> [allocated, reserved, time]; the two gauges merge.
+            memory: dict[tuple[str, int, int, str], list] = {}
+            for scope in resource_metrics.scope_metrics:
+                for metric in scope.metrics:
+                    name = metric.name
+                    points = _data_points(metric)
+                    if name not in memory_names and name != v.METRIC_TELEMETRY_DROPPED:
+                        n = max(1, len(points))
+                        batch.ignored[IGNORED_UNUSED_METRIC if name in unused else IGNORED_FOREIGN] += n
+                        continue
+                    if res is None:
+                        res = _resource_identity(resource_metrics.resource.attributes, limits)
+                    if metric.WhichOneof("data") not in ("gauge", "sum"):
+                        for _ in points or [None]:
+                            batch.reject(WRONG_TYPE, f"{name} must be a gauge or sum, "
+                                                     f"got {metric.WhichOneof('data')}")
+                        continue
+                    for point in points:
+                        try:
+                            if res.error is not None:
+                                raise res.error
+                            if name == v.METRIC_TELEMETRY_DROPPED:
+                                batch.drops.append(self._drop_point(point, res))
+                            else:
+                                self._memory_point(point, res, name, memory)
+                        except _Reject as exc:
+                            batch.reject(exc.reason, f"{name} point: {exc.detail}")
+            for (run_id, rank, step, device), (alloc, reserved, when) in memory.items():
+                batch.memory_records.append(StepMemoryIngestRecord(
+                    run_id=run_id, global_rank=rank, step=step, device=device,
+                    peak_allocated_bytes=alloc, peak_reserved_bytes=reserved, sample_time=when))
+        return batch
+
+    def _point_value(self, point, name: str) -> float:
+        kind = point.WhichOneof("value")
+        if kind == "as_int":
+            value = point.as_int
+        elif kind == "as_double":
+            value = point.as_double
+        else:
+            raise _Reject(WRONG_TYPE, f"{name} data point has no value")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise _Reject(NON_FINITE, f"{name} is {value}")
+        if value < 0:
+            raise _Reject(NEGATIVE, f"{name} is {value}")
+        return value
+
+    def _memory_point(self, point, res: _Resource, name: str, memory: dict) -> None:
+        limits = self.limits
+        attrs = _attributes(point.attributes, limits)
+        run_id, identity = self._span_identity(attrs, res)
+        step = _int_attr(attrs, v.ATTR_STEP, allow_string=False, minimum=0, maximum=limits.max_step)
+        if step is None:
+            raise _Reject(MISSING_STEP, f"no {v.ATTR_STEP} attribute")
+        value = self._point_value(point, name)
+        if value > limits.max_memory_bytes:
+            raise _Reject(ABSURD, f"{name} is {value} bytes")
+        device = attrs.get(v.ATTR_DEVICE, "")
+        if not isinstance(device, str):
+            raise _Reject(WRONG_TYPE, f"{v.ATTR_DEVICE} must be a string, got {device!r}")
+        if point.time_unix_nano == 0:
+            raise _Reject(MISSING_TIMESTAMP, "time is zero")
+        key = (run_id, identity.global_rank, step, device)
+        slot = memory.setdefault(key, [None, None, 0.0])
+        slot[0 if name == v.METRIC_MEMORY_PEAK_ALLOCATED else 1] = int(value)
+        slot[2] = max(slot[2], point.time_unix_nano / 1e9)
+
+    def _drop_point(self, point, res: _Resource) -> DropReport:
+        attrs = _attributes(point.attributes, self.limits)
+        run_id, identity = self._span_identity(attrs, res)
+        queue = attrs.get(v.ATTR_QUEUE)
+        if not isinstance(queue, str) or queue not in v.QUEUE_NAMES:
+            raise _Reject(WRONG_TYPE, f"{v.ATTR_QUEUE} must be one of {list(v.QUEUE_NAMES)}, got {queue!r}")
+        value = self._point_value(point, v.METRIC_TELEMETRY_DROPPED)
+        if value > 2**53:
+            raise _Reject(ABSURD, f"dropped count {value}")
+        return DropReport(run_id, identity.global_rank, queue, int(value), point.time_unix_nano / 1e9)
+
+
+def _data_points(metric) -> list:
+    kind = metric.WhichOneof("data")
+    if kind == "gauge":
+        return list(metric.gauge.data_points)
+    if kind == "sum":
+        return list(metric.sum.data_points)
+    if kind == "histogram":
+        return list(metric.histogram.data_points)
+    if kind == "exponential_histogram":
+        return list(metric.exponential_histogram.data_points)
+    if kind == "summary":
+        return list(metric.summary.data_points)
+    return []
+
+
+# --- OTLP/JSON -------------------------------------------------------------------------------
+
+_ID_KEYS = frozenset({"traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id"})
+
+
+def _hex_ids_to_base64(node):
+    """OTLP/JSON writes trace and span ids as hex; protobuf's JSON mapping wants base64."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in _ID_KEYS and isinstance(value, str):
+                try:
+                    node[key] = base64.b64encode(bytes.fromhex(value)).decode("ascii")
+                except ValueError as exc:
+                    raise ValueError(f"{key} is not hex: {value[:40]!r}") from exc
+            else:
+                _hex_ids_to_base64(value)
+    elif isinstance(node, list):
+        for item in node:
+            _hex_ids_to_base64(item)
+
+
+def parse_otlp_json(body: bytes, message):
+    """Fill protobuf `message` from an OTLP/JSON body (unknown fields ignored). Raises ValueError."""
+    try:
+        document = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"body is not JSON: {exc}") from exc
+    if not isinstance(document, dict):
+        raise ValueError("OTLP/JSON body must be an object")
+    _hex_ids_to_base64(document)
+    try:
+        json_format.ParseDict(document, message, ignore_unknown_fields=True)
+    except json_format.ParseError as exc:
+        raise ValueError(f"not an OTLP/JSON request: {exc}") from exc
+    return message
+
+
+def otlp_json_response(response) -> bytes:
+    """A partial-success response as OTLP/JSON (lowerCamelCase, defaults omitted)."""
+    return json_format.MessageToJson(response, indent=None).encode()

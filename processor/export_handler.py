@@ -1,0 +1,54 @@
+"""One OTLP export request -> decode -> ingest -> partial-success response.
+
+Shared by the gRPC and HTTP receivers so both answer the same way: rejected spans
+or points are counted in `partial_success` with a message naming the reasons;
+ignored (non-TraceML) telemetry is mentioned in the message but not rejected.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metrics_pb2
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb2
+
+from traceml.processor.decode import DecodedBatch, Decoder
+from traceml.processor.ingest import IngestOutcome, IngestQueue, ProcessorStats
+
+
+class ExportHandler:
+    def __init__(self, decoder: Decoder, ingest: IngestQueue, stats: ProcessorStats):
+        self.decoder = decoder
+        self.ingest = ingest
+        self.stats = stats
+
+    def _ingest(self, batch: DecodedBatch) -> tuple[IngestOutcome, str]:
+        self.stats.add("rejected", batch.signal, batch.rejected_count)
+        self.stats.add("ignored", batch.signal, batch.ignored_count)
+        self.stats.add_reasons(dict(batch.rejected))
+        outcome = self.ingest.submit(batch)  # raises Backpressure / IngestUnavailable
+        message = batch.message()
+        extra = Counter(outcome.rejected)
+        extra.subtract(batch.rejected)
+        store_refused = {k: n for k, n in extra.items() if n > 0}
+        if store_refused:
+            counts = ", ".join(f"{k}={n}" for k, n in sorted(store_refused.items()))
+            message = "; ".join(filter(None, [message, f"store refused ({counts})"]))
+        return outcome, message
+
+    def traces(self, request: trace_pb2.ExportTraceServiceRequest) -> trace_pb2.ExportTraceServiceResponse:
+        outcome, message = self._ingest(self.decoder.decode_traces(request))
+        response = trace_pb2.ExportTraceServiceResponse()
+        rejected = sum(outcome.rejected.values())
+        if rejected or message:
+            response.partial_success.rejected_spans = rejected
+            response.partial_success.error_message = message
+        return response
+
+    def metrics(self, request: metrics_pb2.ExportMetricsServiceRequest) -> metrics_pb2.ExportMetricsServiceResponse:
+        outcome, message = self._ingest(self.decoder.decode_metrics(request))
+        response = metrics_pb2.ExportMetricsServiceResponse()
+        rejected = sum(outcome.rejected.values())
+        if rejected or message:
+            response.partial_success.rejected_data_points = rejected
+            response.partial_success.error_message = message
+        return response

@@ -1,0 +1,231 @@
+"""Bounded ingest: receivers submit decoded batches, one writer thread commits them.
+
+A receiver thread calls `IngestQueue.submit(batch)`, which returns only after the
+SQLite commit that holds the batch (acknowledge after commit), or raises
+`Backpressure` at once when the pending work is over its bound (the receiver
+answers UNAVAILABLE / 503 and the client retries later). The writer thread merges
+whatever is pending into one `StepTimeStore.write` call, so commits grow with
+load. Retried requests are harmless: the store ignores identical rows.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from traceml.processor.decode import DecodedBatch
+
+LOG = logging.getLogger(__name__)
+
+
+class Backpressure(Exception):
+    """The ingest queue is full: the client should retry later."""
+
+
+class IngestUnavailable(Exception):
+    """The batch was not committed (store failure or shutdown): the client should retry."""
+
+
+@dataclass(frozen=True)
+class IngestOutcome:
+    """What a committed batch did, for the partial-success answer."""
+
+    accepted: int
+    duplicates: int
+    rejected: dict[str, int]  # decode + store reasons -> items refused
+
+
+@dataclass
+class _Ticket:
+    batch: DecodedBatch
+    size: int
+    done: threading.Event = field(default_factory=threading.Event)
+    outcome: IngestOutcome | None = None
+    error: BaseException | None = None
+
+
+class ProcessorStats:
+    """Self-metric counters (thread-safe): records by (outcome, signal), plus gauges."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.records: Counter = Counter()  # (outcome, signal) -> count
+        self.reasons: Counter = Counter()  # rejection reason -> count
+
+    def add(self, outcome: str, signal: str, count: int) -> None:
+        if count:
+            with self._lock:
+                self.records[(outcome, signal)] += count
+
+    def add_reasons(self, reasons: dict[str, int]) -> None:
+        with self._lock:
+            self.reasons.update(reasons)
+
+    def snapshot(self) -> dict[tuple[str, str], int]:
+        with self._lock:
+            return dict(self.records)
+
+
+class IngestQueue:
+    """Bounded queue of decoded batches in front of the single SQLite writer."""
+
+    def __init__(
+        self,
+        store,
+        *,
+        max_pending_records: int = 200_000,
+        max_commit_records: int = 50_000,
+        stats: ProcessorStats | None = None,
+        on_committed: Callable[[list[DecodedBatch]], None] | None = None,
+        submit_timeout_s: float = 30.0,
+    ):
+        self._store = store
+        self._max_pending = max_pending_records
+        self._max_commit = max_commit_records
+        self._stats = stats or ProcessorStats()
+        self._on_committed = on_committed
+        self._submit_timeout = submit_timeout_s
+        self._cond = threading.Condition()
+        self._pending: deque[_Ticket] = deque()
+        self._pending_records = 0
+        self._stopping = False
+        self.in_flight_records = 0  # records the writer is committing right now
+        self._thread = threading.Thread(target=self._run, name="traceml-ingest-writer", daemon=True)
+        self.commits = 0
+
+    @property
+    def stats(self) -> ProcessorStats:
+        return self._stats
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def pending_records(self) -> int:
+        return self._pending_records
+
+    def submit(self, batch: DecodedBatch) -> IngestOutcome:
+        """Queue `batch` and wait until it is committed. Raises Backpressure / IngestUnavailable."""
+        size = batch.record_count
+        if size == 0:
+            return IngestOutcome(0, 0, dict(batch.rejected))
+        ticket = _Ticket(batch, size)
+        with self._cond:
+            if self._stopping:
+                raise IngestUnavailable("processor is shutting down")
+            # One oversized batch is still admitted when nothing else waits, so it can progress.
+            if self._pending and self._pending_records + size > self._max_pending:
+                raise Backpressure(
+                    f"ingest queue holds {self._pending_records} records (bound {self._max_pending})")
+            self._pending.append(ticket)
+            self._pending_records += size
+            self._cond.notify()
+        if not ticket.done.wait(self._submit_timeout):
+            # The writer still owns the ticket; the client retries, duplicates are harmless.
+            raise IngestUnavailable("commit did not finish in time")
+        if ticket.error is not None:
+            raise IngestUnavailable(f"commit failed: {ticket.error}")
+        return ticket.outcome
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Commit what is pending, then stop the writer."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    # --- writer thread -----------------------------------------------------------------
+
+    def _take(self) -> list[_Ticket] | None:
+        with self._cond:
+            while not self._pending and not self._stopping:
+                self._cond.wait()
+            if not self._pending:
+                return None
+            taken, total = [], 0
+            while self._pending and (not taken or total + self._pending[0].size <= self._max_commit):
+                ticket = self._pending.popleft()
+                taken.append(ticket)
+                total += ticket.size
+            self._pending_records -= total
+            self.in_flight_records = total
+            return taken
+
+    def _run(self) -> None:
+        while True:
+            tickets = self._take()
+            if tickets is None:
+                return
+            try:
+                self._commit(tickets)
+            except BaseException as exc:  # never lose the thread: fail these tickets, go on
+                LOG.exception("ingest commit failed for %d batch(es)", len(tickets))
+                for ticket in tickets:
+                    ticket.error = exc
+                    ticket.done.set()
+            finally:
+                self.in_flight_records = 0
+
+    def _commit(self, tickets: list[_Ticket]) -> None:
+        steps, memory = [], []
+        for t in tickets:
+            steps.extend(t.batch.step_records)
+            memory.extend(t.batch.memory_records)
+        result = self._store.write(steps, memory)
+        for t in tickets:
+            for marker in t.batch.run_ends:
+                self._store.mark_rank_finished(marker.run_id, marker.global_rank, dict(marker.final_counts))
+        drops: dict[tuple[str, int], dict[str, int]] = {}
+        for t in tickets:
+            for m in t.batch.run_ends:
+                queues = drops.setdefault((m.run_id, m.global_rank), {})
+                for queue, n in m.dropped.items():
+                    queues[queue] = max(queues.get(queue, 0), n)
+            for d in t.batch.drops:
+                queues = drops.setdefault((d.run_id, d.global_rank), {})
+                queues[d.queue] = max(queues.get(d.queue, 0), d.dropped)
+        for (run_id, rank), counts in drops.items():
+            if counts:
+                self._store.record_drops(run_id, rank, counts)
+        self.commits += 1
+        store_rejected = Counter(result.rejected)
+        self._stats.add_reasons(dict(store_rejected))
+        # The store reports one merged result; split it over the tickets in order.
+        duplicates_left = result.duplicates
+        for t in tickets:
+            written = len(t.batch.step_records) + len(t.batch.memory_records)
+            refused: Counter = Counter(t.batch.rejected)
+            for reason in list(store_rejected):
+                take = min(store_rejected[reason], written)
+                if take:
+                    refused[reason] += take
+                    store_rejected[reason] -= take
+                    written -= take
+            dup = min(duplicates_left, written)
+            duplicates_left -= dup
+            accepted = written - dup + len(t.batch.run_ends) + len(t.batch.drops)
+            t.outcome = IngestOutcome(accepted, dup, dict(refused))
+            signal = t.batch.signal
+            self._stats.add("accepted", signal, accepted)
+            self._stats.add("duplicate", signal, dup)
+            self._stats.add("rejected", signal, sum(refused.values()) - t.batch.rejected_count)
+        if self._on_committed is not None:
+            try:
+                self._on_committed([t.batch for t in tickets])
+            except Exception:
+                LOG.exception("post-commit hook failed")
+        for t in tickets:
+            t.done.set()
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.02) -> bool:
+    """Poll `predicate` (used by shutdown paths and tests)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return predicate()

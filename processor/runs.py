@@ -1,0 +1,260 @@
+"""Per-run live state: refresh each run's analysis, project its summary metrics, end runs.
+
+One `RunMonitor` thread refreshes a `LiveStepTimeSession` per active run on a
+short interval and keeps the latest projected points for `/metrics` and the OTLP
+push. A run ends when every rank of its world sent `traceml.run.end`, or when no
+data arrived for `idle_timeout_s`; its `final_summary.json` and text card are then
+written under `<summary_dir>/<sanitised run id>/`. Data arriving after that
+reopens the run, and the summary is rewritten at its next end.
+"""
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Protocol, Sequence
+
+from traceml.processor.decode import DecodedBatch
+from traceml.processor.reexport import Point
+from traceml.processor.security import summary_folder
+from traceml.schema import vocabulary as v
+
+LOG = logging.getLogger(__name__)
+
+END_BY_MARKERS = "markers"
+END_BY_IDLE = "idle"
+END_BY_SHUTDOWN = "shutdown"
+
+
+class RunBackend(Protocol):
+    """What the monitor needs from the Step Time read side, reporting and diagnosis."""
+
+    def open_session(self, db_path: Path, run_id: str): ...  # -> object with refresh()
+
+    def project(self, result, *, memory: dict[int, int], drops: dict[int, dict[str, int]]) -> list: ...
+
+    def write_summary(self, db_path: Path, run_id: str, folder: Path) -> list[Path]: ...
+
+
+@dataclass
+class RunState:
+    run_id: str
+    first_seen: float  # monotonic
+    last_activity: float  # monotonic, last committed record of this run
+    last_step_end: float | None = None  # wall clock, newest step end received
+    ranks: set[int] = field(default_factory=set)
+    world_size: int | None = None
+    finished: set[int] = field(default_factory=set)
+    dirty: bool = True  # new data since the last refresh
+    ended: str | None = None  # END_BY_* once summarised
+    summary_files: list[Path] = field(default_factory=list)
+    session: object | None = None
+    points: list = field(default_factory=list)
+    analysis_s: float | None = None
+    last_error: str | None = None
+
+    def expected_ranks(self) -> set[int]:
+        if self.world_size:
+            return set(range(self.world_size))
+        return set(self.ranks)
+
+    def all_finished(self) -> bool:
+        expected = self.expected_ranks()
+        return bool(expected) and expected <= self.finished
+
+
+class RunMonitor:
+    def __init__(self, db_path: Path, backend: RunBackend, *, summary_dir: Path | None,
+                 refresh_interval_s: float = 0.5, idle_timeout_s: float = 300.0,
+                 retain_ended_s: float = 600.0, clock: Callable[[], float] = time.monotonic,
+                 on_ended: Callable[[str], None] | None = None):
+        self.db_path = Path(db_path)
+        self.backend = backend
+        self.summary_dir = Path(summary_dir) if summary_dir else None
+        self.refresh_interval_s = refresh_interval_s
+        self.idle_timeout_s = idle_timeout_s
+        self.retain_ended_s = retain_ended_s
+        self._clock = clock
+        self._on_ended = on_ended
+        self._lock = threading.Lock()
+        self._runs: dict[str, RunState] = {}
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="traceml-run-monitor", daemon=True)
+        self.refreshes = 0
+
+    # --- fed by the ingest writer after each commit ------------------------------------
+
+    def observe(self, batches: Sequence[DecodedBatch]) -> None:
+        now = self._clock()
+        with self._lock:
+            for batch in batches:
+                for record in batch.step_records:
+                    state = self._state(record.run_id, now)
+                    state.ranks.add(record.identity.global_rank)
+                    if record.identity.world_size:
+                        state.world_size = max(state.world_size or 0, record.identity.world_size)
+                    if state.last_step_end is None or record.sample_time > state.last_step_end:
+                        state.last_step_end = record.sample_time
+                for record in batch.memory_records:
+                    self._state(record.run_id, now).ranks.add(record.global_rank)
+                for drop in batch.drops:
+                    self._state(drop.run_id, now)
+                for marker in batch.run_ends:
+                    state = self._state(marker.run_id, now)
+                    state.ranks.add(marker.global_rank)
+                    state.finished.add(marker.global_rank)
+                    if marker.world_size:
+                        state.world_size = max(state.world_size or 0, marker.world_size)
+        self._wake.set()
+
+    def _state(self, run_id: str, now: float) -> RunState:
+        state = self._runs.get(run_id)
+        if state is None:
+            state = self._runs[run_id] = RunState(run_id, now, now)
+        elif state.ended is not None:
+            LOG.info("run %r received data after it ended (%s); reopened", run_id, state.ended)
+            state.ended = None
+        state.last_activity = now
+        state.dirty = True
+        return state
+
+    def adopt(self, run_ids: Sequence[str]) -> None:
+        """Runs already in the database at start-up: watched, ended by idle if nothing comes."""
+        now = self._clock()
+        with self._lock:
+            for run_id in run_ids:
+                self._runs.setdefault(run_id, RunState(run_id, now, now))
+
+    # --- read by /metrics and the OTLP pusher -----------------------------------------
+
+    def points(self) -> list:
+        with self._lock:
+            states = list(self._runs.values())
+        out: list = []
+        now_wall = time.time()
+        for state in states:
+            out.extend(state.points)
+            if state.analysis_s is not None:
+                out.append(Point("traceml.processor.analysis.duration", {v.ATTR_RUN_ID: state.run_id},
+                                 state.analysis_s))
+            if state.last_step_end is not None and state.ended is None:
+                out.append(Point("traceml.processor.run.lag", {v.ATTR_RUN_ID: state.run_id},
+                                 max(0.0, now_wall - state.last_step_end)))
+        out.append(Point("traceml.processor.runs", {}, float(len(states))))
+        return out
+
+    def state(self, run_id: str) -> RunState | None:
+        with self._lock:
+            return self._runs.get(run_id)
+
+    def run_ids(self) -> list[str]:
+        with self._lock:
+            return list(self._runs)
+
+    # --- the loop ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, *, summarise_open_runs: bool = True) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(30)
+        if summarise_open_runs:
+            for run_id in self.run_ids():
+                state = self.state(run_id)
+                if state is not None and state.ended is None and (state.ranks or state.dirty):
+                    self._refresh(state)
+                    self._end(state, END_BY_SHUTDOWN)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.refresh_interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self.tick()
+            except Exception:
+                LOG.exception("run monitor tick failed")
+            # Pace refreshes: at most one round per interval even under constant ingest.
+            self._stop.wait(self.refresh_interval_s)
+
+    def tick(self) -> None:
+        """One round: refresh changed runs, end finished or idle ones, forget old ones."""
+        now = self._clock()
+        with self._lock:
+            states = list(self._runs.values())
+        for state in states:
+            if state.ended is None:
+                if state.dirty or state.session is None:
+                    self._refresh(state)
+                if state.all_finished():
+                    self._end(state, END_BY_MARKERS)
+                elif now - state.last_activity >= self.idle_timeout_s:
+                    self._end(state, END_BY_IDLE)
+            elif now - state.last_activity >= self.retain_ended_s:
+                with self._lock:
+                    if self._runs.get(state.run_id) is state and state.ended is not None:
+                        del self._runs[state.run_id]
+
+    def _refresh(self, state: RunState) -> None:
+        state.dirty = False
+        started = time.perf_counter()
+        try:
+            if state.session is None:
+                state.session = self.backend.open_session(self.db_path, state.run_id)
+            result = state.session.refresh()
+            memory, drops = self._memory_and_drops(state.run_id)
+            state.points = list(self.backend.project(result, memory=memory, drops=drops))
+            state.last_error = None
+        except Exception as exc:
+            state.last_error = f"{type(exc).__name__}: {exc}"
+            LOG.exception("live analysis of run %r failed", state.run_id)
+        state.analysis_s = time.perf_counter() - started
+        self.refreshes += 1
+
+    def _memory_and_drops(self, run_id: str) -> tuple[dict[int, int], dict[int, dict[str, int]]]:
+        """Latest per-rank peak allocated bytes and reported drops (read-only, parameterised)."""
+        if not self.db_path.exists():
+            return {}, {}
+        conn = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True, timeout=5.0)
+        try:
+            memory = {
+                rank: int(value) for rank, value in conn.execute(
+                    "SELECT m.global_rank, m.peak_allocated_bytes FROM step_memory_samples AS m"
+                    " JOIN (SELECT global_rank, max(step) AS step FROM step_memory_samples"
+                    "       WHERE run_id = ? AND peak_allocated_bytes IS NOT NULL GROUP BY global_rank) AS last"
+                    " ON m.global_rank = last.global_rank AND m.step = last.step"
+                    " WHERE m.run_id = ? AND m.peak_allocated_bytes IS NOT NULL",
+                    (run_id, run_id))
+            }
+            drops: dict[int, dict[str, int]] = {}
+            for rank, queue, dropped in conn.execute(
+                    "SELECT global_rank, queue, dropped FROM step_time_drops WHERE run_id = ?", (run_id,)):
+                drops.setdefault(rank, {})[queue] = int(dropped)
+            return memory, drops
+        except sqlite3.OperationalError:  # tables not created yet
+            return {}, {}
+        finally:
+            conn.close()
+
+    def _end(self, state: RunState, how: str) -> None:
+        state.ended = how
+        LOG.info("run %r ended (%s): %d rank(s), %d finished", state.run_id, how,
+                 len(state.ranks), len(state.finished))
+        if self.summary_dir is None:
+            return
+        try:
+            folder = summary_folder(self.summary_dir, state.run_id)
+            folder.mkdir(parents=True, exist_ok=True)
+            state.summary_files = list(self.backend.write_summary(self.db_path, state.run_id, folder))
+        except Exception as exc:
+            state.last_error = f"summary failed: {type(exc).__name__}: {exc}"
+            LOG.exception("writing the summary of run %r failed", state.run_id)
+        if self._on_ended is not None:
+            self._on_ended(state.run_id)

@@ -1,0 +1,129 @@
+"""Who may send, over what, and what a run id may become on disk.
+
+Loopback is the default bind everywhere; anything wider should come with a bearer
+token and TLS. Run ids arrive from the network, so they are sanitised before they
+name a folder: a run id can never walk out of the summary directory.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import logging
+import re
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+
+LOG = logging.getLogger(__name__)
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+MAX_DIR_NAME = 96
+
+
+def sanitize_run_id(run_id: str) -> str:
+    """A run id -> a safe, stable folder name (no separators, no leading dots, bounded).
+
+    Changed or shortened ids get a short hash of the original so two different ids
+    never share a folder.
+    """
+    cleaned = _UNSAFE.sub("_", run_id).lstrip(".")
+    cleaned = cleaned.strip("_") or "run"
+    if cleaned != run_id or len(cleaned) > MAX_DIR_NAME:
+        digest = hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+        cleaned = f"{cleaned[:MAX_DIR_NAME - 11]}-{digest}"
+    return cleaned
+
+
+def summary_folder(summary_dir: Path, run_id: str) -> Path:
+    """The folder for one run's summary, guaranteed to sit directly under `summary_dir`."""
+    root = Path(summary_dir).resolve()
+    folder = (root / sanitize_run_id(run_id)).resolve()
+    if folder.parent != root:
+        raise ValueError(f"run id {run_id!r} does not map inside {root}")
+    return folder
+
+
+@dataclass(frozen=True)
+class BearerAuth:
+    """Optional shared-secret check: `Authorization: Bearer <token>` on every request."""
+
+    token: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.token)
+
+    def allows(self, authorization: str | None) -> bool:
+        if not self.token:
+            return True
+        if not authorization:
+            return False
+        scheme, _, value = authorization.strip().partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        return hmac.compare_digest(value.strip().encode(), self.token.encode())
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """Server certificate and key (PEM files) shared by both receivers."""
+
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cert_file and self.key_file)
+
+    def validate(self) -> None:
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("TLS needs both a certificate and a key file")
+        for name in (self.cert_file, self.key_file):
+            if name and not Path(name).is_file():
+                raise ValueError(f"TLS file not found: {name}")
+
+    def pem_pair(self) -> tuple[bytes, bytes]:
+        return Path(self.key_file).read_bytes(), Path(self.cert_file).read_bytes()
+
+    def server_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(self.cert_file, self.key_file)
+        return context
+
+
+def parse_host_port(value: str, *, default_host: str = "127.0.0.1") -> tuple[str, int]:
+    """`HOST:PORT`, `:PORT`, `[::1]:PORT` -> (host, port). Raises ValueError."""
+    text = value.strip()
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port_text = rest.lstrip(":")
+    else:
+        host, sep, port_text = text.rpartition(":")
+        if not sep:
+            raise ValueError(f"expected HOST:PORT, got {value!r}")
+    host = host or default_host
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"bad port in {value!r}") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port out of range in {value!r}")
+    return host, port
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost",):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def warn_if_exposed(what: str, host: str, auth: BearerAuth, tls: TlsConfig) -> None:
+    if not is_loopback(host) and not (auth.enabled and tls.enabled):
+        LOG.warning("%s listens on %s without %s: anyone who can reach it can send or read data",
+                    what, host, " and ".join(n for n, on in (("a bearer token", auth.enabled),
+                                                            ("TLS", tls.enabled)) if not on))

@@ -1,0 +1,169 @@
+"""The processor composed in one place: store, ingest, receivers, run monitor, re-export.
+
+Receivers -> ExportHandler (decode) -> IngestQueue (commit, then acknowledge)
+-> StepTimeStore; after each commit the RunMonitor learns which runs moved, and
+on its own thread refreshes their live analysis and ends finished or idle runs.
+The Prometheus endpoint and the OTLP pusher read the monitor's latest points.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from traceml.processor.decode import DecodeLimits, Decoder, RunAdmission
+from traceml.processor.export_handler import ExportHandler
+from traceml.processor.ingest import IngestQueue, ProcessorStats
+from traceml.processor.reexport import OtlpExportConfig, OtlpMetricsPusher, Point, PrometheusEndpoint
+from traceml.processor.runs import RunMonitor
+from traceml.processor.security import BearerAuth, TlsConfig, warn_if_exposed
+from traceml.schema import vocabulary as v
+
+LOG = logging.getLogger(__name__)
+
+
+@dataclass
+class ProcessorConfig:
+    """Every setting of one processor (the CLI fills it from flags and environment)."""
+
+    db: Path
+    otlp_grpc: tuple[str, int] | None = ("127.0.0.1", 4317)
+    otlp_http: tuple[str, int] | None = ("127.0.0.1", 4318)
+    prometheus: tuple[str, int] | None = None
+    export: OtlpExportConfig | None = None
+    summary_dir: Path | None = None
+    auth: BearerAuth = field(default_factory=BearerAuth)
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    idle_timeout_s: float = 300.0
+    refresh_interval_s: float = 0.5
+    limits: DecodeLimits = field(default_factory=DecodeLimits)
+    max_pending_records: int = 200_000
+    grpc_workers: int = 8
+
+
+class StepTimeBackend:
+    """The Step Time read side, diagnosis and reporting as the RunMonitor uses them."""
+
+    def open_session(self, db_path: Path, run_id: str):
+        from traceml.processor.step_time.pipeline import LiveStepTimeSession
+
+        return LiveStepTimeSession(db_path, run_id)
+
+    def project(self, result, *, memory, drops):
+        from traceml.processor.reporting.summary_metrics import project_summary_metrics
+
+        return project_summary_metrics(result, memory=memory, drops=drops)
+
+    def write_summary(self, db_path: Path, run_id: str, folder: Path) -> list[Path]:
+        from traceml.processor.reporting.writer import write_final_summary
+
+        return write_final_summary(db_path, run_id, folder)
+
+
+class ProcessorService:
+    def __init__(self, config: ProcessorConfig, backend=None):
+        from traceml.processor.storage import StepTimeStore
+
+        config.tls.validate()
+        self.config = config
+        self.stats = ProcessorStats()
+        self.store = StepTimeStore(config.db)
+        known = self.store.runs()
+        self.admission = RunAdmission(config.limits, known)
+        self.decoder = Decoder(config.limits, self.admission)
+        self.monitor = RunMonitor(
+            Path(config.db), backend or StepTimeBackend(), summary_dir=config.summary_dir,
+            refresh_interval_s=config.refresh_interval_s, idle_timeout_s=config.idle_timeout_s)
+        self.monitor.adopt(known)
+        self.ingest = IngestQueue(self.store, stats=self.stats, on_committed=self.monitor.observe,
+                                  max_pending_records=config.max_pending_records)
+        self.handler = ExportHandler(self.decoder, self.ingest, self.stats)
+        self.grpc = None
+        self.http = None
+        self.prometheus = None
+        self.pusher = None
+        self._started = False
+        self._stopped = threading.Event()
+
+    # --- points for /metrics and OTLP ---------------------------------------------------
+
+    def points(self) -> list:
+        points = self.monitor.points()
+        for (outcome, signal), count in sorted(self.stats.snapshot().items()):
+            points.append(Point("traceml.processor.records", {v.ATTR_OUTCOME: outcome, v.ATTR_SIGNAL: signal},
+                                float(count)))
+        return points
+
+    def readiness(self) -> tuple[bool, str]:
+        if not self._started or self._stopped.is_set():
+            return False, "not serving"
+        if not self.ingest._thread.is_alive():
+            return False, "ingest writer stopped"
+        return True, "ready"
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> "ProcessorService":
+        from traceml.processor.receiver_grpc import GrpcReceiver
+        from traceml.processor.receiver_http import HttpReceiver
+
+        cfg = self.config
+        self.ingest.start()
+        self.monitor.start()
+        if cfg.otlp_grpc is not None:
+            warn_if_exposed("OTLP/gRPC", cfg.otlp_grpc[0], cfg.auth, cfg.tls)
+            self.grpc = GrpcReceiver(self.handler, *cfg.otlp_grpc, auth=cfg.auth, tls=cfg.tls,
+                                     workers=cfg.grpc_workers)
+            self.grpc.start()
+        if cfg.otlp_http is not None:
+            warn_if_exposed("OTLP/HTTP", cfg.otlp_http[0], cfg.auth, cfg.tls)
+            self.http = HttpReceiver(self.handler, *cfg.otlp_http, auth=cfg.auth, tls=cfg.tls,
+                                     readiness=self.readiness)
+            self.http.start()
+        if cfg.prometheus is not None:
+            self.prometheus = PrometheusEndpoint(*cfg.prometheus, collect=self.points)
+            self.prometheus.start()
+        if cfg.export is not None:
+            self.pusher = OtlpMetricsPusher(cfg.export, collect=self.points)
+            self.pusher.start()
+        self._started = True
+        LOG.info("traceml-processor serving: grpc=%s http=%s prometheus=%s db=%s",
+                 self.grpc_port, self.http_port, self.prometheus_port, cfg.db)
+        return self
+
+    @property
+    def grpc_port(self) -> int | None:
+        return self.grpc.port if self.grpc else None
+
+    @property
+    def http_port(self) -> int | None:
+        return self.http.port if self.http else None
+
+    @property
+    def prometheus_port(self) -> int | None:
+        return self.prometheus.port if self.prometheus else None
+
+    def stop(self) -> None:
+        """Stop accepting, commit what is queued, summarise open runs, push once, close."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        if self.grpc is not None:
+            self.grpc.stop(grace_s=2.0)
+        if self.http is not None:
+            self.http.stop()
+        self.ingest.stop()
+        self.monitor.stop(summarise_open_runs=self.config.summary_dir is not None)
+        if self.pusher is not None:
+            self.pusher.stop(flush=True)
+        if self.prometheus is not None:
+            self.prometheus.stop()
+        self.store.close()
+        LOG.info("traceml-processor stopped")
+
+    def __enter__(self) -> "ProcessorService":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -54,7 +54,7 @@ class RuleContext:
         for rank in sorted(self.window.rank_facts):
             average = self.window.rank_facts[rank].average
             if all(average.get(m) is not None for m in metrics):
-                out[rank] = average
+                out[int(rank)] = average
         return out
 
     def share(self, metric: str) -> ShareFacts | None:

@@ -1,1 +1,22 @@
+"""Final summary (JSON + text card) and summary-metric projections of a finished analysis.
 
+Pure: nothing here loads SQLite, aligns steps or diagnoses (docs/SCHEMA.md).
+"""
+from traceml.processor.reporting.final_summary import (
+    FINAL_SUMMARY_FILE,
+    PUBLIC_METRIC_KEYS,
+    PUBLIC_METRICS,
+    SUMMARY_CARD_FILE,
+    project_final_summary,
+    render_card,
+    write_final_summary,
+)
+from traceml.processor.reporting.inputs import RankMemory, RankTelemetry, RunMetadata, RunTelemetry
+from traceml.processor.reporting.summary_metrics import MetricPoint, summary_metric_points
+
+__all__ = [
+    "FINAL_SUMMARY_FILE", "PUBLIC_METRIC_KEYS", "PUBLIC_METRICS", "SUMMARY_CARD_FILE",
+    "project_final_summary", "render_card", "write_final_summary",
+    "RankMemory", "RankTelemetry", "RunMetadata", "RunTelemetry",
+    "MetricPoint", "summary_metric_points",
+]

@@ -56,18 +56,19 @@ def _metric(name: str, values: Mapping[int, float], n_steps: int) -> StepTimeMet
     if not values:
         return StepTimeMetric(name, (None,) * n_steps, {}, None, None, None, None, None, None, None)
     median = statistics.median(values.values())
-    worst_rank = max(values, key=lambda r: (values[r], -r))
     rep = min(values, key=lambda r: (abs(values[r] - median), values[r], r))
-    skew = None
-    if len(values) >= 2 and median > 0:
-        skew = (values[worst_rank] - median) / median
+    worst = worst_rank = skew = None  # a single rank has no cross-rank worst or skew
+    if len(values) >= 2:
+        worst_rank = max(values, key=lambda r: (values[r], -r))
+        worst = values[worst_rank]
+        skew = (worst - median) / median if median > 0 else None
     return StepTimeMetric(
         name=name,
         series=(median,) * n_steps,
         rank_values=dict(values),
         median=median,
         average=statistics.fmean(values.values()),
-        worst=values[worst_rank],
+        worst=worst,
         worst_rank=worst_rank,
         skew=skew,
         representative_rank=rep,
@@ -83,19 +84,18 @@ def window(
     clock: str | None = "gpu",
     run_id: str = "run-test",
 ) -> StepTimeWindow:
-    """A window of `steps` identical aligned steps; a rank mapped to None is expected but silent."""
+    """A window of `steps` identical aligned steps; a rank mapped to None is expected but silent
+    (kept in rank_facts with no values and no steps, as the analyzer keeps it)."""
     step_ids = tuple(range(1, steps + 1))
     expected = tuple(sorted(ranks))
     facts = {}
-    for r, avg in ranks.items():
-        if avg is None:
-            continue
+    for r, avg in sorted(ranks.items()):
         facts[r] = StepTimeRankFacts(
             rank=r,
             identity=RankIdentity(global_rank=r, local_rank=r, node_rank=0, world_size=len(expected),
                                   local_world_size=len(expected), hostname="host-a"),
-            average=avg,
-            steps=tuple(StepTimeStepFacts(step=s, values=avg) for s in step_ids),
+            average=avg or StepTimeValues(),
+            steps=() if avg is None else tuple(StepTimeStepFacts(step=s, values=avg) for s in step_ids),
         )
     metrics = {}
     coverage = {}

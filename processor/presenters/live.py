@@ -1,0 +1,172 @@
+"""Pure live-view presenters: a `LiveStepTimeResult` in, a Rich renderable or a text line out.
+
+They only format what the analysis already holds; they never read SQLite,
+run the pipeline or diagnose.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from rich.console import Group, RenderableType
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from traceml.processor.step_time.model import (
+    FRESHNESS_BRIDGED,
+    FRESHNESS_COLD,
+    FRESHNESS_EXPIRED,
+    FRESHNESS_LIVE,
+    LiveStepTimeResult,
+    StepTimeMetric,
+)
+
+# (window metric name, label) in display order.
+TABLE_METRICS: tuple[tuple[str, str], ...] = (
+    ("step_time", "Step Time"),
+    ("input_wait", "Input Wait"),
+    ("h2d", "H2D"),
+    ("forward", "Forward"),
+    ("backward", "Backward"),
+    ("optimizer_step", "Optimizer"),
+    ("compute", "Compute"),
+    ("residual", "Residual"),
+    ("traced_step_time", "Traced Step Time"),
+)
+
+_SEVERITY_STYLE = {"crit": "bold red", "warn": "yellow", "info": "green"}
+_FRESHNESS_STYLE = {
+    FRESHNESS_LIVE: "green", FRESHNESS_BRIDGED: "yellow", FRESHNESS_EXPIRED: "red", FRESHNESS_COLD: "dim",
+}
+
+
+@dataclass(frozen=True)
+class IssueRow:
+    """One issue as the live view shows it (also what parity tests compare)."""
+
+    position: int
+    kind: str
+    severity: str
+    status: str
+    score: str
+    rank: str
+    summary: str
+
+
+def issue_rows(result: LiveStepTimeResult) -> tuple[IssueRow, ...]:
+    return tuple(
+        IssueRow(
+            position=i + 1,
+            kind=issue.kind,
+            severity=issue.severity,
+            status=issue.status,
+            score="" if issue.score is None else f"{issue.score:.3f}",
+            rank="" if issue.culprit_rank is None else f"rank {issue.culprit_rank}",
+            summary=issue.summary,
+        )
+        for i, issue in enumerate(result.analysis.diagnosis.issues)
+    )
+
+
+def _ms(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1f}"
+
+
+def _worst(m: StepTimeMetric | None) -> str:
+    if m is None or m.worst is None:
+        return "—"
+    return f"{m.worst:.1f} (r{m.worst_rank})"
+
+
+def _skew(m: StepTimeMetric | None) -> str:
+    return "—" if m is None or m.skew is None else f"{m.skew:+.0%}"
+
+
+def freshness_text(result: LiveStepTimeResult) -> str:
+    age = "" if result.age_s is None else f", {result.age_s:.1f}s old"
+    err = "" if not result.error else f" ({result.error})"
+    return f"{result.freshness}{age}{err}"
+
+
+def _rate(steps_per_s: float | None, samples_per_s: float | None) -> str:
+    parts = []
+    if steps_per_s is not None:
+        parts.append(f"{steps_per_s:.2f} steps/s")
+    if samples_per_s is not None:
+        parts.append(f"{samples_per_s:.1f} samples/s")
+    return " | ".join(parts)
+
+
+def render_live(
+    result: LiveStepTimeResult,
+    *,
+    steps_per_s: float | None = None,
+    samples_per_s: float | None = None,
+    title: str | None = None,
+) -> RenderableType:
+    """Diagnosis line(s), the per-metric table and a freshness footer, in one panel."""
+    window = result.analysis.window
+    rows = issue_rows(result)
+    header = Text()
+    header.append(f"run {window.run_id}", style="bold")
+    header.append(f" | {window.training_strategy} | {len(window.expected_ranks)} rank(s) | "
+                  f"clock {window.clock or 'none'} | {window.step_count} aligned steps")
+    if window.steps:
+        header.append(f" (last {window.steps[-1]})")
+    rate = _rate(steps_per_s, samples_per_s)
+    if rate:
+        header.append(f" | {rate}")
+
+    diagnosis = Text()
+    for row in rows:
+        if row.position > 1:
+            diagnosis.append("\n")
+        diagnosis.append(f"{row.position}. ")
+        diagnosis.append(row.kind, style=_SEVERITY_STYLE.get(row.severity, ""))
+        diagnosis.append(f" [{row.severity}, {row.status}]")
+        if row.score:
+            diagnosis.append(f" score {row.score}")
+        if row.rank:
+            diagnosis.append(f" {row.rank}")
+        diagnosis.append(f": {row.summary}", style="dim")
+
+    table = Table(expand=False, show_edge=False, pad_edge=False)
+    table.add_column("metric")
+    table.add_column("median ms", justify="right")
+    table.add_column("worst ms (rank)", justify="right")
+    table.add_column("skew", justify="right")
+    table.add_column("share", justify="right")
+    for name, label in TABLE_METRICS:
+        m = window.metrics.get(name)
+        share = window.shares.get(name)
+        table.add_row(label, _ms(None if m is None else m.median), _worst(m), _skew(m),
+                      "—" if share is None or name == "step_time" else f"{share:.0%}")
+
+    footer = Text(f"freshness: {freshness_text(result)}", style=_FRESHNESS_STYLE.get(result.freshness, ""))
+    return Panel(Group(header, diagnosis, table, footer), title=title or "TraceML Step Time", expand=False)
+
+
+def format_live_line(
+    result: LiveStepTimeResult,
+    *,
+    steps_per_s: float | None = None,
+    samples_per_s: float | None = None,
+) -> str:
+    """One plain line for logs and non-terminal output."""
+    window = result.analysis.window
+    parts = [f"[{result.freshness}] run {window.run_id}", f"{window.step_count} steps",
+             f"clock {window.clock or 'none'}"]
+    rows: Sequence[IssueRow] = issue_rows(result)
+    issues = "; ".join(
+        f"{r.kind} {r.severity}" + (f" {r.score}" if r.score else "") + (f" {r.rank}" if r.rank else "")
+        for r in rows
+    )
+    parts.append(issues)
+    step = window.metrics.get("step_time")
+    if step is not None and step.median is not None:
+        parts.append(f"step {step.median:.1f} ms (worst {_worst(step)})")
+    rate = _rate(steps_per_s, samples_per_s)
+    if rate:
+        parts.append(rate)
+    return " | ".join(parts)

@@ -1,0 +1,343 @@
+"""The pure final-summary projector: a finished `StepTimeAnalysis` -> public JSON + text card.
+
+It owns public names, topology, rank identities and card text. It does not load
+SQLite, align steps, compute statistics or diagnose: every number comes from the
+window's metric statistics, its rank facts, or the diagnosis as given.
+
+Public rules (docs/SCHEMA.md): every key is always present; an unmeasured value is
+`null`; a measured zero is `0.0`; time values are milliseconds on the window's
+selected clock except the explicit `_cpu_ms` / `_gpu_ms` ones.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+from traceml.processor.reporting.inputs import RankMemory, RankTelemetry, RunMetadata, RunTelemetry
+from traceml.processor.step_time.model import DiagnosisIssue, StepTimeAnalysis, StepTimeWindow
+from traceml.schema.summary import SCHEMA_VERSION
+from traceml.schema.vocabulary import QUEUE_NAMES
+
+FINAL_SUMMARY_FILE = "final_summary.json"
+SUMMARY_CARD_FILE = "summary_card.txt"
+
+# Public key -> window metric name. The order is the card's and the schema's.
+PUBLIC_METRICS: tuple[tuple[str, str], ...] = (
+    ("step_time_ms", "step_time"),
+    ("input_wait_ms", "input_wait"),
+    ("traced_step_time_ms", "traced_step_time"),
+    ("step_time_cpu_ms", "step_time_cpu"),
+    ("step_time_gpu_ms", "step_time_gpu"),
+    ("traced_step_time_cpu_ms", "traced_step_time_cpu"),
+    ("traced_step_time_gpu_ms", "traced_step_time_gpu"),
+    ("dataloader_fetch_cpu_ms", "dataloader_fetch_cpu"),
+    ("h2d_ms", "h2d"),
+    ("forward_ms", "forward"),
+    ("backward_ms", "backward"),
+    ("optimizer_ms", "optimizer_step"),
+    ("compute_ms", "compute"),
+    ("residual_ms", "residual"),
+)
+PUBLIC_METRIC_KEYS: tuple[str, ...] = tuple(k for k, _ in PUBLIC_METRICS)
+
+UNITS: Mapping[str, str] = {
+    "*_ms": "milliseconds",
+    "*_bytes": "bytes",
+    "score": "ratio of the victim's (straggler) or the median (share rules) Step Time",
+    "skew": "ratio: (worst - median) / median",
+    "share": "ratio of the median Step Time",
+    "generated_at": "ISO 8601, UTC",
+}
+
+_MS_DIGITS = 3
+_RATIO_DIGITS = 4
+
+
+def _num(value: object, digits: int) -> float | None:
+    """Round for the public file; None stays null, -0.0 becomes 0.0, non-finite becomes null."""
+    if value is None:
+        return None
+    f = float(value)  # type: ignore[arg-type]
+    if not math.isfinite(f):
+        return None
+    return round(f, digits) + 0.0
+
+
+def _json_safe(value: object) -> object:
+    """Evidence values -> JSON-safe values with floats rounded (ratios and ms alike)."""
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, float):
+        return _num(value, _RATIO_DIGITS)
+    if isinstance(value, Mapping):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return _num(value, _RATIO_DIGITS) if hasattr(value, "__float__") else str(value)
+
+
+def project_issue(issue: DiagnosisIssue) -> dict:
+    return {
+        "kind": issue.kind,
+        "severity": issue.severity,
+        "status": issue.status,
+        "score": _num(issue.score, _RATIO_DIGITS),
+        "summary": issue.summary,
+        "culprit_rank": issue.culprit_rank,
+        "victim_rank": issue.victim_rank,
+        "component": issue.component,
+        "evidence": _json_safe(dict(issue.evidence)),
+    }
+
+
+def _iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return _dt.datetime.fromtimestamp(ts, tz=_dt.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _global(window: StepTimeWindow, metadata: RunMetadata) -> dict:
+    average, median, worst, skew, coverage = {}, {}, {}, {}, {}
+    expected = len(window.expected_ranks)
+    for key, name in PUBLIC_METRICS:
+        m = window.metrics.get(name)
+        average[key] = None if m is None else _num(m.average, _MS_DIGITS)
+        median[key] = {
+            "value": None if m is None else _num(m.representative_value, _MS_DIGITS),
+            "rank": None if m is None or m.representative_value is None else m.representative_rank,
+        }
+        worst[key] = {
+            "value": None if m is None else _num(m.worst, _MS_DIGITS),
+            "rank": None if m is None or m.worst is None else m.worst_rank,
+        }
+        skew[key] = None if m is None else _num(m.skew, _RATIO_DIGITS)
+        measured, total = window.coverage.get(name, (0, expected))
+        coverage[key] = {"measured_ranks": int(measured), "expected_ranks": int(total)}
+    return {
+        "window": {
+            "clock": window.clock,
+            "steps": window.step_count,
+            "first_step": window.steps[0] if window.steps else None,
+            "last_step": window.steps[-1] if window.steps else None,
+            "max_steps": metadata.max_steps,
+            "expected_ranks": list(window.expected_ranks),
+            "rank_count": expected,
+            "coverage": coverage,
+        },
+        "average": average,
+        "median": median,
+        "worst": worst,
+        "skew": skew,
+    }
+
+
+def _memory_of(memory: Mapping[int, RankMemory], rank: int) -> dict:
+    m = memory.get(rank)
+    return {
+        "device": None if m is None else m.device,
+        "peak_allocated_bytes": None if m is None else m.peak_allocated_bytes,
+        "peak_reserved_bytes": None if m is None else m.peak_reserved_bytes,
+    }
+
+
+def _dropped(counts: Mapping[str, int] | None) -> dict:
+    counts = counts or {}
+    out = {q: int(counts.get(q, 0)) for q in QUEUE_NAMES}
+    return out
+
+
+def _groups(window: StepTimeWindow, memory: Mapping[int, RankMemory],
+            telemetry: Mapping[int, RankTelemetry]) -> list[dict]:
+    groups = []
+    for rank in window.expected_ranks:
+        facts = window.rank_facts.get(rank)
+        ident = None if facts is None else facts.identity
+        tel = telemetry.get(rank)
+        groups.append({
+            "global_rank": rank,
+            "identity": {
+                "local_rank": None if ident is None else ident.local_rank,
+                "node_rank": None if ident is None else ident.node_rank,
+                "world_size": None if ident is None else ident.world_size,
+                "local_world_size": None if ident is None else ident.local_world_size,
+                "hostname": None if ident is None else ident.hostname,
+            },
+            "steps": 0 if facts is None else len(facts.steps),
+            "metrics": {
+                key: None if facts is None else _num(facts.average.get(name), _MS_DIGITS)
+                for key, name in PUBLIC_METRICS
+            },
+            "memory": _memory_of(memory, rank),
+            "telemetry": {
+                "finished": None if tel is None else bool(tel.finished),
+                "dropped": _dropped(None if tel is None else tel.dropped),
+            },
+        })
+    return groups
+
+
+def _peak(memory: Iterable[RankMemory], attr: str) -> dict:
+    best: RankMemory | None = None
+    for m in memory:
+        v = getattr(m, attr)
+        if v is not None and (best is None or v > getattr(best, attr)
+                              or (v == getattr(best, attr) and m.global_rank < best.global_rank)):
+            best = m
+    return {"value": None if best is None else getattr(best, attr),
+            "rank": None if best is None else best.global_rank}
+
+
+def _memory_section(window: StepTimeWindow, memory: Mapping[int, RankMemory]) -> dict:
+    expected = set(window.expected_ranks)
+    relevant = [m for r, m in sorted(memory.items()) if not expected or r in expected]
+    allocated = _peak(relevant, "peak_allocated_bytes")
+    return {
+        "available": allocated["value"] is not None,
+        "peak_allocated_bytes": allocated,
+        "peak_reserved_bytes": _peak(relevant, "peak_reserved_bytes"),
+    }
+
+
+def _telemetry_section(window: StepTimeWindow, telemetry: RunTelemetry) -> dict:
+    by_rank = {t.global_rank: t for t in telemetry.ranks}
+    totals = {q: 0 for q in QUEUE_NAMES}
+    for t in by_rank.values():
+        for q, n in _dropped(t.dropped).items():
+            totals[q] += n
+    return {
+        "ranks_expected": len(window.expected_ranks),
+        "ranks_finished": sorted(r for r, t in by_rank.items() if t.finished),
+        "ranks_reporting_drops": sorted(r for r, t in by_rank.items() if any(_dropped(t.dropped).values())),
+        "dropped": totals,
+        "rejected_rows": {str(k): int(v) for k, v in sorted(telemetry.rejected_rows.items())},
+    }
+
+
+def project_final_summary(
+    analysis: StepTimeAnalysis,
+    metadata: RunMetadata,
+    *,
+    memory: Sequence[RankMemory] = (),
+    telemetry: RunTelemetry = RunTelemetry(),
+) -> dict:
+    """The public `final_summary.json` object (its `card` included)."""
+    window = analysis.window
+    mem = {m.global_rank: m for m in memory}
+    tel = {t.global_rank: t for t in telemetry.ranks}
+    issues = [project_issue(i) for i in analysis.diagnosis.issues]
+    summary = {
+        "schema_version": SCHEMA_VERSION,
+        "metadata": {
+            "run_id": metadata.run_id,
+            "generated_at": _iso(metadata.generated_at),
+            "traceml_version": metadata.traceml_version,
+            "profile": metadata.profile,
+            "training_strategy": window.training_strategy,
+            "world_size": len(window.expected_ranks),
+            "clock": window.clock,
+        },
+        "diagnosis": issues[0],
+        "issues": issues,
+        "global": _global(window, metadata),
+        "groups": _groups(window, mem, tel),
+        "memory": _memory_section(window, mem),
+        "telemetry": _telemetry_section(window, telemetry),
+        "units": dict(UNITS),
+    }
+    summary["card"] = render_card(summary)
+    return summary
+
+
+# --- Text card ------------------------------------------------------------------------------
+
+
+def _fmt_ms(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1f}"
+
+
+def _fmt_bytes(value: int | None) -> str:
+    if value is None:
+        return "unavailable"
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.1f} {unit}" if unit != "B" else f"{int(size)} B"
+        size /= 1024
+    return f"{size:.1f} GiB"  # pragma: no cover
+
+
+def _issue_line(issue: Mapping) -> str:
+    score = "" if issue["score"] is None else f" score {issue['score']:.3f}"
+    rank = "" if issue["culprit_rank"] is None else f" rank {issue['culprit_rank']}"
+    return f"{issue['kind']} [{issue['severity']}, {issue['status']}]{score}{rank}"
+
+
+def render_card(summary: Mapping) -> str:
+    """Plain-text card from the projected summary (so the card can never disagree with the JSON)."""
+    meta, glob = summary["metadata"], summary["global"]
+    win = glob["window"]
+    lines = [
+        f"TraceML Step Time summary: run {meta['run_id']}",
+        f"{meta['training_strategy']} | {win['rank_count']} rank(s) | clock {win['clock'] or 'none'} | "
+        + (f"{win['steps']} aligned steps ({win['first_step']}-{win['last_step']})" if win["steps"]
+           else "no aligned steps"),
+        "",
+        f"Diagnosis: {_issue_line(summary['diagnosis'])}",
+        f"  {summary['diagnosis']['summary']}",
+    ]
+    for issue in summary["issues"][1:]:
+        lines.append(f"Also: {_issue_line(issue)}")
+        lines.append(f"  {issue['summary']}")
+    lines += ["", f"{'metric (ms)':<24}{'median':>10}{'rank':>6}{'worst':>10}{'rank':>6}{'skew':>8}"]
+    for key in PUBLIC_METRIC_KEYS:
+        med, worst, skew = glob["median"][key], glob["worst"][key], glob["skew"][key]
+        if med["value"] is None and worst["value"] is None:
+            continue
+        lines.append(
+            f"{key[:-3]:<24}{_fmt_ms(med['value']):>10}{_rank(med['rank']):>6}"
+            f"{_fmt_ms(worst['value']):>10}{_rank(worst['rank']):>6}"
+            f"{('—' if skew is None else f'{skew:+.0%}'):>8}"
+        )
+    mem = summary["memory"]
+    if mem["available"]:
+        alloc, res = mem["peak_allocated_bytes"], mem["peak_reserved_bytes"]
+        lines += ["", f"Peak memory: allocated {_fmt_bytes(alloc['value'])} ({_rank(alloc['rank'])}), "
+                      f"reserved {_fmt_bytes(res['value'])} ({_rank(res['rank'])})"]
+    else:
+        lines += ["", "Peak memory: unavailable (no CUDA device reported)"]
+    tel = summary["telemetry"]
+    dropped = {q: n for q, n in tel["dropped"].items() if n}
+    lines.append(
+        f"Telemetry: {len(tel['ranks_finished'])}/{tel['ranks_expected']} rank(s) finished cleanly; "
+        + ("dropped " + ", ".join(f"{q} {n}" for q, n in dropped.items()) if dropped else "nothing dropped")
+        + ("; rejected rows " + ", ".join(f"{k} {v}" for k, v in tel["rejected_rows"].items())
+           if tel["rejected_rows"] else "")
+    )
+    return "\n".join(lines) + "\n"
+
+
+def _rank(rank: int | None) -> str:
+    return "—" if rank is None else f"r{rank}"
+
+
+# --- Files ----------------------------------------------------------------------------------
+
+
+def write_final_summary(directory: str | os.PathLike, summary: Mapping) -> tuple[Path, Path]:
+    """Write `final_summary.json` and `summary_card.txt` atomically (temp file + rename)."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, card_path = out / FINAL_SUMMARY_FILE, out / SUMMARY_CARD_FILE
+    _atomic_write(json_path, json.dumps(summary, indent=2, sort_keys=False, allow_nan=False) + "\n")
+    _atomic_write(card_path, str(summary["card"]))
+    return json_path, card_path
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)

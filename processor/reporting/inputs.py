@@ -1,0 +1,53 @@
+"""Typed facts the caller hands to the reporting projectors besides the analysis.
+
+The projectors never read SQLite: whoever orchestrates the summary (or the live
+re-export) reads run metadata, memory peaks and telemetry health from the store
+and passes them here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+
+@dataclass(frozen=True, slots=True)
+class RunMetadata:
+    """Who and when: run identity and how the summary was produced."""
+
+    run_id: str
+    generated_at: float | None = None  # unix seconds; None leaves the timestamp null
+    traceml_version: str | None = None
+    profile: str = "summary"  # "summary" (final) or "live"
+    max_steps: int | None = None  # the profile's window bound, e.g. 10,000 common steps
+
+
+@dataclass(frozen=True, slots=True)
+class RankMemory:
+    """One rank's peak memory on its tracked device, bytes.
+
+    For the final summary the caller passes the maximum over the run; for the
+    re-exported metric, the latest step's peak. None = unavailable (no CUDA
+    device, or never reported); never 0 for "unknown".
+    """
+
+    global_rank: int
+    device: str | None
+    peak_allocated_bytes: int | None
+    peak_reserved_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class RankTelemetry:
+    """One rank's telemetry health: did it finish cleanly, what did its queues drop."""
+
+    global_rank: int
+    finished: bool
+    dropped: Mapping[str, int] = field(default_factory=dict)  # queue name -> records dropped
+
+
+@dataclass(frozen=True)
+class RunTelemetry:
+    """Telemetry health of the run: per-rank reports plus rows the store rejected."""
+
+    ranks: Sequence[RankTelemetry] = ()
+    rejected_rows: Mapping[str, int] = field(default_factory=dict)  # reason -> count

@@ -1,0 +1,145 @@
+"""Pure projection of a `StepTimeAnalysis` to low-cardinality summary metric points.
+
+Only the names and attribute keys of `schema.vocabulary.SUMMARY_METRICS` are
+used, and no point carries a step attribute. Renderers (Prometheus text, OTLP)
+take these points as they are; they decide nothing.
+
+Attribute values are strings (ranks too), so one label value reads the same in
+Prometheus and in OTLP. Time values are converted to seconds (`s`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from traceml.processor.reporting.inputs import RankMemory, RankTelemetry
+from traceml.processor.step_time.model import FRESHNESS_STATES, StepTimeAnalysis
+from traceml.schema.vocabulary import (
+    ATTR_CULPRIT_RANK,
+    ATTR_DIAGNOSIS_KIND,
+    ATTR_DIAGNOSIS_SEVERITY,
+    ATTR_DIAGNOSIS_STATUS,
+    ATTR_FRESHNESS,
+    ATTR_METRIC,
+    ATTR_QUEUE,
+    ATTR_RANK,
+    ATTR_RUN_ID,
+    ATTR_STATISTIC,
+    QUEUE_NAMES,
+    SUMMARY_METRICS,
+    MetricSpec,
+)
+
+WINDOW_METRIC = "traceml.window.metric"
+WINDOW_SKEW = "traceml.window.skew"
+RANK_METRIC = "traceml.rank.metric"
+WINDOW_STEPS = "traceml.window.steps"
+WINDOW_RANKS = "traceml.window.ranks"
+WINDOW_LAST_STEP = "traceml.window.last_step"
+RUN_FRESH = "traceml.run.fresh"
+RANK_MEMORY_PEAK = "traceml.rank.memory.peak"
+DIAGNOSIS_ACTIVE = "traceml.diagnosis.active"
+RANK_TELEMETRY_DROPPED = "traceml.rank.telemetry.dropped"
+
+SPECS: Mapping[str, MetricSpec] = {spec.name: spec for spec in SUMMARY_METRICS}
+
+# Window metric names re-exported as the `traceml.metric` attribute (canonical names).
+EXPORTED_METRICS: tuple[str, ...] = (
+    "step_time", "input_wait", "traced_step_time", "step_time_cpu", "step_time_gpu",
+    "traced_step_time_cpu", "traced_step_time_gpu", "dataloader_fetch_cpu", "h2d",
+    "forward", "backward", "optimizer_step", "compute", "residual",
+)
+
+NO_RANK = ""
+"""`traceml.diagnosis.culprit_rank` of an issue that names no rank (an absent Prometheus label)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MetricPoint:
+    """One gauge or counter value with its data-point attributes."""
+
+    name: str
+    attributes: Mapping[str, str]
+    value: float
+
+    def __post_init__(self) -> None:
+        spec = SPECS.get(self.name)
+        if spec is None:
+            raise ValueError(f"{self.name!r} is not a summary metric")
+        if tuple(self.attributes) != spec.attributes:
+            raise ValueError(f"{self.name}: attributes {tuple(self.attributes)} != {spec.attributes}")
+
+
+def _s(ms: float) -> float:
+    return float(ms) / 1000.0
+
+
+def summary_metric_points(
+    analysis: StepTimeAnalysis,
+    *,
+    freshness: str | None = None,
+    memory: Sequence[RankMemory] = (),
+    telemetry: Sequence[RankTelemetry] = (),
+) -> tuple[MetricPoint, ...]:
+    """Every summary point for one run, diagnosis points in issue order.
+
+    Unmeasured statistics produce no point (absence, not 0); measured zeros do.
+    """
+    window = analysis.window
+    run = window.run_id
+    points: list[MetricPoint] = []
+
+    for metric in EXPORTED_METRICS:
+        stats = window.metrics.get(metric)
+        if stats is None:
+            continue
+        for statistic in ("median", "worst", "average"):
+            value = getattr(stats, statistic)
+            if value is not None:
+                points.append(MetricPoint(WINDOW_METRIC, {ATTR_RUN_ID: run, ATTR_METRIC: metric,
+                                                          ATTR_STATISTIC: statistic}, _s(value)))
+        if stats.skew is not None:
+            points.append(MetricPoint(WINDOW_SKEW, {ATTR_RUN_ID: run, ATTR_METRIC: metric}, float(stats.skew)))
+
+    for rank in window.expected_ranks:
+        facts = window.rank_facts.get(rank)
+        if facts is None:
+            continue
+        for metric in EXPORTED_METRICS:
+            value = facts.average.get(metric)
+            if value is not None:
+                points.append(MetricPoint(RANK_METRIC, {ATTR_RUN_ID: run, ATTR_RANK: str(rank),
+                                                        ATTR_METRIC: metric}, _s(value)))
+
+    points.append(MetricPoint(WINDOW_STEPS, {ATTR_RUN_ID: run}, float(window.step_count)))
+    points.append(MetricPoint(WINDOW_RANKS, {ATTR_RUN_ID: run}, float(len(window.expected_ranks))))
+    if window.steps:
+        points.append(MetricPoint(WINDOW_LAST_STEP, {ATTR_RUN_ID: run}, float(window.steps[-1])))
+
+    if freshness is not None:
+        if freshness not in FRESHNESS_STATES:
+            raise ValueError(f"unknown freshness {freshness!r}")
+        for state in FRESHNESS_STATES:
+            points.append(MetricPoint(RUN_FRESH, {ATTR_RUN_ID: run, ATTR_FRESHNESS: state},
+                                      1.0 if state == freshness else 0.0))
+
+    for m in sorted(memory, key=lambda m: m.global_rank):
+        if m.peak_allocated_bytes is not None:
+            points.append(MetricPoint(RANK_MEMORY_PEAK, {ATTR_RUN_ID: run, ATTR_RANK: str(m.global_rank)},
+                                      float(m.peak_allocated_bytes)))
+
+    for issue in analysis.diagnosis.issues:
+        points.append(MetricPoint(DIAGNOSIS_ACTIVE, {
+            ATTR_RUN_ID: run,
+            ATTR_DIAGNOSIS_KIND: issue.kind,
+            ATTR_DIAGNOSIS_SEVERITY: issue.severity,
+            ATTR_DIAGNOSIS_STATUS: issue.status,
+            ATTR_CULPRIT_RANK: NO_RANK if issue.culprit_rank is None else str(issue.culprit_rank),
+        }, float(issue.score or 0.0)))
+
+    for t in sorted(telemetry, key=lambda t: t.global_rank):
+        for queue in QUEUE_NAMES:
+            count = int(t.dropped.get(queue, 0))
+            points.append(MetricPoint(RANK_TELEMETRY_DROPPED, {ATTR_RUN_ID: run, ATTR_RANK: str(t.global_rank),
+                                                               ATTR_QUEUE: queue}, float(count)))
+    return tuple(points)

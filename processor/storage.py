@@ -29,6 +29,7 @@ import json
 import logging
 import math
 import sqlite3
+import struct
 import threading
 import time
 from collections import Counter
@@ -76,10 +77,21 @@ METRIC_VALUE_COLUMNS: tuple[str, ...] = tuple(
     column for metric in CANONICAL_METRICS for column in metric_columns(metric)
 )
 
+PACKED_METRICS: tuple[str, ...] = CANONICAL_METRICS
+"""Order of the metrics inside `packed`."""
+PACKED_FIELDS = 2 * len(PACKED_METRICS) + 1
+PACKED_FORMAT = struct.Struct(f"<{PACKED_FIELDS}d")
+"""`packed` = little-endian float64 [m0 cpu, m0 gpu, m1 cpu, ..., sample_time]; NaN = missing.
+
+The same cleaned values as the typed columns, in one BLOB: the analysis read path
+turns a whole selection into one numpy array with a single `frombuffer`, instead
+of building one Python float per value (which is what made the original slow).
+"""
+
 _SAMPLE_COLUMNS: tuple[str, ...] = (
     "run_id", "global_rank", "local_rank", "node_rank", "world_size", "local_world_size",
     "hostname", "step", "start_time", "sample_time", "receive_time", "training_strategy",
-    *METRIC_VALUE_COLUMNS, "payload", "digest",
+    *METRIC_VALUE_COLUMNS, "payload", "packed", "digest",
 )
 
 _METRIC_DDL = ",\n    ".join(
@@ -103,6 +115,7 @@ CREATE TABLE IF NOT EXISTS step_time_samples (
     training_strategy TEXT,
     {_METRIC_DDL},
     payload TEXT NOT NULL,
+    packed BLOB,
     digest TEXT NOT NULL,
     UNIQUE (run_id, global_rank, step)
 );
@@ -123,10 +136,12 @@ CREATE TABLE IF NOT EXISTS step_memory_samples (
     UNIQUE (run_id, global_rank, step, device)
 );
 
--- One row per run: strategy and the stored cursor (latest row id, latest step).
+-- One row per run: strategy, rank-universe version (bumped when a rank appears or its
+-- identity changes) and the stored cursor (latest row id, latest step).
 CREATE TABLE IF NOT EXISTS step_time_runs (
     run_id TEXT PRIMARY KEY,
     training_strategy TEXT,
+    ranks_version INTEGER NOT NULL DEFAULT 0,
     latest_row_id INTEGER NOT NULL DEFAULT 0,
     latest_step INTEGER,
     first_receive_time REAL NOT NULL,
@@ -312,7 +327,23 @@ def normalise_step_record(
         repr((head, strategy, payload_text)).encode(), digest_size=16
     ).hexdigest()
     metric_values = tuple(values.get(c) for c in METRIC_VALUE_COLUMNS)
-    return (*head, receive_time, strategy, *metric_values, payload_text, digest)
+    packed = pack_values(values, head[9])
+    return (*head, receive_time, strategy, *metric_values, payload_text, packed, digest)
+
+
+_NAN = float("nan")
+
+
+def pack_values(values: Mapping[str, float | int | None], sample_time: float | None) -> bytes:
+    """Column name -> cleaned value, into the `packed` BLOB layout (NaN for missing)."""
+    flat = []
+    for metric in PACKED_METRICS:
+        cpu_col, gpu_col, _ = metric_columns(metric)
+        for col in (cpu_col, gpu_col):
+            value = values.get(col)
+            flat.append(_NAN if value is None else float(value))
+    flat.append(_NAN if sample_time is None else float(sample_time))
+    return PACKED_FORMAT.pack(*flat)
 
 
 class StepTimeStore:
@@ -478,6 +509,7 @@ class StepTimeStore:
                 " WHERE run_id = ?",
                 (run_id, run_id),
             )
+        before = conn.total_changes
         conn.executemany(
             "INSERT INTO step_time_ranks (run_id, global_rank, local_rank, node_rank, world_size,"
             " local_world_size, hostname, first_receive_time) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
@@ -486,9 +518,20 @@ class StepTimeStore:
             " node_rank = coalesce(excluded.node_rank, node_rank),"
             " world_size = coalesce(excluded.world_size, world_size),"
             " local_world_size = coalesce(excluded.local_world_size, local_world_size),"
-            " hostname = coalesce(excluded.hostname, hostname)",
+            " hostname = coalesce(excluded.hostname, hostname)"
+            " WHERE (excluded.local_rank IS NOT NULL AND excluded.local_rank IS NOT local_rank)"
+            " OR (excluded.node_rank IS NOT NULL AND excluded.node_rank IS NOT node_rank)"
+            " OR (excluded.world_size IS NOT NULL AND excluded.world_size IS NOT world_size)"
+            " OR (excluded.local_world_size IS NOT NULL"
+            "     AND excluded.local_world_size IS NOT local_world_size)"
+            " OR (excluded.hostname IS NOT NULL AND excluded.hostname IS NOT hostname)",
             [(*identity, now) for identity in ranks.values()],
         )
+        if conn.total_changes != before:
+            changed_runs = {run_id for run_id, _ in ranks}
+            conn.executemany(
+                "UPDATE step_time_runs SET ranks_version = ranks_version + 1 WHERE run_id = ?",
+                [(run_id,) for run_id in changed_runs])
 
     def mark_rank_finished(self, run_id: str, rank: int, final_counts: Mapping[str, int]) -> None:
         """Record a rank's clean end (the `traceml.run.end` marker) with its final counts."""
@@ -501,17 +544,22 @@ class StepTimeStore:
             self._check_open()
             with self._conn:
                 self._conn.execute(
-                    "INSERT INTO step_time_ranks (run_id, global_rank, first_receive_time,"
-                    " finished_time, final_counts) VALUES (?, ?, ?, ?, ?)"
-                    " ON CONFLICT (run_id, global_rank) DO UPDATE SET"
-                    " finished_time = excluded.finished_time, final_counts = excluded.final_counts",
-                    (run_id, rank, now, now, json.dumps(counts, sort_keys=True)),
-                )
-                self._conn.execute(
                     "INSERT INTO step_time_runs (run_id, first_receive_time, last_receive_time)"
                     " VALUES (?, ?, ?) ON CONFLICT (run_id) DO UPDATE SET"
                     " last_receive_time = excluded.last_receive_time",
                     (run_id, now, now),
+                )
+                cur = self._conn.execute(
+                    "INSERT OR IGNORE INTO step_time_ranks (run_id, global_rank, first_receive_time)"
+                    " VALUES (?, ?, ?)", (run_id, rank, now))
+                if cur.rowcount:  # a rank the universe did not hold yet
+                    self._conn.execute(
+                        "UPDATE step_time_runs SET ranks_version = ranks_version + 1"
+                        " WHERE run_id = ?", (run_id,))
+                self._conn.execute(
+                    "UPDATE step_time_ranks SET finished_time = ?, final_counts = ?"
+                    " WHERE run_id = ? AND global_rank = ?",
+                    (now, json.dumps(counts, sort_keys=True), run_id, rank),
                 )
 
     def record_drops(self, run_id: str, rank: int, counts: Mapping[str, int]) -> None:

@@ -112,9 +112,80 @@ class StepTimeSourceCursor:
     latest_step: int | None
 
 
+@dataclass(frozen=True, eq=False)
+class StepTimeSourceGrid:
+    """Columnar form of a selection: step slots x ranks, what the analyzer reads.
+
+    Built by `sqlite.py` (with numpy) so that no Python object is made per value;
+    the fields are buffer-like arrays (numpy arrays in practice), indexed
+    `[slot]`, `[slot][rank_index]` or `[slot][rank_index][k]`:
+
+    - `steps[slot]`: the step id held by a slot, or -1 for an unused slot; slots
+      need not be in step order (the live cache is a ring).
+    - `present[slot][r]`: a row exists for (step, `ranks[r]`).
+    - `values[slot][r][k]`: metric `metrics[k // 2]`, CPU clock for even k, GPU for
+      odd k, in milliseconds; NaN = missing.
+    - `row_ids`, `sample_times`: per cell (unused where not present).
+
+    A live snapshot's grid aliases the live session's cache and is valid until the
+    session's next refresh; the analyzer copies what the window keeps.
+    """
+
+    metrics: tuple[str, ...]
+    ranks: tuple[int, ...]
+    steps: object
+    present: object
+    values: object
+    row_ids: object
+    sample_times: object
+
+    def rows(self) -> "GridRows":
+        return GridRows(self)
+
+
+class GridRows(Sequence[StepTimeSourceRow]):
+    """`StepTimeSourceRow`s built on access from a grid (in step, then rank order)."""
+
+    def __init__(self, grid: StepTimeSourceGrid):
+        self._grid = grid
+        self._cells: list[tuple[int, int]] | None = None
+
+    def _index(self) -> list[tuple[int, int]]:
+        if self._cells is None:
+            g = self._grid
+            order = sorted((int(g.steps[s]), s) for s in range(len(g.steps)) if int(g.steps[s]) >= 0)
+            self._cells = [(s, r) for _, s in order for r in range(len(g.ranks)) if bool(g.present[s][r])]
+        return self._cells
+
+    def __len__(self) -> int:
+        return len(self._index())
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        slot, r = self._index()[index]
+        g = self._grid
+        cell = g.values[slot][r]
+        values = {}
+        for k, metric in enumerate(g.metrics):
+            cpu, gpu = float(cell[2 * k]), float(cell[2 * k + 1])
+            cpu_v = None if cpu != cpu else cpu
+            gpu_v = None if gpu != gpu else gpu
+            if cpu_v is not None or gpu_v is not None:
+                values[metric] = ClockPair(cpu_v, gpu_v)
+        sample = float(g.sample_times[slot][r])
+        return StepTimeSourceRow(
+            row_id=int(g.row_ids[slot][r]), global_rank=g.ranks[r], step=int(g.steps[slot]),
+            sample_time=None if sample != sample else sample, values=values)
+
+
 @dataclass(frozen=True)
 class StepTimeRepositorySnapshot:
-    """Normalised source facts for one run, read in one SQLite snapshot."""
+    """Normalised source facts for one run, read in one SQLite snapshot.
+
+    `rows` is the typed row view; `grid`, when the repository provides it, holds the
+    same facts in columnar form so the analyzer never walks rows one by one.
+    """
 
     run_id: str
     training_strategy: str
@@ -122,6 +193,7 @@ class StepTimeRepositorySnapshot:
     cursor: StepTimeSourceCursor
     rows: Sequence[StepTimeSourceRow]
     rejected: Mapping[str, int] = field(default_factory=dict)  # decode reason -> count
+    grid: StepTimeSourceGrid | None = None
 
 
 # --- Window side -------------------------------------------------------------------------

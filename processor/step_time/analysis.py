@@ -1,0 +1,313 @@
+"""Common-window Step Time analysis: repository snapshot -> `StepTimeWindow`.
+
+Depends only on the model, the schema vocabulary and numpy. Everything is done on
+(steps x ranks) arrays; Python objects are built only for what the window exposes
+(per-rank averages, statistics), and per-step facts are built on access.
+
+The rules (step-time-pipeline-contract.md, "Canonical window invariants"):
+
+- Participating ranks are the ranks with at least one row in the selection; the
+  common window is the latest `max_steps` step ids that every participating rank
+  reported. `expected_ranks` is the whole persisted rank universe.
+- One clock for the window: GPU when every value present on the aligned rows has
+  its GPU twin (so the required metrics are all on the GPU clock and no phase mixes
+  clocks); otherwise CPU.
+- Required metrics (input_wait, forward, backward, traced_step_time) must be present
+  on every aligned step of a rank, else that rank's value is unavailable (None).
+- Occurrence-driven metrics (h2d, optimizer_step): once a rank shows one on any
+  aligned step, its absent steps count 0.0. A rank that never shows H2D has no
+  observed transfers: its h2d value stays unavailable (None, not 0.0) and it
+  contributes 0 to the residual. A rank that never shows optimizer_step has no
+  compute or residual (both need every compute phase).
+- compute = forward + backward + optimizer_step; residual = max(0, traced - h2d -
+  forward - backward - optimizer_step) per step; step_time = input_wait + traced.
+  Explicit-clock aggregates keep both clocks; dataloader_fetch_cpu is input_wait
+  on the CPU clock (supplemental, never added to the selected clock).
+- Statistics use only the ranks that measured the metric; worst/worst_rank/skew
+  need two measured ranks; the representative rank is the real rank nearest the
+  median, then the lower value, then the lower rank id.
+"""
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from traceml.processor.step_time.model import (
+    CLOCK_CPU,
+    CLOCK_GPU,
+    RankIdentity,
+    StepTimeMetric,
+    StepTimeRankFacts,
+    StepTimeRepositorySnapshot,
+    StepTimeSourceGrid,
+    StepTimeStepFacts,
+    StepTimeValues,
+    StepTimeWindow,
+)
+from traceml.schema.vocabulary import (
+    CANONICAL_METRICS,
+    METRIC_BACKWARD,
+    METRIC_FORWARD,
+    METRIC_H2D,
+    METRIC_INPUT_WAIT,
+    METRIC_OPTIMIZER_STEP,
+    METRIC_TRACED_STEP_TIME,
+    OCCURRENCE_METRICS,
+    STRATEGY_DDP,
+)
+
+WINDOW_METRICS: tuple[str, ...] = tuple(f.name for f in fields(StepTimeValues))
+"""Every metric a window reports, in `StepTimeValues` field order."""
+
+LIVE_WINDOW_STEPS = 100
+SUMMARY_WINDOW_STEPS = 10_000
+
+_TIE_RELATIVE = 1e-9  # distances to the median closer than this are ties (float noise)
+
+
+class _RankSteps(Sequence[StepTimeStepFacts]):
+    """One rank's aligned steps, each `StepTimeStepFacts` built when asked for."""
+
+    __slots__ = ("_steps", "_table", "_column")
+
+    def __init__(self, steps: tuple[int, ...], table: np.ndarray, column: int):
+        self._steps = steps
+        self._table = table  # (metrics, steps, ranks), NaN = unavailable
+        self._column = column
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self._steps)
+        if not 0 <= index < len(self._steps):
+            raise IndexError(index)
+        raw = self._table[:, index, self._column].tolist()
+        return StepTimeStepFacts(self._steps[index], StepTimeValues(*(None if x != x else x for x in raw)))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} aligned steps of one rank>"
+
+
+def grid_from_rows(snapshot: StepTimeRepositorySnapshot) -> StepTimeSourceGrid:
+    """Build the columnar grid from typed rows (snapshots made without one, e.g. in tests).
+
+    Rows are applied in row-id order, so a duplicate (rank, step) keeps the latest row.
+    """
+    rows = sorted(snapshot.rows, key=lambda r: r.row_id)
+    metrics = CANONICAL_METRICS
+    ranks = tuple(sorted({r.global_rank for r in rows} | set(snapshot.ranks)))
+    steps = sorted({r.step for r in rows})
+    rank_pos = {rank: i for i, rank in enumerate(ranks)}
+    step_pos = {step: i for i, step in enumerate(steps)}
+    shape = (len(steps), len(ranks))
+    values = np.full(shape + (2 * len(metrics),), np.nan)
+    present = np.zeros(shape, dtype=bool)
+    row_ids = np.zeros(shape, dtype=np.int64)
+    sample_times = np.full(shape, np.nan)
+    for row in rows:
+        s, r = step_pos[row.step], rank_pos[row.global_rank]
+        present[s, r] = True
+        row_ids[s, r] = row.row_id
+        sample_times[s, r] = np.nan if row.sample_time is None else row.sample_time
+        cell = np.full(2 * len(metrics), np.nan)
+        for k, metric in enumerate(metrics):
+            pair = row.values.get(metric)
+            if pair is not None:
+                cell[2 * k] = _finite_or_nan(pair.cpu_ms)
+                cell[2 * k + 1] = _finite_or_nan(pair.gpu_ms)
+        values[s, r] = cell
+    return StepTimeSourceGrid(metrics=metrics, ranks=ranks, steps=np.asarray(steps, dtype=np.int64),
+                              present=present, values=values, row_ids=row_ids,
+                              sample_times=sample_times)
+
+
+def _finite_or_nan(value: float | None) -> float:
+    if value is None:
+        return np.nan
+    value = float(value)
+    return value if np.isfinite(value) and value >= 0 else np.nan
+
+
+class StepTimeAnalyzer:
+    """Snapshot -> window for one profile (the live and summary profiles differ only in size)."""
+
+    def __init__(self, max_steps: int = LIVE_WINDOW_STEPS):
+        if max_steps < 1:
+            raise ValueError("max_steps must be >= 1")
+        self.max_steps = max_steps
+
+    def analyze(self, snapshot: StepTimeRepositorySnapshot) -> StepTimeWindow:
+        return analyze_snapshot(snapshot, self.max_steps)
+
+
+def analyze_snapshot(snapshot: StepTimeRepositorySnapshot, max_steps: int) -> StepTimeWindow:
+    grid = snapshot.grid if snapshot.grid is not None else grid_from_rows(snapshot)
+    universe = tuple(sorted(set(snapshot.ranks) | set(grid.ranks)))
+    identities = {r: snapshot.ranks.get(r) or RankIdentity(r) for r in universe}
+    strategy = snapshot.training_strategy or STRATEGY_DDP
+
+    steps_all = np.asarray(grid.steps, dtype=np.int64)
+    present = np.asarray(grid.present, dtype=bool)
+    if steps_all.size == 0 or not len(grid.ranks):
+        return empty_window(snapshot.run_id, universe, identities, strategy)
+    valid = steps_all >= 0
+    participating = np.flatnonzero(present[valid].any(axis=0))
+    if participating.size == 0:
+        return empty_window(snapshot.run_id, universe, identities, strategy)
+    common = np.flatnonzero(valid & present[:, participating].all(axis=1))
+    if common.size == 0:
+        return empty_window(snapshot.run_id, universe, identities, strategy)
+    order = np.argsort(steps_all[common], kind="stable")
+    slots = common[order][-max_steps:]
+    steps = tuple(steps_all[slots].tolist())
+    ranks = [grid.ranks[i] for i in participating]
+
+    values = np.asarray(grid.values, dtype=np.float64)[np.ix_(slots, participating)]  # (T, P, 2M)
+    index = {metric: k for k, metric in enumerate(grid.metrics)}
+    cpu = values[:, :, 0::2]
+    gpu = values[:, :, 1::2]
+    gpu_complete = bool(np.all(np.isnan(cpu) | ~np.isnan(gpu))) and bool((~np.isnan(gpu)).any())
+    clock = CLOCK_GPU if gpu_complete else CLOCK_CPU
+    selected = gpu if gpu_complete else cpu
+
+    def on(clock_values: np.ndarray, metric: str) -> np.ndarray:
+        k = index.get(metric)
+        if k is None:
+            return np.full(clock_values.shape[:2], np.nan)
+        return clock_values[:, :, k]
+
+    table = _per_step_table(
+        on, selected, cpu, gpu,
+    )  # (len(WINDOW_METRICS), T, P), NaN = unavailable for that rank/step
+    averages = table.mean(axis=1)  # NaN wherever any aligned step lacked the value
+    return _window(snapshot.run_id, universe, identities, strategy, clock, steps, ranks, table,
+                   averages)
+
+
+def _per_step_table(on, selected: np.ndarray, cpu: np.ndarray, gpu: np.ndarray) -> np.ndarray:
+    """Per-step values of every window metric on the aligned steps."""
+    series: dict[str, np.ndarray] = {}
+    for metric in CANONICAL_METRICS:
+        series[metric] = on(selected, metric)
+    for metric in OCCURRENCE_METRICS:
+        raw = series[metric]
+        observed = ~np.isnan(raw).all(axis=0)  # per rank: seen on any aligned step
+        series[metric] = np.where(observed[None, :], np.nan_to_num(raw, nan=0.0), np.nan)
+    h2d_or_zero = np.nan_to_num(series[METRIC_H2D], nan=0.0)
+    fwd, bwd = series[METRIC_FORWARD], series[METRIC_BACKWARD]
+    opt, traced = series[METRIC_OPTIMIZER_STEP], series[METRIC_TRACED_STEP_TIME]
+    series["compute"] = fwd + bwd + opt
+    with np.errstate(invalid="ignore"):
+        series["residual"] = np.maximum(traced - h2d_or_zero - fwd - bwd - opt, 0.0)
+    series["step_time"] = series[METRIC_INPUT_WAIT] + traced
+    iw_cpu, traced_cpu = on(cpu, METRIC_INPUT_WAIT), on(cpu, METRIC_TRACED_STEP_TIME)
+    iw_gpu, traced_gpu = on(gpu, METRIC_INPUT_WAIT), on(gpu, METRIC_TRACED_STEP_TIME)
+    series["step_time_cpu"] = iw_cpu + traced_cpu
+    series["step_time_gpu"] = iw_gpu + traced_gpu
+    series["traced_step_time_cpu"] = traced_cpu
+    series["traced_step_time_gpu"] = traced_gpu
+    series["dataloader_fetch_cpu"] = iw_cpu
+    return np.stack([series[m] for m in WINDOW_METRICS])
+
+
+def _window(run_id: str, universe: tuple[int, ...], identities: Mapping[int, RankIdentity],
+            strategy: str, clock: str, steps: tuple[int, ...], ranks: list[int],
+            table: np.ndarray, averages: np.ndarray) -> StepTimeWindow:
+    avg_lists = averages.T.tolist()  # per participating rank: one value per metric
+    rank_facts: dict[int, StepTimeRankFacts] = {}
+    for p, rank in enumerate(ranks):
+        average = StepTimeValues(*(None if x != x else x for x in avg_lists[p]))
+        rank_facts[rank] = StepTimeRankFacts(rank, identities[rank], average,
+                                             _RankSteps(steps, table, p))
+    for rank in universe:
+        if rank not in rank_facts:
+            rank_facts[rank] = StepTimeRankFacts(rank, identities[rank], StepTimeValues(), ())
+    rank_facts = {rank: rank_facts[rank] for rank in universe}
+
+    rank_array = np.asarray(ranks, dtype=np.int64)
+    metrics: dict[str, StepTimeMetric] = {}
+    coverage: dict[str, tuple[int, int]] = {}
+    for m, name in enumerate(WINDOW_METRICS):
+        measured = ~np.isnan(averages[m])
+        metrics[name] = _metric(name, table[m][:, measured], averages[m][measured],
+                                rank_array[measured])
+        coverage[name] = (int(measured.sum()), len(universe))
+    return StepTimeWindow(run_id=run_id, clock=clock, steps=steps, expected_ranks=universe,
+                          rank_facts=rank_facts, metrics=metrics, coverage=coverage,
+                          shares=_shares(metrics), training_strategy=strategy)
+
+
+def _metric(name: str, per_step: np.ndarray, values: np.ndarray, ranks: np.ndarray) -> StepTimeMetric:
+    """Statistics over the ranks that measured `name` (`values[i]` belongs to `ranks[i]`)."""
+    if values.size == 0:
+        return StepTimeMetric(name=name, series=tuple(None for _ in range(per_step.shape[0])),
+                              rank_values={}, median=None, average=None, worst=None,
+                              worst_rank=None, skew=None, representative_rank=None,
+                              representative_value=None)
+    series = tuple(np.median(per_step, axis=1).tolist())
+    median = float(np.median(values))
+    average = float(values.mean())
+    worst = worst_rank = skew = None
+    if values.size >= 2:
+        w = int(np.argmax(values))  # first maximum; ranks ascend, so the lower rank on ties
+        worst, worst_rank = float(values[w]), int(ranks[w])
+        skew = (worst - median) / median if median > 0 else None
+    rep = representative_index(values, ranks, median)
+    return StepTimeMetric(
+        name=name, series=series,
+        rank_values=dict(zip(ranks.tolist(), values.tolist())),
+        median=median, average=average, worst=worst, worst_rank=worst_rank, skew=skew,
+        representative_rank=int(ranks[rep]), representative_value=float(values[rep]))
+
+
+def representative_index(values: np.ndarray, ranks: np.ndarray, median: float) -> int:
+    """Index of the real rank nearest the median, then lower value, then lower rank id."""
+    distance = np.abs(values - median)
+    near = distance <= distance.min() + _TIE_RELATIVE * max(1.0, abs(median))
+    candidates = np.flatnonzero(near)
+    best = min(candidates.tolist(), key=lambda i: (values[i], ranks[i]))
+    return int(best)
+
+
+def _shares(metrics: Mapping[str, StepTimeMetric]) -> dict[str, float | None]:
+    step = metrics["step_time"].median
+    out: dict[str, float | None] = {}
+    for name, metric in metrics.items():
+        if step is None or step <= 0 or metric.median is None:
+            out[name] = None
+        else:
+            out[name] = metric.median / step
+    return out
+
+
+def empty_window(run_id: str, universe: Sequence[int] = (),
+                 identities: Mapping[int, RankIdentity] | None = None,
+                 strategy: str = STRATEGY_DDP) -> StepTimeWindow:
+    """The canonical empty window: no clock, no steps, every metric unavailable."""
+    identities = identities or {}
+    universe = tuple(universe)
+    metrics = {name: _metric(name, np.empty((0, 0)), np.empty(0), np.empty(0, dtype=np.int64))
+               for name in WINDOW_METRICS}
+    return StepTimeWindow(
+        run_id=run_id, clock=None, steps=(), expected_ranks=universe,
+        rank_facts={r: StepTimeRankFacts(r, identities.get(r) or RankIdentity(r), StepTimeValues(), ())
+                    for r in universe},
+        metrics=metrics, coverage={name: (0, len(universe)) for name in WINDOW_METRICS},
+        shares={name: None for name in WINDOW_METRICS}, training_strategy=strategy)
+
+
+__all__ = [
+    "LIVE_WINDOW_STEPS", "SUMMARY_WINDOW_STEPS", "StepTimeAnalyzer", "WINDOW_METRICS",
+    "analyze_snapshot", "empty_window", "grid_from_rows", "representative_index",
+]

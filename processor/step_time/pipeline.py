@@ -1,0 +1,176 @@
+"""Load -> analyze -> diagnose orchestration, and the live session around it.
+
+`StepTimePipeline.run(request)` is the one application path: it selects the live or
+summary data profile, runs the analyzer once, and hands the window straight to
+diagnosis. `LiveStepTimeSession` is the sole live orchestration boundary: it owns
+the incremental live-tail cache, last-good state, monotonic expiry and exact-object
+reuse while the cursor, rank universe and strategy are unchanged.
+"""
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from traceml.processor.step_time.analysis import (
+    LIVE_WINDOW_STEPS,
+    SUMMARY_WINDOW_STEPS,
+    analyze_snapshot,
+    empty_window,
+)
+from traceml.processor.step_time.model import (
+    FRESHNESS_BRIDGED,
+    FRESHNESS_COLD,
+    FRESHNESS_EXPIRED,
+    FRESHNESS_LIVE,
+    LiveStepTimeResult,
+    StepTimeAnalysis,
+    StepTimeDiagnosis,
+    StepTimeRepositorySnapshot,
+    StepTimeWindow,
+)
+from traceml.processor.step_time.sqlite import (
+    DEFAULT_LOOKBACK,
+    LiveTail,
+    load_live_snapshot,
+    load_summary_snapshot,
+)
+
+LOG = logging.getLogger(__name__)
+
+PROFILE_LIVE = "live"
+PROFILE_SUMMARY = "summary"
+PROFILES = (PROFILE_LIVE, PROFILE_SUMMARY)
+
+BRIDGE_TTL_S = 30.0
+
+Diagnose = Callable[[StepTimeWindow], StepTimeDiagnosis]
+
+
+def _default_diagnose(window: StepTimeWindow) -> StepTimeDiagnosis:
+    from traceml.processor.diagnosis import diagnose  # lazy: diagnosis sits above this layer
+
+    return diagnose(window)
+
+
+@dataclass(frozen=True)
+class StepTimeRequest:
+    """Which run of which database, through which profile; `max_steps` None = profile default."""
+
+    db_path: str | Path
+    run_id: str
+    profile: str = PROFILE_LIVE
+    max_steps: int | None = None
+    lookback: int = DEFAULT_LOOKBACK
+
+    def __post_init__(self) -> None:
+        if self.profile not in PROFILES:
+            raise ValueError(f"unknown Step Time profile {self.profile!r}; expected one of {PROFILES}")
+
+    @property
+    def window_steps(self) -> int:
+        if self.max_steps is not None:
+            return self.max_steps
+        return LIVE_WINDOW_STEPS if self.profile == PROFILE_LIVE else SUMMARY_WINDOW_STEPS
+
+
+class StepTimePipeline:
+    """The shared path: one repository snapshot, the analyzer once, diagnosis once."""
+
+    def __init__(self, diagnose: Diagnose | None = None):
+        self._diagnose = diagnose or _default_diagnose
+
+    def run(self, request: StepTimeRequest) -> StepTimeAnalysis:
+        if request.profile == PROFILE_SUMMARY:
+            snapshot = load_summary_snapshot(request.db_path, request.run_id,
+                                             request.window_steps, request.lookback)
+        else:
+            snapshot = load_live_snapshot(request.db_path, request.run_id,
+                                          request.window_steps, request.lookback)
+        return self.analyze(snapshot, request.window_steps)
+
+    def analyze(self, snapshot: StepTimeRepositorySnapshot, max_steps: int) -> StepTimeAnalysis:
+        window = analyze_snapshot(snapshot, max_steps)
+        return StepTimeAnalysis(window=window, diagnosis=self._diagnose(window),
+                                cursor=snapshot.cursor)
+
+    def empty_analysis(self, run_id: str) -> StepTimeAnalysis:
+        window = empty_window(run_id)
+        return StepTimeAnalysis(window=window, diagnosis=self._diagnose(window), cursor=None)
+
+
+class LiveStepTimeSession:
+    """Live state for one consumer (terminal, re-exporter): call `refresh()` once per tick.
+
+    Freshness: `cold` before any usable window, `live` after a usable read (an
+    unchanged cursor stays live), `bridged` when a read is empty or fails within
+    `bridge_ttl_s` of the last good one (the last good analysis is shown), `expired`
+    after that (the canonical empty analysis). Time comes from `clock`
+    (`time.monotonic` by default), so wall-clock jumps cannot move expiry.
+    """
+
+    def __init__(self, db_path: str | Path, run_id: str, *, window: int = LIVE_WINDOW_STEPS,
+                 lookback: int = DEFAULT_LOOKBACK, bridge_ttl_s: float = BRIDGE_TTL_S,
+                 pipeline: StepTimePipeline | None = None, diagnose: Diagnose | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.db_path = Path(db_path)
+        self.run_id = run_id
+        self.window = window
+        self.bridge_ttl_s = bridge_ttl_s
+        self._pipeline = pipeline or StepTimePipeline(diagnose)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._tail = LiveTail(run_id, window, lookback)
+        self._last_good: StepTimeAnalysis | None = None
+        self._last_good_at: float | None = None
+        self._current: StepTimeAnalysis | None = None  # analysis of the latest read
+        self._empty: StepTimeAnalysis | None = None
+        self.analyses = 0  # how many times the analyzer ran (reuse is visible in tests)
+
+    def refresh(self) -> LiveStepTimeResult:
+        with self._lock:
+            now = self._clock()
+            error: str | None = None
+            try:
+                read = self._tail.read(self.db_path)
+            except (sqlite3.Error, OSError) as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                LOG.debug("live step time read of run %s failed: %s", self.run_id, error)
+                self._tail.reset()
+                read = None
+            if read is not None:
+                if read.unchanged and self._current is not None:
+                    analysis = self._current
+                elif read.snapshot is not None:
+                    analysis = self._pipeline.analyze(read.snapshot, self.window)
+                    self.analyses += 1
+                    self._current = analysis
+                else:  # unchanged, but nothing analysed yet (cannot happen after a full read)
+                    analysis = None
+                if analysis is not None and not analysis.window.is_empty:
+                    self._last_good, self._last_good_at = analysis, now
+                    return LiveStepTimeResult(analysis, FRESHNESS_LIVE, 0.0, None)
+            return self._fallback(now, error)
+
+    def _fallback(self, now: float, error: str | None) -> LiveStepTimeResult:
+        if self._last_good is None or self._last_good_at is None:
+            return LiveStepTimeResult(self._empty_analysis(), FRESHNESS_COLD, None, error)
+        age = now - self._last_good_at
+        if age <= self.bridge_ttl_s:
+            return LiveStepTimeResult(self._last_good, FRESHNESS_BRIDGED, age, error)
+        return LiveStepTimeResult(self._empty_analysis(), FRESHNESS_EXPIRED, age, error)
+
+    def _empty_analysis(self) -> StepTimeAnalysis:
+        if self._empty is None:
+            self._empty = self._pipeline.empty_analysis(self.run_id)
+        return self._empty
+
+
+__all__ = [
+    "BRIDGE_TTL_S", "LiveStepTimeSession", "PROFILE_LIVE", "PROFILE_SUMMARY",
+    "StepTimePipeline", "StepTimeRequest",
+]

@@ -1,0 +1,355 @@
+"""SQLite selection and row decoding: the read side of the Step Time store.
+
+Two selection profiles, both returning `StepTimeRepositorySnapshot` with a columnar
+`StepTimeSourceGrid` (no JSON is parsed; values come from the `packed` BLOB the
+writer stores beside the typed columns, one `numpy.frombuffer` per selection):
+
+- live tail (`LiveTail`): index-bounded to the latest `window x lookback` step ids;
+  per refresh one read transaction with two statements: the run header (strategy,
+  rank-universe version, cursor = latest row id / latest step), then the rows.
+  The tail is kept as an incremental ring cache, so after the first read only rows
+  with an id above the previous cursor are fetched (a replaced row gets a new id,
+  so it is seen). The rank universe is read by a third statement only when its
+  version moved.
+- summary (`load_summary_snapshot`): metadata-complete: the whole rank universe with
+  identities and every row within the latest `max_steps x lookback` step ids.
+
+Decoding: a row whose `packed` BLOB is missing or malformed is skipped
+(`unreadable_values`); a negative (`negative_value`), infinite (`non_finite_value`)
+or absurd (`absurd_value`) value written by some other tool is dropped to missing.
+Counts land in `snapshot.rejected`. Runs never mix: every statement filters on run id.
+"""
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from traceml.processor.step_time.model import (
+    RankIdentity,
+    StepTimeRepositorySnapshot,
+    StepTimeSourceCursor,
+    StepTimeSourceGrid,
+)
+from traceml.processor.storage import ABSURD_MS, PACKED_FIELDS, PACKED_METRICS
+from traceml.schema.vocabulary import STRATEGY_DDP, STRATEGY_SINGLE
+
+LOG = logging.getLogger(__name__)
+
+DEFAULT_LOOKBACK = 4
+LIVE_WINDOW_STEPS = 100
+SUMMARY_MAX_STEPS = 10_000
+
+REASON_UNREADABLE = "unreadable_values"
+REASON_NEGATIVE = "negative_value"
+REASON_NON_FINITE = "non_finite_value"
+REASON_ABSURD = "absurd_value"
+
+_ROW_COLUMNS = "id, global_rank, step, packed"
+_N_VALUES = 2 * len(PACKED_METRICS)
+_PACKED_BYTES = 8 * PACKED_FIELDS
+
+_HEADER_SQL = """
+SELECT (SELECT training_strategy FROM step_time_runs WHERE run_id = ?1),
+       (SELECT ranks_version FROM step_time_runs WHERE run_id = ?1),
+       (SELECT max(id) FROM step_time_samples WHERE run_id = ?1),
+       (SELECT max(step) FROM step_time_samples WHERE run_id = ?1)
+"""
+_RANKS_SQL = (
+    "SELECT global_rank, local_rank, node_rank, world_size, local_world_size, hostname"
+    " FROM step_time_ranks WHERE run_id = ? ORDER BY global_rank"
+)
+# Range on (run_id, step): the index-bounded tail.
+_TAIL_SQL = (
+    f"SELECT {_ROW_COLUMNS} FROM step_time_samples INDEXED BY step_time_samples_run_step"
+    " WHERE run_id = ? AND step > ?"
+)
+# Range on (run_id, rowid): only what is new since the cursor; `+step` keeps the
+# planner on the rowid range instead of the step range.
+_NEW_ROWS_SQL = (
+    f"SELECT {_ROW_COLUMNS} FROM step_time_samples INDEXED BY step_time_samples_run"
+    " WHERE run_id = ? AND id > ? AND +step > ? ORDER BY id"
+)
+
+
+@dataclass(frozen=True)
+class RunHeader:
+    """Statement one of a read: what decides whether anything changed."""
+
+    run_id: str
+    stored_strategy: str | None
+    ranks_version: int
+    cursor: StepTimeSourceCursor
+
+    @property
+    def reuse_key(self) -> tuple:
+        return (self.cursor, self.ranks_version, self.stored_strategy)
+
+
+def connect_reader(path: str | Path) -> sqlite3.Connection:
+    """A short-lived reader connection; never creates the database file."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no Step Time database at {path}")
+    conn = sqlite3.connect(str(path), timeout=5.0, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA busy_timeout = 5000")
+    conn.execute("PRAGMA query_only = 1")
+    return conn
+
+
+def read_header(conn: sqlite3.Connection, run_id: str) -> RunHeader:
+    strategy, version, max_id, max_step = conn.execute(_HEADER_SQL, (run_id,)).fetchone()
+    return RunHeader(run_id, strategy, int(version or 0),
+                     StepTimeSourceCursor(int(max_id or 0), None if max_step is None else int(max_step)))
+
+
+def read_rank_universe(conn: sqlite3.Connection, run_id: str) -> dict[int, RankIdentity]:
+    return {row[0]: RankIdentity(*row) for row in conn.execute(_RANKS_SQL, (run_id,))}
+
+
+def resolve_strategy(stored: str | None, rank_count: int) -> str:
+    """The run's strategy; unset -> `ddp` with more than one rank, else `single`."""
+    if stored:
+        return stored.strip().lower()
+    return STRATEGY_DDP if rank_count > 1 else STRATEGY_SINGLE
+
+
+@dataclass
+class DecodedRows:
+    """One selection as columns: row ids, ranks, steps, values (n x 2M), sample times."""
+
+    ids: np.ndarray
+    ranks: np.ndarray
+    steps: np.ndarray
+    values: np.ndarray
+    sample_times: np.ndarray
+
+
+def decode_rows(rows: list[tuple], rejected: Counter) -> DecodedRows:
+    """(id, global_rank, step, packed) tuples -> columns; bad rows/values counted in `rejected`."""
+    n = len(rows)
+    ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=n)
+    ranks = np.fromiter((r[1] for r in rows), dtype=np.int64, count=n)
+    steps = np.fromiter((r[2] for r in rows), dtype=np.int64, count=n)
+    blobs = [r[3] for r in rows]
+    try:
+        joined = b"".join(blobs)
+    except TypeError:  # a NULL or non-BLOB packed column
+        joined = b""
+    if len(joined) != n * _PACKED_BYTES:
+        keep = np.fromiter((isinstance(b, bytes) and len(b) == _PACKED_BYTES for b in blobs),
+                           dtype=bool, count=n)
+        rejected[REASON_UNREADABLE] += int(n - keep.sum())
+        ids, ranks, steps = ids[keep], ranks[keep], steps[keep]
+        joined = b"".join(b for b, k in zip(blobs, keep) if k)
+    packed = np.frombuffer(joined, dtype="<f8").reshape(-1, PACKED_FIELDS)
+    values = packed[:, :_N_VALUES].copy()
+    sample_times = packed[:, _N_VALUES].copy()
+    with np.errstate(invalid="ignore"):
+        negative = values < 0
+        infinite = np.isinf(values)
+        absurd = (values > ABSURD_MS) & ~infinite
+    bad = negative | infinite | absurd
+    if bad.any():
+        rejected[REASON_NEGATIVE] += int((negative & ~infinite).sum())
+        rejected[REASON_NON_FINITE] += int(infinite.sum())
+        rejected[REASON_ABSURD] += int(absurd.sum())
+        values[bad] = np.nan
+    return DecodedRows(ids, ranks, steps, values, sample_times)
+
+
+def _log_rejections(run_id: str, rejected: Counter) -> None:
+    if rejected:
+        LOG.warning("step time read of run %s skipped or dropped: %s", run_id, dict(rejected))
+
+
+# --- summary profile ---------------------------------------------------------------
+
+
+def load_summary_snapshot(path: str | Path, run_id: str, max_steps: int = SUMMARY_MAX_STEPS,
+                          lookback: int = DEFAULT_LOOKBACK) -> StepTimeRepositorySnapshot:
+    """Metadata-complete selection: every rank with identity, rows of the latest steps."""
+    conn = connect_reader(path)
+    try:
+        conn.execute("BEGIN")
+        header = read_header(conn, run_id)
+        identities = read_rank_universe(conn, run_id)
+        rows: list[tuple] = []
+        if header.cursor.latest_step is not None:
+            lower = header.cursor.latest_step - max_steps * lookback
+            rows = conn.execute(_TAIL_SQL, (run_id, lower)).fetchall()
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+    rejected: Counter = Counter()
+    decoded = decode_rows(rows, rejected)
+    _log_rejections(run_id, rejected)
+    for rank in np.unique(decoded.ranks).tolist():
+        identities.setdefault(rank, RankIdentity(rank))
+    universe = tuple(sorted(identities))
+    step_ids, step_index = np.unique(decoded.steps, return_inverse=True)
+    rank_index = np.searchsorted(np.asarray(universe, dtype=np.int64), decoded.ranks)
+    shape = (len(step_ids), len(universe))
+    values = np.full(shape + (_N_VALUES,), np.nan)
+    present = np.zeros(shape, dtype=bool)
+    row_ids = np.zeros(shape, dtype=np.int64)
+    sample_times = np.full(shape, np.nan)
+    order = np.argsort(decoded.ids, kind="stable")  # latest id written last wins
+    si, ri = step_index[order], rank_index[order]
+    values[si, ri] = decoded.values[order]
+    present[si, ri] = True
+    row_ids[si, ri] = decoded.ids[order]
+    sample_times[si, ri] = decoded.sample_times[order]
+    grid = StepTimeSourceGrid(metrics=PACKED_METRICS, ranks=universe, steps=step_ids.astype(np.int64),
+                              present=present, values=values, row_ids=row_ids,
+                              sample_times=sample_times)
+    return StepTimeRepositorySnapshot(
+        run_id=run_id, training_strategy=resolve_strategy(header.stored_strategy, len(universe)),
+        ranks={r: identities[r] for r in universe}, cursor=header.cursor, rows=grid.rows(),
+        rejected=dict(rejected), grid=grid)
+
+
+# --- live profile ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LiveRead:
+    """One live read: `snapshot` is None when the header said nothing changed."""
+
+    header: RunHeader
+    snapshot: StepTimeRepositorySnapshot | None
+
+    @property
+    def unchanged(self) -> bool:
+        return self.snapshot is None
+
+
+class LiveTail:
+    """Incremental columnar cache of one run's live tail (not thread-safe: the live
+    session serialises refreshes with its lock).
+
+    The cache is a ring of `window x lookback` step slots (slot = step % capacity) by
+    the rank universe; a refresh merges only the rows newer than the cached cursor.
+    """
+
+    def __init__(self, run_id: str, window: int = LIVE_WINDOW_STEPS,
+                 lookback: int = DEFAULT_LOOKBACK):
+        if window < 1 or lookback < 1:
+            raise ValueError("window and lookback must be >= 1")
+        self.run_id = run_id
+        self.capacity = window * lookback
+        self._header: RunHeader | None = None
+        self._identities: dict[int, RankIdentity] = {}
+        self._ranks: tuple[int, ...] = ()
+        self._rank_array = np.empty(0, dtype=np.int64)
+        self._rejected: Counter = Counter()
+        self._allocate(0)
+
+    def _allocate(self, n_ranks: int) -> None:
+        cap = self.capacity
+        self._slot_step = np.full(cap, -1, dtype=np.int64)
+        self._present = np.zeros((cap, n_ranks), dtype=bool)
+        self._values = np.full((cap, n_ranks, _N_VALUES), np.nan)
+        self._row_ids = np.zeros((cap, n_ranks), dtype=np.int64)
+        self._sample_times = np.full((cap, n_ranks), np.nan)
+
+    def reset(self) -> None:
+        """Forget the cache: the next read is a full tail read."""
+        self._header = None
+
+    def read(self, path: str | Path) -> LiveRead:
+        """Read what changed since the previous read, in one snapshot; raises on SQLite errors."""
+        conn = connect_reader(path)
+        try:
+            conn.execute("BEGIN")
+            header = read_header(conn, self.run_id)
+            previous = self._header
+            if previous is not None and previous.reuse_key == header.reuse_key:
+                conn.execute("COMMIT")
+                return LiveRead(header, None)
+            if previous is None or previous.ranks_version != header.ranks_version:
+                identities = read_rank_universe(conn, self.run_id)
+            else:
+                identities = self._identities
+            full = (previous is None
+                    or header.cursor.latest_row_id < previous.cursor.latest_row_id
+                    or tuple(sorted(identities)) != self._ranks)
+            latest = header.cursor.latest_step
+            lower = -1 if latest is None else latest - self.capacity
+            if latest is None:
+                rows = []
+            elif full:
+                rows = conn.execute(_TAIL_SQL, (self.run_id, lower)).fetchall()
+            else:
+                rows = conn.execute(
+                    _NEW_ROWS_SQL, (self.run_id, previous.cursor.latest_row_id, lower)).fetchall()
+                if rows and not set(r[1] for r in rows) <= set(self._ranks):
+                    full = True  # rows of a rank outside the stored universe
+                    rows = conn.execute(_TAIL_SQL, (self.run_id, lower)).fetchall()
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+
+        rejected: Counter = Counter()
+        decoded = decode_rows(rows, rejected)
+        _log_rejections(self.run_id, rejected)
+        self._rejected.update(rejected)
+        if full:
+            self._rejected = Counter(rejected)
+            ranks = set(identities) | set(np.unique(decoded.ranks).tolist())
+            identities = {r: identities.get(r) or RankIdentity(r) for r in sorted(ranks)}
+            self._ranks = tuple(sorted(identities))
+            self._rank_array = np.asarray(self._ranks, dtype=np.int64)
+            self._allocate(len(self._ranks))
+        self._identities = identities
+        self._merge(decoded)
+        self._header = header
+
+        steps = self._slot_step.copy()
+        steps[steps <= lower] = -1  # slots that fell out of the tail
+        grid = StepTimeSourceGrid(metrics=PACKED_METRICS, ranks=self._ranks, steps=steps,
+                                  present=self._present, values=self._values,
+                                  row_ids=self._row_ids, sample_times=self._sample_times)
+        snapshot = StepTimeRepositorySnapshot(
+            run_id=self.run_id,
+            training_strategy=resolve_strategy(header.stored_strategy, len(self._ranks)),
+            ranks=dict(self._identities), cursor=header.cursor, rows=grid.rows(),
+            rejected=dict(self._rejected), grid=grid)
+        return LiveRead(header, snapshot)
+
+    def _merge(self, rows: DecodedRows) -> None:
+        if rows.ids.size == 0:
+            return
+        slots = rows.steps % self.capacity
+        unique_slots, first = np.unique(slots, return_index=True)
+        incoming = rows.steps[first]
+        moved = self._slot_step[unique_slots] != incoming
+        if moved.any():
+            reset = unique_slots[moved]
+            self._present[reset] = False
+            self._values[reset] = np.nan
+            self._slot_step[reset] = incoming[moved]
+        cols = np.searchsorted(self._rank_array, rows.ranks)
+        self._present[slots, cols] = True
+        self._values[slots, cols] = rows.values
+        self._row_ids[slots, cols] = rows.ids
+        self._sample_times[slots, cols] = rows.sample_times
+
+
+def load_live_snapshot(path: str | Path, run_id: str, window: int = LIVE_WINDOW_STEPS,
+                       lookback: int = DEFAULT_LOOKBACK) -> StepTimeRepositorySnapshot:
+    """A one-off live-tail read (no cache kept)."""
+    snapshot = LiveTail(run_id, window, lookback).read(path).snapshot
+    assert snapshot is not None
+    return snapshot
+
+
+__all__ = [
+    "DEFAULT_LOOKBACK", "LIVE_WINDOW_STEPS", "LiveRead", "LiveTail", "RunHeader",
+    "SUMMARY_MAX_STEPS", "connect_reader", "decode_rows", "load_live_snapshot",
+    "load_summary_snapshot", "read_header", "read_rank_universe", "resolve_strategy",
+]

@@ -108,6 +108,7 @@ def init(mode: str | None = None, *, endpoint: str | None = None, protocol: str 
             _atexit_registered = True
         _mode = config.mode
         _initialized = True
+        _se.claim_recording_thread()
         _se.set_recording(True)
 
 

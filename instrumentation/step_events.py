@@ -17,8 +17,9 @@ Lifecycle (contract, "Training-to-sampler handoff"):
 
 A timing event is a plain tuple `(raw_event, cpu_start_ns, cpu_end_ns, gpu_start,
 gpu_end)` where the GPU items are CUDA-event-like objects (`query()`,
-`elapsed_time()`) or None. Only one thread records: the first one that records
-after recording is enabled (the training thread); others are ignored and counted.
+`elapsed_time()`) or None. Only one thread records: the training thread, i.e. the
+one that called `traceml.init()` (or, without init, the first one that records);
+regions entered on other threads are ignored and counted.
 """
 from __future__ import annotations
 
@@ -161,8 +162,8 @@ def recording_allowed() -> bool:
         _owner = tid
         return True
     _foreign_dropped += 1
-    warn_once("foreign_thread", "a timed region was entered from a thread other than the "
-              "training thread; it is ignored (only the training thread records)")
+    warn_once("foreign_thread", "a timed region or trace_step() was entered on a thread other "
+              "than the training thread (the one that called traceml.init()); it is ignored")
     return False
 
 
@@ -206,9 +207,14 @@ def record_timing_event(event: tuple, capture: StepCapture | None = None) -> boo
     return True
 
 
-def _close_boundary() -> None:
-    """Forget regions still open at a step boundary: they must not span captures."""
-    if open_regions:
+def _close_boundary(warn: bool = True) -> None:
+    """Forget regions still open at a step boundary: they must not span captures.
+
+    After an abort (an exception) open regions are expected, so no warning then.
+    """
+    if open_regions and not warn:
+        open_regions.clear()
+    elif open_regions:
         names = sorted(open_regions)
         open_regions.clear()
         warn_once("spanning_region", f"regions {names} were still open at a step boundary; "
@@ -250,7 +256,7 @@ def abort_step_capture(capture: StepCapture | None = None) -> None:
         return
     _active = None
     active.detached = True
-    _close_boundary()
+    _close_boundary(warn=False)
 
 
 def publish_step_memory_event(snapshot: StepMemorySnapshot) -> bool:
@@ -285,14 +291,23 @@ def dropped_counts() -> dict[str, int]:
 
 def set_recording(enabled: bool) -> None:
     """Turn recording on or off; turning it off discards the active capture unpublished."""
-    global _recording, _active, _owner
+    global _recording, _active
     if not enabled and _active is not None:
         _active.detached = True
         _active = None
         open_regions.clear()
-    if enabled and not _recording:
-        _owner = None  # the next thread to record becomes the training thread
     _recording = bool(enabled)
+
+
+def claim_recording_thread() -> None:
+    """Make the calling thread the training thread (traceml.init() does this)."""
+    global _owner
+    _owner = _get_ident()
+
+
+def recording_thread() -> int | None:
+    """Ident of the training thread, or None until one records or claims."""
+    return _owner
 
 
 def is_recording() -> bool:

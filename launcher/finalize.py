@@ -32,15 +32,36 @@ class FinalReport:
 
 def write_report(db_path: Path, run_id: str, folder: Path) -> FinalReport:
     """Build the summary from the database into `folder` and load what was written."""
-    from traceml.processor.reporting.writer import write_final_summary
-
     folder.mkdir(parents=True, exist_ok=True)
-    written = [Path(p) for p in write_final_summary(Path(db_path), run_id, Path(folder))]
+    try:
+        from traceml.processor.reporting.writer import write_final_summary
+    except ImportError:
+        written = _project_without_writer(Path(db_path), run_id, Path(folder))
+    else:
+        written = [Path(p) for p in write_final_summary(Path(db_path), run_id, Path(folder))]
     summary_path = next((p for p in written if p.suffix == ".json"), folder / rd.SUMMARY_FILENAME)
     card_path = next((p for p in written if p.suffix == ".txt"), None)
     summary = json.loads(summary_path.read_text())
     card = card_path.read_text() if card_path is not None else str(summary.get("card") or "")
     return FinalReport(summary_path, card_path, summary, card)
+
+
+def _project_without_writer(db_path: Path, run_id: str, folder: Path) -> list[Path]:
+    """The summary from the public pipeline and projector alone (no memory/telemetry inputs).
+
+    Only used when the reporting layer's database-level writer is not importable.
+    """
+    import time
+
+    from traceml.processor.reporting.final_summary import project_final_summary, write_final_summary
+    from traceml.processor.reporting.inputs import RunMetadata
+    from traceml.processor.step_time.pipeline import PROFILE_SUMMARY, StepTimePipeline, StepTimeRequest
+
+    request = StepTimeRequest(db_path, run_id, profile=PROFILE_SUMMARY)
+    analysis = StepTimePipeline().run(request)
+    summary = project_final_summary(analysis, RunMetadata(run_id, generated_at=time.time(),
+                                                          max_steps=request.window_steps))
+    return list(write_final_summary(folder, summary))
 
 
 def finalize_run(run_path: Path, run_id: str, *, out: TextIO, print_card: bool = True,

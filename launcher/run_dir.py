@@ -21,7 +21,7 @@ from traceml.schema import environment as env
 DEFAULT_RUNS_DIR = "traceml_runs"
 DB_FILENAME = "traceml.sqlite"
 SUMMARY_FILENAME = "final_summary.json"
-CARD_FILENAME = "final_summary.txt"
+CARD_FILENAME = "summary_card.txt"
 
 @dataclass(frozen=True, slots=True)
 class ResolvedRunId:

@@ -4,7 +4,8 @@ Receivers hand decoded records to `StepTimeStore.write`; this module is the
 normalisation boundary. Raw event names (`_traceml_internal:*`) become canonical
 metric columns here (`forward_cpu_ms`, `forward_gpu_ms`, `forward_count`, ...),
 so the read side never decodes JSON. The raw events are kept as JSON text in
-`payload` for audit and for event names this version does not know.
+`payload` (JSON: raw event name -> [cpu_ms, gpu_ms, count]) for audit and for
+event names this version does not know.
 
 Rules applied at write (each counted in `WriteResult` and logged once per reason):
 
@@ -76,6 +77,13 @@ def metric_columns(metric: str) -> tuple[str, str, str]:
 METRIC_VALUE_COLUMNS: tuple[str, ...] = tuple(
     column for metric in CANONICAL_METRICS for column in metric_columns(metric)
 )
+_RAW_EVENT_SLOT: Mapping[str, int] = {
+    raw: 3 * CANONICAL_METRICS.index(metric) for raw, metric in RAW_EVENT_TO_METRIC.items()
+}  # raw event -> index of its cpu column in METRIC_VALUE_COLUMNS (gpu +1, count +2)
+_PACKED_SLOTS: tuple[int, ...] = tuple(
+    i for k in range(len(CANONICAL_METRICS)) for i in (3 * k, 3 * k + 1)
+)
+_NAN = float("nan")
 
 PACKED_METRICS: tuple[str, ...] = CANONICAL_METRICS
 """Order of the metrics inside `packed`."""
@@ -231,6 +239,8 @@ def _is_finite_number(value: object) -> bool:
 
 
 def _clean_ms(value: object, issues: Counter) -> float | None:
+    if value.__class__ is float and 0.0 <= value <= ABSURD_MS:  # the common case, first
+        return value
     if value is None:
         return None
     if not isinstance(value, (int, float)) or isinstance(value, bool):
@@ -253,6 +263,8 @@ def _clean_ms(value: object, issues: Counter) -> float | None:
 
 
 def _clean_count(value: object, issues: Counter) -> int | None:
+    if value.__class__ is int and value >= 0:
+        return value
     if value is None:
         return None
     if _is_int(value) and value >= 0:
@@ -265,7 +277,7 @@ def _clean_count(value: object, issues: Counter) -> int | None:
 
 def _json_number(value: object) -> object:
     """Keep the raw payload valid JSON even when a value was NaN/inf (audit only)."""
-    if isinstance(value, float) and not math.isfinite(value):
+    if value.__class__ is float and (value != value or value in (math.inf, -math.inf)):
         return repr(value)
     return value
 
@@ -292,24 +304,22 @@ def normalise_step_record(
     if not isinstance(record.events, Mapping):
         return REJECT_BAD_EVENTS
 
-    values: dict[str, float | int | None] = {}
-    payload: dict[str, dict[str, object]] = {}
+    flat: list[float | int | None] = [None] * len(METRIC_VALUE_COLUMNS)
+    payload: dict[str, list[object]] = {}
     for raw_name, raw in record.events.items():
         if not isinstance(raw_name, str):
             return REJECT_BAD_EVENTS
         cpu = getattr(raw, "cpu_ms", None)
         gpu = getattr(raw, "gpu_ms", None)
         count = getattr(raw, "count", None)
-        payload[raw_name] = {"cpu_ms": _json_number(cpu), "gpu_ms": _json_number(gpu),
-                             "count": _json_number(count)}
-        metric = RAW_EVENT_TO_METRIC.get(raw_name)
-        if metric is None:
+        payload[raw_name] = [_json_number(cpu), _json_number(gpu), _json_number(count)]
+        k = _RAW_EVENT_SLOT.get(raw_name)
+        if k is None:
             issues[VALUE_UNKNOWN_EVENT] += 1
             continue
-        cpu_col, gpu_col, count_col = metric_columns(metric)
-        values[cpu_col] = _clean_ms(cpu, issues)
-        values[gpu_col] = _clean_ms(gpu, issues)
-        values[count_col] = _clean_count(count, issues)
+        flat[k] = _clean_ms(cpu, issues)
+        flat[k + 1] = _clean_ms(gpu, issues)
+        flat[k + 2] = _clean_count(count, issues)
 
     payload_text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     strategy = record.training_strategy if isinstance(record.training_strategy, str) else None
@@ -326,12 +336,9 @@ def normalise_step_record(
     digest = hashlib.blake2b(
         repr((head, strategy, payload_text)).encode(), digest_size=16
     ).hexdigest()
-    metric_values = tuple(values.get(c) for c in METRIC_VALUE_COLUMNS)
-    packed = pack_values(values, head[9])
-    return (*head, receive_time, strategy, *metric_values, payload_text, packed, digest)
-
-
-_NAN = float("nan")
+    packed = PACKED_FORMAT.pack(*[_NAN if flat[i] is None else flat[i] for i in _PACKED_SLOTS],
+                                _NAN if head[9] is None else head[9])
+    return (*head, receive_time, strategy, *flat, payload_text, packed, digest)
 
 
 def pack_values(values: Mapping[str, float | int | None], sample_time: float | None) -> bytes:

@@ -96,7 +96,7 @@ turns a whole selection into one numpy array with a single `frombuffer`, instead
 of building one Python float per value (which is what made the original slow).
 """
 
-_SAMPLE_COLUMNS: tuple[str, ...] = (
+SAMPLE_COLUMNS: tuple[str, ...] = (
     "run_id", "global_rank", "local_rank", "node_rank", "world_size", "local_world_size",
     "hostname", "step", "start_time", "sample_time", "receive_time", "training_strategy",
     *METRIC_VALUE_COLUMNS, "payload", "packed", "digest",
@@ -431,9 +431,9 @@ class StepTimeStore:
                     )
                     replaced += conn.total_changes - before
                     before = conn.total_changes
-                    placeholders = ",".join("?" * len(_SAMPLE_COLUMNS))
+                    placeholders = ",".join("?" * len(SAMPLE_COLUMNS))
                     conn.executemany(
-                        f"INSERT OR IGNORE INTO step_time_samples ({','.join(_SAMPLE_COLUMNS)})"
+                        f"INSERT OR IGNORE INTO step_time_samples ({','.join(SAMPLE_COLUMNS)})"
                         f" VALUES ({placeholders})",
                         rows,
                     )

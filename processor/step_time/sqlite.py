@@ -155,9 +155,11 @@ def decode_rows(rows: list[tuple], rejected: Counter) -> DecodedRows:
         absurd = (values > ABSURD_MS) & ~infinite
     bad = negative | infinite | absurd
     if bad.any():
-        rejected[REASON_NEGATIVE] += int((negative & ~infinite).sum())
-        rejected[REASON_NON_FINITE] += int(infinite.sum())
-        rejected[REASON_ABSURD] += int(absurd.sum())
+        for reason, mask in ((REASON_NEGATIVE, negative & ~infinite),
+                             (REASON_NON_FINITE, infinite), (REASON_ABSURD, absurd)):
+            count = int(mask.sum())
+            if count:
+                rejected[reason] += count
         values[bad] = np.nan
     return DecodedRows(ids, ranks, steps, values, sample_times)
 

@@ -6,7 +6,7 @@ never invents values for a rank that did not measure them.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from traceml.processor.diagnosis.policy import DiagnosisPolicy
@@ -39,6 +39,7 @@ class ShareFacts:
 class RuleContext:
     window: StepTimeWindow
     policy: DiagnosisPolicy
+    _memo: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def step_count(self) -> int:
@@ -48,34 +49,57 @@ class RuleContext:
     def is_fsdp(self) -> bool:
         return (self.window.training_strategy or "").lower() == STRATEGY_FSDP
 
-    def cohort(self, metrics: Sequence[str]) -> dict[int, StepTimeValues]:
+    def column(self, metric: str) -> Mapping[int, float]:
+        """rank -> window average of `metric`, measured ranks only (the analyzer's own map)."""
+        key = ("column", metric)
+        if key not in self._memo:
+            stats = self.window.metrics.get(metric)
+            if stats is not None:
+                col = {int(r): float(v) for r, v in stats.rank_values.items() if v is not None}
+            else:
+                col = {int(r): float(f.average.get(metric)) for r, f in self.window.rank_facts.items()
+                       if f.average.get(metric) is not None}
+            self._memo[key] = col
+        return self._memo[key]
+
+    def cohort(self, metrics: Sequence[str]) -> tuple[int, ...]:
         """Ranks (ascending) whose window average carries every one of `metrics`."""
-        out: dict[int, StepTimeValues] = {}
-        for rank in sorted(self.window.rank_facts):
-            average = self.window.rank_facts[rank].average
-            if all(average.get(m) is not None for m in metrics):
-                out[int(rank)] = average
-        return out
+        key = ("cohort", tuple(metrics))
+        if key not in self._memo:
+            ranks = set(self.column(metrics[0]))
+            for m in metrics[1:]:
+                ranks.intersection_update(self.column(m))
+            self._memo[key] = tuple(sorted(ranks))
+        return self._memo[key]
+
+    def values(self, rank: int) -> StepTimeValues:
+        return self.window.rank_facts[rank].average
 
     def share(self, metric: str) -> ShareFacts | None:
         """median(metric) / median(step_time) over the ranks carrying both; None if undefined."""
+        key = ("share", metric)
+        if key not in self._memo:
+            self._memo[key] = self._share(metric)
+        return self._memo[key]
+
+    def _share(self, metric: str) -> ShareFacts | None:
         cohort = self.cohort((metric, METRIC_STEP_TIME))
         if not cohort:
             return None
-        values = {rank: float(v.get(metric)) for rank, v in cohort.items()}
-        step_median = float(statistics.median(float(v.get(METRIC_STEP_TIME)) for v in cohort.values()))
+        col, steps = self.column(metric), self.column(METRIC_STEP_TIME)
+        step_median = float(statistics.median([steps[r] for r in cohort]))
         if step_median <= 0.0:
             return None
-        median = float(statistics.median(values.values()))
-        worst_rank = max(values, key=lambda r: (values[r], -r))
+        median = float(statistics.median([col[r] for r in cohort]))
+        worst_rank = max(cohort, key=lambda r: (col[r], -r))
         return ShareFacts(
             metric=metric,
             share=median / step_median,
             median_ms=median,
             step_time_median_ms=step_median,
-            cohort=tuple(cohort),
+            cohort=cohort,
             worst_rank=worst_rank,
-            worst_ms=values[worst_rank],
+            worst_ms=col[worst_rank],
         )
 
     def capped(self, severity: str) -> tuple[str, list[str]]:

@@ -81,13 +81,12 @@ def rank_straggler(ctx: RuleContext) -> DiagnosisIssue | None:
     cohort = ctx.cohort((*phases, METRIC_STEP_TIME))
     if len(cohort) < 2:
         return None
-    candidates = sorted(
-        (_Candidate(rank, sum(float(v.get(p)) for p in phases), v) for rank, v in cohort.items()),
-        key=lambda c: (c.visible, c.rank),
-    )
-    culprit = candidates[0]
-    victim = candidates[len(candidates) // 2]
-    victim_step = float(victim.values.step_time)
+    columns = [ctx.column(p) for p in phases]
+    ordered = sorted(((sum(col[r] for col in columns), r) for r in cohort))
+    culprit = _Candidate(ordered[0][1], ordered[0][0], ctx.values(ordered[0][1]))
+    middle = ordered[len(ordered) // 2]
+    victim = _Candidate(middle[1], middle[0], ctx.values(middle[1]))
+    victim_step = ctx.column(METRIC_STEP_TIME)[victim.rank]
     if victim.rank == culprit.rank or victim_step <= 0.0:
         return None
     gap = victim.visible - culprit.visible

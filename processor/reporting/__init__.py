@@ -12,11 +12,11 @@ from traceml.processor.reporting.final_summary import (
     write_final_summary,
 )
 from traceml.processor.reporting.inputs import RankMemory, RankTelemetry, RunMetadata, RunTelemetry
-from traceml.processor.reporting.summary_metrics import MetricPoint, summary_metric_points
+from traceml.processor.reporting.summary_metrics import MetricPoint, make_point, summary_metric_points
 
 __all__ = [
     "FINAL_SUMMARY_FILE", "PUBLIC_METRIC_KEYS", "PUBLIC_METRICS", "SUMMARY_CARD_FILE",
     "project_final_summary", "render_card", "write_final_summary",
     "RankMemory", "RankTelemetry", "RunMetadata", "RunTelemetry",
-    "MetricPoint", "summary_metric_points",
+    "MetricPoint", "make_point", "summary_metric_points",
 ]

@@ -5,7 +5,8 @@ import pytest
 
 from handbuilt_windows import rank_values, window
 from traceml.processor.diagnosis import diagnose
-from traceml.processor.reporting import MetricPoint, RankMemory, RankTelemetry, summary_metric_points
+from traceml.processor.reporting import RankMemory, RankTelemetry, summary_metric_points
+from traceml.processor.reporting.summary_metrics import make_point
 from traceml.processor.step_time.model import FRESHNESS_STATES, StepTimeAnalysis
 from traceml.schema.vocabulary import ATTR_STEP, SUMMARY_METRICS
 
@@ -33,6 +34,7 @@ def test_only_vocabulary_names_and_attribute_keys_and_never_a_step():
         telemetry=[RankTelemetry(1, False, {"spans": 4})])
     assert {p.name for p in points} == set(specs)  # every summary metric is produced here
     for p in points:
+        assert p.check() is p
         assert tuple(p.attributes) == specs[p.name].attributes
         assert ATTR_STEP not in p.attributes
         assert all(isinstance(v, str) for v in p.attributes.values())
@@ -94,8 +96,9 @@ def test_memory_and_drops():
 
 def test_bad_points_and_states_are_refused():
     with pytest.raises(ValueError):
-        MetricPoint("traceml.window.steps", {"traceml.run.id": "r", "traceml.step": "3"}, 1.0)
+        make_point("traceml.window.steps", {"traceml.run.id": "r", "traceml.step": "3"}, 1.0)
     with pytest.raises(ValueError):
-        MetricPoint("traceml.unknown", {}, 1.0)
+        make_point("traceml.unknown", {}, 1.0)
+    assert make_point("traceml.window.steps", {"traceml.run.id": "r"}, 3).value == 3.0
     with pytest.raises(ValueError):
         summary_metric_points(straggler(), freshness="stale")

@@ -104,9 +104,20 @@ class _Handler(BaseHTTPRequestHandler):
         if length < 0:
             raise ValueError("negative Content-Length")
         if length > MAX_BODY_BYTES:
-            self.close_connection = True  # the unread body makes the connection unusable
+            self._discard(length)
             raise BodyTooLarge(f"body of {length} bytes exceeds {MAX_BODY_BYTES}")
         return self.rfile.read(length) if length else b""
+
+    def _discard(self, length: int) -> None:
+        """Read and drop an oversized body (bounded), so the client sees the 413 answer."""
+        if length > 4 * MAX_BODY_BYTES:
+            self.close_connection = True
+            return
+        while length > 0:
+            chunk = self.rfile.read(min(length, 1 << 20))
+            if not chunk:
+                break
+            length -= len(chunk)
 
     # --- routes ----------------------------------------------------------------------
 

@@ -27,8 +27,7 @@ def sanitize_run_id(run_id: str) -> str:
     Changed or shortened ids get a short hash of the original so two different ids
     never share a folder.
     """
-    cleaned = _UNSAFE.sub("_", run_id).lstrip(".")
-    cleaned = cleaned.strip("_") or "run"
+    cleaned = _UNSAFE.sub("_", run_id).strip("._-") or "run"
     if cleaned != run_id or len(cleaned) > MAX_DIR_NAME:
         digest = hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).hexdigest()[:10]
         cleaned = f"{cleaned[:MAX_DIR_NAME - 11]}-{digest}"

@@ -50,15 +50,15 @@ class StepTimeBackend:
 
         return LiveStepTimeSession(db_path, run_id)
 
-    def project(self, result, *, memory, drops):
-        from traceml.processor.reporting.summary_metrics import project_summary_metrics
+    def project(self, db_path: Path, result):
+        from traceml.processor.summary_section import live_points
 
-        return project_summary_metrics(result, memory=memory, drops=drops)
+        return live_points(result, db_path)
 
     def write_summary(self, db_path: Path, run_id: str, folder: Path) -> list[Path]:
-        from traceml.processor.reporting.writer import write_final_summary
+        from traceml.processor.summary_section import write_final_summary
 
-        return write_final_summary(db_path, run_id, folder)
+        return list(write_final_summary(db_path, run_id, folder))
 
 
 class ProcessorService:

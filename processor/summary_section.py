@@ -1,0 +1,104 @@
+"""The run facts beside the analysis, read from the store, and the final summary of a run.
+
+Reporting is pure (it never reads SQLite), so this module is the orchestrator the
+contract calls the summary section: it runs `StepTimePipeline` once with the
+summary profile, reads memory peaks and telemetry health of the run, and hands
+everything to the reporting projector and writer. The live re-export uses the
+same readers with `latest=True` memory.
+"""
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+from typing import Sequence
+
+from traceml.processor.reporting.inputs import RankMemory, RankTelemetry, RunMetadata, RunTelemetry
+
+
+def _connect(db_path: Path) -> sqlite3.Connection:
+    return sqlite3.connect(f"file:{Path(db_path)}?mode=ro", uri=True, timeout=5.0)
+
+
+def read_rank_memory(conn: sqlite3.Connection, run_id: str, *, latest: bool) -> list[RankMemory]:
+    """Per rank: the latest step's peaks (`latest=True`, live metric) or the run's maxima (summary)."""
+    if latest:
+        rows = conn.execute(
+            "SELECT m.global_rank, m.device, m.peak_allocated_bytes, m.peak_reserved_bytes"
+            " FROM step_memory_samples AS m"
+            " JOIN (SELECT global_rank, max(step) AS step FROM step_memory_samples"
+            "       WHERE run_id = ? GROUP BY global_rank) AS last"
+            "   ON m.global_rank = last.global_rank AND m.step = last.step"
+            " WHERE m.run_id = ? ORDER BY m.global_rank, m.device", (run_id, run_id)).fetchall()
+    else:
+        rows = conn.execute(
+            "SELECT global_rank, min(device), max(peak_allocated_bytes), max(peak_reserved_bytes)"
+            " FROM step_memory_samples WHERE run_id = ? GROUP BY global_rank ORDER BY global_rank",
+            (run_id,)).fetchall()
+    by_rank: dict[int, RankMemory] = {}
+    for rank, device, allocated, reserved in rows:
+        by_rank.setdefault(rank, RankMemory(rank, device, allocated, reserved))
+    return list(by_rank.values())
+
+
+def read_rank_telemetry(conn: sqlite3.Connection, run_id: str) -> list[RankTelemetry]:
+    """Per known rank: did it send its end marker, and what did it report dropped."""
+    finished = {rank: finished_time is not None for rank, finished_time in conn.execute(
+        "SELECT global_rank, finished_time FROM step_time_ranks WHERE run_id = ?", (run_id,))}
+    drops: dict[int, dict[str, int]] = {}
+    for rank, queue, dropped in conn.execute(
+            "SELECT global_rank, queue, dropped FROM step_time_drops WHERE run_id = ?", (run_id,)):
+        drops.setdefault(rank, {})[queue] = int(dropped)
+    ranks = sorted(set(finished) | set(drops))
+    return [RankTelemetry(rank, finished.get(rank, False), drops.get(rank, {})) for rank in ranks]
+
+
+def read_run_facts(db_path: Path, run_id: str, *, latest_memory: bool) -> tuple[list[RankMemory], list[RankTelemetry]]:
+    """Both readers in one short read-only connection; empty lists before the tables exist."""
+    if not Path(db_path).exists():
+        return [], []
+    conn = _connect(db_path)
+    try:
+        return read_rank_memory(conn, run_id, latest=latest_memory), read_rank_telemetry(conn, run_id)
+    except sqlite3.OperationalError:
+        return [], []
+    finally:
+        conn.close()
+
+
+def _version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("traceml-otel")
+    except Exception:
+        return None
+
+
+def build_final_summary(db_path: Path, run_id: str, *, generated_at: float | None = None) -> dict:
+    """The public final-summary object of one run, from the complete database."""
+    from traceml.processor.reporting.final_summary import project_final_summary
+    from traceml.processor.step_time.analysis import SUMMARY_WINDOW_STEPS
+    from traceml.processor.step_time.pipeline import PROFILE_SUMMARY, StepTimePipeline, StepTimeRequest
+
+    analysis = StepTimePipeline().run(StepTimeRequest(db_path, run_id, profile=PROFILE_SUMMARY))
+    memory, telemetry = read_run_facts(db_path, run_id, latest_memory=False)
+    metadata = RunMetadata(run_id=run_id, generated_at=time.time() if generated_at is None else generated_at,
+                           traceml_version=_version(), profile=PROFILE_SUMMARY,
+                           max_steps=SUMMARY_WINDOW_STEPS)
+    return project_final_summary(analysis, metadata, memory=memory, telemetry=RunTelemetry(ranks=telemetry))
+
+
+def write_final_summary(db_path: Path, run_id: str, folder: Path) -> tuple[Path, Path]:
+    """Build and write `final_summary.json` + the text card into `folder` (atomic writes)."""
+    from traceml.processor.reporting.final_summary import write_final_summary as write_files
+
+    return write_files(folder, build_final_summary(Path(db_path), run_id))
+
+
+def live_points(result, db_path: Path) -> Sequence:
+    """Summary metric points of one live refresh (latest memory peaks, reported drops)."""
+    from traceml.processor.reporting.summary_metrics import summary_metric_points
+
+    memory, telemetry = read_run_facts(db_path, result.analysis.window.run_id, latest_memory=True)
+    return summary_metric_points(result.analysis, freshness=result.freshness, memory=memory, telemetry=telemetry)

@@ -89,6 +89,8 @@ class OtlpStepExporter:
         self._failure_logs = 0
         self._last_counters: tuple | None = None
         self._run_end_sent = False
+        self._final_steps: int | None = None
+        self._final_instrumentation_drops: Mapping[str, int] | None = None
         self._thread = threading.Thread(target=self._run, name="traceml-otlp-exporter", daemon=True)
         self._thread.start()
 
@@ -110,6 +112,14 @@ class OtlpStepExporter:
         self._memory.append(record)
         if len(self._memory) >= self._wake_at:
             self._wake.set()
+
+    def on_run_end(self, steps_completed: int, dropped_counts: Mapping[str, int]) -> None:
+        """Final counts from the instrumentation (called by `traceml.shutdown()` before `shutdown`)."""
+        try:
+            self._final_steps = int(steps_completed)
+            self._final_instrumentation_drops = {k: int(n) for k, n in dict(dropped_counts).items()}
+        except Exception as exc:
+            self._note_failure(f"bad run-end counts ignored: {exc}")
 
     # --- control -----------------------------------------------------------------------
 
@@ -221,9 +231,11 @@ class OtlpStepExporter:
                 self._note_failure(f"step record not encodable ({type(exc).__name__}: {exc}): {record!r:.200}")
         if not spans:
             return
-        outcome = self._export(v.SIGNAL_TRACES, self._encoder.trace_request(spans), len(spans))
+        # Failures are counted in steps (one `traceml.step` span each); phase children ride along.
+        outcome = self._export(v.SIGNAL_TRACES, self._encoder.trace_request(spans), steps,
+                               rejected_unit=len(spans) // steps)
         if outcome.delivered:
-            self._steps_exported += steps
+            self._steps_exported += steps - min(steps, outcome.rejected)
             self._spans_exported += len(spans) - outcome.rejected
 
     def _send_memory(self, records: list[StepMemorySnapshot]) -> None:
@@ -242,7 +254,13 @@ class OtlpStepExporter:
 
     def _all_drops(self) -> dict[str, int]:
         drops = {q: 0 for q in v.QUEUE_NAMES}
-        for queue, count in self._instrumentation_drops().items():
+        instrumentation = self._final_instrumentation_drops
+        if instrumentation is None:
+            try:
+                instrumentation = self._instrumentation_drops()
+            except Exception:
+                instrumentation = {}
+        for queue, count in instrumentation.items():
             if queue in drops:
                 drops[queue] += int(count)
         for queue, count in self._dropped.items():
@@ -267,12 +285,14 @@ class OtlpStepExporter:
 
     def _send_run_end(self) -> None:
         span = self._encoder.run_end_span(
-            self._start_ns, time.time_ns(), self._steps_received, self._last_step, self._all_drops(),
+            self._start_ns, time.time_ns(),
+            self._steps_received if self._final_steps is None else self._final_steps,
+            self._last_step, self._all_drops(),
             sum(self._failures.values()), sum(self._retries.values()))
         outcome = self._export(v.SIGNAL_TRACES, self._encoder.trace_request([span]), 1)
         self._run_end_sent = outcome.delivered
 
-    def _export(self, signal: str, request, items: int) -> ExportOutcome:
+    def _export(self, signal: str, request, items: int, rejected_unit: int = 1) -> ExportOutcome:
         try:
             outcome = self._transport.export(signal, request, self._deadline())
         except Exception as exc:
@@ -282,7 +302,7 @@ class OtlpStepExporter:
             self._failures[signal] += items
             self._note_failure(f"OTLP {signal} export to {self.settings.endpoint} failed: {outcome.error}")
         elif outcome.rejected:
-            self._failures[signal] += outcome.rejected
+            self._failures[signal] += min(items, -(-outcome.rejected // max(1, rejected_unit)))
             self._note_failure(f"OTLP receiver rejected {outcome.rejected} of {items} {signal} items")
         return outcome
 

@@ -1,0 +1,200 @@
+"""What the samplers publish arrives at a real OTLP receiver exactly, over gRPC and HTTP."""
+from __future__ import annotations
+
+import pytest
+from exporter_records import BASE_NS, identity, memory_record, step_record
+
+from traceml.exporter import OtlpStepExporter, resolve_settings
+from traceml.schema import vocabulary as v
+
+PROTOCOLS = ["grpc", "http/protobuf"]
+
+
+def _endpoint(receiver, protocol):
+    return receiver.grpc_endpoint if protocol == "grpc" else receiver.http_endpoint
+
+
+def _export(receiver, protocol, records, memory=(), *, run_id, env=None, rank=0, world_size=2, **kw):
+    settings = resolve_settings(_endpoint(receiver, protocol), protocol, environ=env or {}, **kw)
+    exporter = OtlpStepExporter(identity(run_id, rank, world_size), settings,
+                                instrumentation_drops=lambda: {"timing": 3, "memory": 1})
+    for record in records:
+        exporter.on_step_time(record)
+    for record in memory:
+        exporter.on_step_memory(record)
+    assert exporter.shutdown(10.0)
+    return exporter
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_every_step_arrives_with_exact_values_counts_and_nulls(receiver, protocol):
+    run_id = f"exact-{protocol}"
+    records = [step_record(s, gpu=s % 2 == 0, zero_forward=s == 3) for s in range(8)]
+    _export(receiver, protocol, records, run_id=run_id)
+    rows = {k: r for k, r in receiver.step_spans().items() if k[0] == run_id}
+    assert sorted(rows) == [(run_id, 0, s) for s in range(8)]
+    for record in records:
+        row = rows[(run_id, 0, record.step)]
+        assert row["start"] == record.start_time_ns and row["end"] == record.end_time_ns
+        attrs = row["attributes"]
+        for raw_event, totals in record.events.items():
+            assert attrs[v.event_attribute(raw_event, "cpu_ms")] == totals.cpu_ms
+            assert attrs[v.event_attribute(raw_event, "count")] == totals.count
+            gpu_key = v.event_attribute(raw_event, "gpu_ms")
+            if totals.gpu_ms is None:
+                assert gpu_key not in attrs  # unmeasured stays absent, never 0
+            else:
+                assert attrs[gpu_key] == totals.gpu_ms
+        expected_keys = {v.ATTR_RUN_ID, v.ATTR_RANK, v.ATTR_STEP} | {
+            v.event_attribute(e, f) for e, t in record.events.items() for f in v.EVENT_FIELDS
+            if not (f == "gpu_ms" and t.gpu_ms is None)}
+        assert set(attrs) == expected_keys
+    # A measured zero is a zero, typed as a double.
+    zero = rows[(run_id, 0, 3)]["attributes"]
+    assert zero[v.event_attribute(v.RAW_FORWARD, "cpu_ms")] == 0.0
+    assert isinstance(zero[v.event_attribute(v.RAW_FORWARD, "cpu_ms")], float)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_resource_carries_identity_service_and_merged_resource_attributes(receiver, protocol):
+    run_id = f"res-{protocol}"
+    env = {"OTEL_SERVICE_NAME": "trainer-svc",
+           "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=test,team=ml%20infra,traceml.rank=99"}
+    _export(receiver, protocol, [step_record(0)], run_id=run_id, env=env, rank=1, world_size=2)
+    (row,) = [r for k, r in receiver.step_spans().items() if k[0] == run_id]
+    res = row["resource"]
+    assert res[v.RES_SERVICE_NAME] == "trainer-svc"
+    assert res[v.RES_SERVICE_INSTANCE_ID] == f"{run_id}-rank1"
+    assert res[v.RES_HOST_NAME] == "host-a"
+    assert res["deployment.environment"] == "test" and res["team"] == "ml infra"
+    assert res[v.ATTR_RANK] == 1  # TraceML's identity wins over OTEL_RESOURCE_ATTRIBUTES
+    assert (res[v.ATTR_RUN_ID], res[v.ATTR_LOCAL_RANK], res[v.ATTR_NODE_RANK], res[v.ATTR_WORLD_SIZE],
+            res[v.ATTR_LOCAL_WORLD_SIZE], res[v.ATTR_TRAINING_STRATEGY]) == (run_id, 1, 0, 2, 2, "ddp")
+
+
+def test_default_service_name_without_otel_service_name(receiver):
+    _export(receiver, "grpc", [step_record(0)], run_id="svc-default")
+    (row,) = [r for k, r in receiver.step_spans().items() if k[0] == "svc-default"]
+    assert row["resource"][v.RES_SERVICE_NAME] == v.DEFAULT_SERVICE_NAME
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_phase_children_hang_under_their_step_span(receiver, protocol):
+    run_id = f"phases-{protocol}"
+    record = step_record(4)
+    _export(receiver, protocol, [record], run_id=run_id)
+    step = receiver.step_spans()[(run_id, 0, 4)]
+    children = [s for _, s in receiver.spans()
+                if s.name.startswith(v.SPAN_PHASE_PREFIX) and s.trace_id == step["trace_id"]
+                and s.parent_span_id == step["span_id"]]
+    assert [(c.name, c.start_time_unix_nano, c.end_time_unix_nano) for c in children] == [
+        (v.SPAN_PHASE_PREFIX + v.raw_event_key(p.raw_event), p.start_time_ns, p.end_time_ns)
+        for p in record.phases]
+    assert len({c.span_id for c in children}) == len(children)
+
+
+def test_phase_spans_can_be_switched_off(receiver):
+    run_id = "no-phases"
+    _export(receiver, "grpc", [step_record(0), step_record(1)], run_id=run_id,
+            env={"TRACEML_PHASE_SPANS": "0"})
+    run_spans = [s for r, s in receiver.spans() if r.get(v.ATTR_RUN_ID) == run_id]
+    assert sorted(s.name for s in run_spans) == [v.SPAN_RUN_END, v.SPAN_STEP, v.SPAN_STEP]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_memory_gauges_exact_and_no_point_for_non_cuda(receiver, protocol):
+    run_id = f"mem-{protocol}"
+    memory = [memory_record(0), memory_record(1, cuda=False), memory_record(2),
+              type(memory_record(3))(3, "cuda:1", 0, None, BASE_NS + 7)]
+    _export(receiver, protocol, [], memory, run_id=run_id)
+    points = {}
+    for res, metric, point in receiver.metric_points():
+        if res.get(v.ATTR_RUN_ID) != run_id or not metric.name.startswith("traceml.memory."):
+            continue
+        assert metric.WhichOneof("data") == "gauge" and metric.unit == "By" and metric.description
+        attrs = {kv.key: kv.value for kv in point.attributes}
+        key = (metric.name, attrs[v.ATTR_STEP].int_value, attrs[v.ATTR_DEVICE].string_value,
+               attrs[v.ATTR_RANK].int_value, attrs[v.ATTR_RUN_ID].string_value)
+        points[key] = (point.as_int, point.time_unix_nano)
+    alloc, reserved = v.METRIC_MEMORY_PEAK_ALLOCATED, v.METRIC_MEMORY_PEAK_RESERVED
+    assert points == {
+        (alloc, 0, "cuda:0", 0, run_id): (1_000_000, memory[0].time_ns),
+        (reserved, 0, "cuda:0", 0, run_id): (2_000_000, memory[0].time_ns),
+        (alloc, 2, "cuda:0", 0, run_id): (1_000_002, memory[2].time_ns),
+        (reserved, 2, "cuda:0", 0, run_id): (2_000_002, memory[2].time_ns),
+        (alloc, 3, "cuda:1", 0, run_id): (0, BASE_NS + 7),  # a measured zero is a point; None is none
+    }
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_run_end_marker_and_telemetry_counters_carry_final_counts(receiver, protocol):
+    run_id = f"end-{protocol}"
+    exporter = _export(receiver, protocol, [step_record(s) for s in range(3)], run_id=run_id)
+    assert exporter.run_end_sent
+    (end,) = [r for k, r in receiver.step_spans(v.SPAN_RUN_END).items() if k[0] == run_id]
+    attrs = end["attributes"]
+    assert attrs[v.ATTR_STEPS_COMPLETED] == 3 and attrs[v.ATTR_STEP] == 2
+    assert attrs[v.run_end_dropped_attribute("timing")] == 3
+    assert attrs[v.run_end_dropped_attribute("memory")] == 1
+    assert attrs[v.run_end_dropped_attribute("spans")] == 0
+    assert attrs[v.ATTR_RUN_END_EXPORT_FAILURES] == 0 and attrs[v.ATTR_RUN_END_EXPORT_RETRIES] == 0
+    counters = {}
+    for res, metric, point in receiver.metric_points():
+        if res.get(v.ATTR_RUN_ID) == run_id and metric.name.startswith("traceml.telemetry."):
+            assert metric.WhichOneof("data") == "sum" and metric.sum.is_monotonic
+            label = {kv.key: kv.value.string_value for kv in point.attributes
+                     if kv.key in (v.ATTR_QUEUE, v.ATTR_SIGNAL)}
+            counters[(metric.name, *label.values())] = point.as_int
+    assert counters[(v.METRIC_TELEMETRY_DROPPED, "timing")] == 3
+    assert counters[(v.METRIC_TELEMETRY_DROPPED, "memory")] == 1
+    assert counters[(v.METRIC_TELEMETRY_DROPPED, "spans")] == 0
+    assert counters[(v.METRIC_EXPORT_FAILURES, "traces")] == 0
+    assert counters[(v.METRIC_EXPORT_RETRIES, "metrics")] == 0
+
+
+def test_on_run_end_counts_from_the_instrumentation_win(receiver):
+    settings = resolve_settings(receiver.grpc_endpoint, "grpc", environ={})
+    exporter = OtlpStepExporter(identity("end-final"), settings, instrumentation_drops=lambda: {})
+    exporter.on_step_time(step_record(0))
+    exporter.on_run_end(7, {"timing": 2, "memory": 0})
+    assert exporter.shutdown(10.0)
+    (end,) = [r for k, r in receiver.step_spans(v.SPAN_RUN_END).items() if k[0] == "end-final"]
+    assert end["attributes"][v.ATTR_STEPS_COMPLETED] == 7
+    assert end["attributes"][v.run_end_dropped_attribute("timing")] == 2
+
+
+def test_gzip_compression_over_both_protocols(receiver):
+    for protocol in PROTOCOLS:
+        run_id = f"gzip-{protocol}"
+        _export(receiver, protocol, [step_record(1)], [memory_record(1)], run_id=run_id,
+                env={"OTEL_EXPORTER_OTLP_COMPRESSION": "gzip"})
+        assert (run_id, 0, 1) in receiver.step_spans()
+
+
+def test_emitted_names_are_exactly_the_schema_vocabulary(receiver):
+    run_id = "vocab"
+    _export(receiver, "grpc", [step_record(s) for s in range(2)], [memory_record(0)], run_id=run_id)
+    span_names = {s.name for r, s in receiver.spans() if r.get(v.ATTR_RUN_ID) == run_id}
+    allowed_spans = {v.SPAN_STEP, v.SPAN_RUN_END} | {v.SPAN_PHASE_PREFIX + v.raw_event_key(e) for e in v.RAW_EVENTS}
+    assert span_names <= allowed_spans and {v.SPAN_STEP, v.SPAN_RUN_END} <= span_names
+    specs = {spec.name: spec for spec in v.TRAINING_METRICS}
+    seen = set()
+    for res, metric, point in receiver.metric_points():
+        if res.get(v.ATTR_RUN_ID) != run_id:
+            continue
+        spec = specs[metric.name]
+        assert (metric.unit, metric.description) == (spec.unit, spec.description)
+        assert {kv.key for kv in point.attributes} == set(spec.attributes)
+        seen.add(metric.name)
+    assert seen == set(specs)
+    resource_keys = {v.RES_SERVICE_NAME, v.RES_SERVICE_INSTANCE_ID, v.RES_HOST_NAME, v.ATTR_RUN_ID, v.ATTR_RANK,
+                     v.ATTR_LOCAL_RANK, v.ATTR_NODE_RANK, v.ATTR_WORLD_SIZE, v.ATTR_LOCAL_WORLD_SIZE,
+                     v.ATTR_TRAINING_STRATEGY}
+    for res, span in receiver.spans():
+        if res.get(v.ATTR_RUN_ID) == run_id:
+            assert set(res) == resource_keys
+            for kv in span.attributes:
+                assert (kv.key in {v.ATTR_RUN_ID, v.ATTR_RANK, v.ATTR_STEP, v.ATTR_PHASE, v.ATTR_STEPS_COMPLETED,
+                                   v.ATTR_RUN_END_EXPORT_FAILURES, v.ATTR_RUN_END_EXPORT_RETRIES}
+                        or v.parse_event_attribute(kv.key) is not None
+                        or kv.key.startswith(v.RUN_END_DROPPED_PREFIX)), kv.key

@@ -55,7 +55,7 @@ class RuleContext:
         if key not in self._memo:
             stats = self.window.metrics.get(metric)
             if stats is not None:
-                col = {int(r): float(v) for r, v in stats.rank_values.items() if v is not None}
+                col = stats.rank_values  # measured ranks only, plain ints and floats
             else:
                 col = {int(r): float(f.average.get(metric)) for r, f in self.window.rank_facts.items()
                        if f.average.get(metric) is not None}

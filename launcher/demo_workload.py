@@ -128,10 +128,14 @@ def main(argv=None) -> None:
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
 
     if rank == 0:
-        print(f"demo: scenario={args.scenario} ranks={world} steps={args.steps} "
-              f"straggler=rank {straggler} input_delay={delay_s * 1000:.1f}ms "
-              f"extra_matmuls={int(agreed[1]) if args.scenario == 'compute-straggler' else 0} "
-              f"(plain step ~{step_ms:.1f}ms)", flush=True)
+        injected = {
+            "balanced": "nothing injected",
+            "input-bound": f"every rank's loader sleeps {delay_s * 1000:.1f} ms per batch",
+            "input-straggler": f"rank {straggler}'s loader sleeps {delay_s * 1000:.1f} ms per batch",
+            "compute-straggler": f"rank {straggler} runs {int(agreed[1])} extra matmuls per forward",
+        }[args.scenario]
+        print(f"demo: {args.scenario} on {world} ranks, {args.steps} steps: {injected} "
+              f"(a plain step takes ~{step_ms:.1f} ms here)", flush=True)
     for x, y in loader:
         with traceml.trace_step(ddp):
             loss = ddp(x, y)

@@ -37,6 +37,6 @@ with tempfile.TemporaryDirectory() as out:
     args = TrainingArguments(
         output_dir=out, max_steps=steps, per_device_train_batch_size=4, gradient_accumulation_steps=2,
         learning_rate=0.01, report_to=[], save_strategy="no", logging_strategy="no",
-        use_cpu=True, ddp_backend="gloo", dataloader_num_workers=0, disable_tqdm=True,
+        use_cpu=True, ddp_backend="gloo", ddp_find_unused_parameters=False, dataloader_num_workers=0, disable_tqdm=True,
     )
     Trainer(model=Tiny(), args=args, train_dataset=Pairs(256)).train()

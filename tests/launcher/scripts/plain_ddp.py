@@ -2,6 +2,7 @@
 import argparse
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -16,6 +17,7 @@ parser.add_argument("--steps", type=int, default=12)
 parser.add_argument("--fail-rank", type=int, default=None)
 parser.add_argument("--fail-at", type=int, default=5)
 parser.add_argument("--exit-code", type=int, default=7)
+parser.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (long runs)")
 args = parser.parse_args()
 
 torch.set_num_threads(1)
@@ -34,6 +36,8 @@ for i, (x, y) in enumerate(DataLoader(data, batch_size=8)):
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+    if args.step_sleep:
+        time.sleep(args.step_sleep)
     if args.fail_rank == rank and i + 1 == args.fail_at:
         print(f"rank {rank}: failing on purpose after step {i + 1}", flush=True)
         sys.exit(args.exit_code)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
+import numbers
 import os
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
@@ -69,15 +70,17 @@ def _num(value: object, digits: int) -> float | None:
 
 def _json_safe(value: object) -> object:
     """Evidence values -> JSON-safe values with floats rounded (ratios and ms alike)."""
-    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+    if isinstance(value, bool) or value is None or isinstance(value, str):
         return value
-    if isinstance(value, float):
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
         return _num(value, _RATIO_DIGITS)
     if isinstance(value, Mapping):
         return {str(k): _json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_json_safe(v) for v in value]
-    return _num(value, _RATIO_DIGITS) if hasattr(value, "__float__") else str(value)
+    return str(value)
 
 
 def project_issue(issue: DiagnosisIssue) -> dict:
@@ -87,8 +90,8 @@ def project_issue(issue: DiagnosisIssue) -> dict:
         "status": issue.status,
         "score": _num(issue.score, _RATIO_DIGITS),
         "summary": issue.summary,
-        "culprit_rank": issue.culprit_rank,
-        "victim_rank": issue.victim_rank,
+        "culprit_rank": None if issue.culprit_rank is None else int(issue.culprit_rank),
+        "victim_rank": None if issue.victim_rank is None else int(issue.victim_rank),
         "component": issue.component,
         "evidence": _json_safe(dict(issue.evidence)),
     }

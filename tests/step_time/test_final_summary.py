@@ -168,3 +168,18 @@ def test_schema_rejects_a_missing_key_and_a_wrong_type():
     broken["diagnosis"]["severity"] = "fatal"
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(broken, SCHEMA)
+
+
+def test_numpy_scalars_in_evidence_become_plain_json():
+    import numpy as np
+
+    from traceml.processor.reporting.final_summary import project_issue
+    from traceml.processor.step_time.model import DiagnosisIssue
+
+    issue = DiagnosisIssue("STRAGGLER", "warn", "confirmed", np.float64(0.15), "s", culprit_rank=np.int64(3),
+                           evidence={"worst_rank": np.int64(2), "share": np.float32(0.5), "caps": ("fsdp",)})
+    projected = project_issue(issue)
+    assert projected["culprit_rank"] == 3 and type(projected["culprit_rank"]) is int
+    assert projected["evidence"] == {"worst_rank": 2, "share": 0.5, "caps": ["fsdp"]}
+    assert type(projected["evidence"]["worst_rank"]) is int
+    json.dumps(projected, allow_nan=False)

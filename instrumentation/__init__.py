@@ -15,6 +15,8 @@ import atexit
 import logging
 import threading
 
+_get_ident = threading.get_ident
+
 from traceml.schema.vocabulary import RAW_FORWARD, RAW_OPTIMIZER_STEP, RAW_STEP_TIME
 
 from . import settings as _settings
@@ -238,14 +240,20 @@ class _TraceStep:
             _se.warn_once("nested_trace_step", "trace_step() was nested inside another "
                           "trace_step(); the inner one is ignored and the outer step is kept")
             return self
-        if not _se.recording_allowed():
-            return self
+        se = _se
+        if not (se._recording and _get_ident() == se._owner) and not se.recording_allowed():
+            return self  # recording off (e.g. an integration skipping a group) or another thread
         _in_step = True
         self._active = True
-        tracker = self._tracker = _tracker_for(self._model)
-        self._capture = _se.begin_step_capture()
+        model = self._model
+        tracker = _tracker_cache[1]
+        if tracker is None or _tracker_cache[0] is not model:
+            tracker = _tracker_for(model)
+        self._tracker = tracker
+        capture = se._active
+        self._capture = capture if capture is not None else se.current_capture()
         tracker.reset()
-        self._region = timed_region(RAW_STEP_TIME).start()
+        self._region = timed_region(RAW_STEP_TIME).__enter__()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:

@@ -68,6 +68,9 @@ class StepMemoryTracker:
                                         int(cuda.max_memory_reserved(self._index)), time.time_ns())
         else:
             reading = _se.MemoryReading(self.device, None, None, time.time_ns())
-        if _se.is_recording():
-            _se.current_capture().record(reading)
+        if _se._recording:
+            capture = _se._active
+            if capture is None:
+                capture = _se.current_capture()
+            capture.memory = reading  # StepCapture.record(), inlined
         return reading

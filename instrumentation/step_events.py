@@ -243,8 +243,7 @@ def complete_step_capture(capture: StepCapture | None = None) -> int | None:
         _timing_queue.put(StepTimeBatch(step, active.events))
     reading = active.memory
     if reading is not None:
-        _memory_queue.put(StepMemorySnapshot(step, reading.device, reading.peak_allocated_bytes,
-                                             reading.peak_reserved_bytes, reading.time_ns))
+        _memory_queue.put((step, reading))  # the snapshot is built when drained
     return step
 
 
@@ -265,7 +264,15 @@ def publish_step_memory_event(snapshot: StepMemorySnapshot) -> bool:
 
 
 def drain_step_memory_events() -> list[StepMemorySnapshot]:
-    return _memory_queue.drain()
+    """Everything queued, as snapshots (built here, on the draining sampler thread)."""
+    out = []
+    for item in _memory_queue.drain():
+        if type(item) is tuple:
+            step, r = item
+            item = StepMemorySnapshot(step, r.device, r.peak_allocated_bytes,
+                                      r.peak_reserved_bytes, r.time_ns)
+        out.append(item)
+    return out
 
 
 def drain_step_time_batches() -> list[StepTimeBatch]:

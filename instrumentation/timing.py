@@ -11,6 +11,7 @@ work never count it twice.
 """
 from __future__ import annotations
 
+import threading
 import time
 
 from traceml.schema.vocabulary import RAW_DATALOADER_NEXT as _RAW_DATALOADER_NEXT
@@ -18,6 +19,7 @@ from traceml.schema.vocabulary import RAW_DATALOADER_NEXT as _RAW_DATALOADER_NEX
 from . import step_events as _se
 
 _perf_ns = time.perf_counter_ns
+_get_ident = threading.get_ident
 
 
 class CudaEventPool:
@@ -105,12 +107,20 @@ class timed_region:
             _se.warn_once("reentered_region", f"region {self.raw_event!r} entered twice; "
                           "the second entry is ignored")
             return self
-        raw = self.raw_event
-        if not _se.recording_allowed() or raw in _se.open_regions:
+        se = _se
+        # Fast path inlined (recording on, training thread); recording_allowed() handles
+        # the rest: claiming the thread, counting foreign threads.
+        if not (se._recording and _get_ident() == se._owner) and not se.recording_allowed():
             self._state = 2
             return self
-        _se.open_regions[raw] = self
-        self._capture = _se.current_capture()
+        raw = self.raw_event
+        opened = se.open_regions
+        if raw in opened:
+            self._state = 2
+            return self
+        opened[raw] = self
+        capture = se._active
+        self._capture = capture if capture is not None else se.current_capture()
         self._state = 1
         if self._gpu and _pool is not None:
             g0 = self._g0 = _pool.acquire()
@@ -120,8 +130,7 @@ class timed_region:
 
     def __exit__(self, exc_type=None, exc=None, tb=None) -> bool:
         t1 = _perf_ns()
-        state = self._state
-        if state == 1:
+        if self._state == 1:
             self._state = 3
             raw = self.raw_event
             g0 = self._g0
@@ -129,14 +138,19 @@ class timed_region:
             if g0 is not None:
                 g1 = _pool.acquire()
                 g1.record()
-            if _se.open_regions.get(raw) is self:
-                del _se.open_regions[raw]
-            if not _se.record_timing_event((raw, self._t0, t1, g0, g1), self._capture) \
-                    and g0 is not None:
+            se = _se
+            opened = se.open_regions
+            if opened.get(raw) is self:
+                del opened[raw]
+            capture = self._capture
+            self._capture = None
+            event = (raw, self._t0, t1, g0, g1)
+            if se._recording and capture is se._active and len(capture.events) < se.MAX_EVENTS_PER_CAPTURE:
+                capture.events.append(event)
+            elif not se.record_timing_event(event, capture) and g0 is not None:
                 _pool.release(g0)
                 _pool.release(g1)
-            self._capture = None
-        elif state == 2:
+        elif self._state == 2:
             self._state = 3
         else:
             _se.warn_once("unbalanced_exit", f"region {self.raw_event!r} exited without a "

@@ -123,6 +123,3 @@ class RuleContext:
             "training_strategy": self.window.training_strategy,
         }
 
-
-def ratio_map(values: Mapping[str, float | None]) -> dict[str, float | None]:
-    return {k: (None if v is None else float(v)) for k, v in values.items()}

@@ -38,7 +38,10 @@ import threading
 import warnings
 from typing import Any
 
+import traceml
+from traceml import step_events, timing
 from traceml.schema.environment import TRACEML_DISABLE, env_flag
+from traceml.schema.vocabulary import RAW_H2D, RAW_STEP_TIME
 
 _log = logging.getLogger("traceml.integrations.huggingface")
 
@@ -68,8 +71,6 @@ def _disabled() -> bool:
 
 def _tracing() -> bool:
     """True while TraceML records in this process (initialised, not disabled)."""
-    import traceml
-
     return traceml.is_initialized() and not _disabled()
 
 
@@ -147,9 +148,7 @@ def _close_step(holder: Any, exc: BaseException | None = None) -> None:
 
 
 def _discard_pending() -> None:
-    from traceml.step_events import abort_step_capture
-
-    abort_step_capture()
+    step_events.abort_step_capture()
 
 
 # --- the callback ------------------------------------------------------------------------
@@ -193,11 +192,12 @@ def _make_callback_type() -> type:
                 return
             try:
                 if holder.step_cm is not None:
-                    # A previous group never reached on_step_end: it must not merge.
+                    # A previous group never reached on_step_end and this group's input
+                    # went into its capture: drop both rather than publish a mixture.
                     _close_step(holder, RuntimeError("step left open"))
                     _discard_pending()
-                import traceml
-
+                    holder.omit_group = True
+                    return
                 cm = traceml.trace_step(kwargs.get("model"))
                 cm.__enter__()
                 holder.step_cm = cm
@@ -297,10 +297,8 @@ def _guard_inner_training_loop(original):
         except Exception as exc:  # noqa: BLE001
             _report("starting the training attempt", exc)
             return original(self, *args, **kwargs)
-        from traceml.timing import dataloader_timing_scope
-
         try:
-            with dataloader_timing_scope(False):
+            with timing.dataloader_timing_scope(False):
                 result = original(self, *args, **kwargs)
         except BaseException as exc:
             _end_attempt(attempt, exc)
@@ -331,11 +329,9 @@ class _CollectionIterator:
         return self
 
     def __next__(self):
-        from traceml.timing import dataloader_timing_scope
-
         _local.placing = getattr(_local, "placing", 0) + 1
         try:
-            with dataloader_timing_scope(True):
+            with timing.dataloader_timing_scope(True):
                 return next(self._inner)
         finally:
             _local.placing -= 1
@@ -350,6 +346,11 @@ def _wrap_get_batch_samples(original):
         attempt = _active_attempt()
         if attempt is None or attempt.trainer is not self or attempt.collection_bypassed:
             return original(self, epoch_iterator, *args, **kwargs)
+        if attempt.step_cm is not None:
+            # The previous group stopped before on_step_end (a stop request mid-group):
+            # it is not published, and this group's input must not land in its capture.
+            _close_step(attempt, RuntimeError("unfinished group"))
+            _discard_pending()
         if attempt.lazy_skip_pending:
             # This call consumes Accelerate's skipped batches and the first real one.
             attempt.lazy_skip_pending = False
@@ -376,9 +377,6 @@ def _wrap_send_to_device(original):
     def send_to_device(tensor, device, *args, **kwargs):
         if not getattr(_local, "placing", 0) or not _on_accelerator(device):
             return original(tensor, device, *args, **kwargs)
-        from traceml import timing
-        from traceml.schema.vocabulary import RAW_H2D, RAW_STEP_TIME
-
         if timing.event_pool() is None and getattr(device, "type", None) == "cuda":
             # The first group's transfers run before the first trace_step configured
             # CUDA timing; give them events too so every occurrence has a GPU time.
@@ -423,23 +421,18 @@ class _OutsideTraining:
     __slots__ = ("_scope", "_capture", "_length")
 
     def __enter__(self):
-        from traceml import step_events
-        from traceml.timing import dataloader_timing_scope
-
         self._capture = None
         self._length = 0
         if step_events.has_active_capture():
             self._capture = step_events.current_capture()
             self._length = len(self._capture.events)
-        self._scope = dataloader_timing_scope(False)
+        self._scope = timing.dataloader_timing_scope(False)
         self._scope.__enter__()
         return self
 
     def __exit__(self, *exc_info) -> bool:
         self._scope.__exit__(*exc_info)
         try:
-            from traceml import step_events
-
             capture = self._capture
             if capture is None:
                 if step_events.has_active_capture():
@@ -519,8 +512,6 @@ def init(**traceml_options: Any) -> bool:
     """
     if _disabled():
         return False
-    import traceml
-
     start = getattr(traceml, "init", None)
     if start is not None:
         start(**traceml_options)

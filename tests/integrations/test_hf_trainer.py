@@ -325,6 +325,31 @@ def test_out_of_memory_retry_does_not_merge_the_failed_group(traced, tmp_path):
     assert _our_callbacks(trainer) == []
 
 
+def test_group_stopped_mid_accumulation_is_dropped_and_the_next_is_clean(traced, tmp_path):
+    from transformers import TrainerCallback
+
+    class StopFirstEpochEarly(TrainerCallback):
+        fired = False
+
+        def on_substep_end(self, args, state, control, **kwargs):
+            if not self.fired:
+                self.fired = True
+                control.should_epoch_stop = True
+
+    trainer, log, model = h.make_trainer(str(tmp_path), train_dataset=h.MapDataset(10),
+                                         num_train_epochs=2, callbacks=[StopFirstEpochEarly()])
+    trainer.train()
+    steps, memory = traced.finish()
+    # Epoch one stopped after the first microbatch of its first group: nothing published.
+    # Epoch two is the usual 4/4/2, with its own input only.
+    assert model.train_calls == 11
+    assert log.global_steps == [1, 2, 3]
+    assert [r.step for r in steps] == [0, 1, 2]
+    assert h.per_step(steps, "forward") == [4, 4, 2]
+    assert h.per_step(steps, "fetch") == [5, 4, 1]
+    assert len(memory) == 3
+
+
 # --- evaluation and prediction -------------------------------------------------------
 
 
@@ -334,8 +359,11 @@ def test_evaluate_and_predict_outside_training_never_reach_a_training_step(trace
     trainer.evaluate()
     trainer.predict(h.MapDataset(4))
     assert model.eval_calls == 5
+    # Nothing is left pending for whatever step the process traces next.
+    assert not step_events.has_active_capture()
     trainer.train()
     trainer.evaluate()
+    assert not step_events.has_active_capture()
     steps, memory = traced.finish()
     _assert_fresh_ten(steps, memory, log)
 

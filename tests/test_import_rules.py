@@ -13,8 +13,9 @@ for name in ("torch", "transformers", "lightning", "pytorch_lightning", "acceler
 import traceml
 import traceml.processor
 import traceml.schema
-for name in list(sys.modules):
-    assert not name.startswith(("torch", "transformers", "lightning")), name
+loaded = [name for name, module in sys.modules.items()
+          if module is not None and name.split(".")[0] in ("torch", "transformers", "lightning", "pytorch_lightning")]
+assert not loaded, loaded
 print("ok")
 """
 

@@ -1,0 +1,168 @@
+"""`traceml demo` scenarios, and the surfaces that read their results (live, summary, top, compare).
+
+Each demo scenario injects a real bottleneck into a 2-rank gloo run; the final
+diagnosis must name it (and the injected rank). The recorded runs are then
+reused: `summary` rebuilds them, `top` reads their database, `compare`
+compares two of them.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import pytest
+
+from launcher_helpers import TRACEML, clean_env, traceml
+
+STEPS = "60"  # >= 20 aligned steps, so findings are confirmed; each run takes ~15-25 s here
+
+EXPECTED = {
+    "balanced": ({"BALANCED", "COMPUTE_BOUND"}, None),
+    "input-bound": ({"INPUT_BOUND"}, None),
+    "input-straggler": ({"INPUT_STRAGGLER"}, 1),
+    "compute-straggler": ({"COMPUTE_STRAGGLER"}, 1),
+}
+
+
+@pytest.fixture(scope="module")
+def demo_runs(tmp_path_factory):
+    """scenario -> finished demo run, each launched once for the whole module."""
+    cache = {}
+
+    def get(scenario: str):
+        if scenario not in cache:
+            workdir = tmp_path_factory.mktemp(scenario)
+            extra = ["--live"] if scenario == "input-bound" else []  # plain live lines (not a TTY)
+            cache[scenario] = traceml(["demo", "--scenario", scenario, "--steps", STEPS, *extra], workdir)
+        return cache[scenario]
+
+    return get
+
+
+@pytest.mark.parametrize("scenario", list(EXPECTED))
+def test_demo_diagnosis_names_the_injected_problem_and_rank(demo_runs, scenario):
+    run = demo_runs(scenario)
+    assert run.returncode == 0, run.output[-4000:]
+    kinds, culprit = EXPECTED[scenario]
+    diagnosis = run.summary["diagnosis"]
+    assert diagnosis["kind"] in kinds, run.output[-4000:]
+    if culprit is not None:
+        assert diagnosis["culprit_rank"] == culprit
+        assert diagnosis["severity"] == "crit" and diagnosis["status"] == "confirmed"
+    assert run.summary["global"]["window"]["steps"] == int(STEPS)
+    assert "[traceml] OK:" in run.output
+
+
+def test_live_without_a_terminal_prints_plain_progress_lines(demo_runs):
+    run = demo_runs("input-bound")
+    lines = [line for line in run.output.splitlines() if re.match(r"\[traceml\] step \d+ \[", line)]
+    assert lines, run.output[-4000:]
+    assert "INPUT_BOUND" in lines[-1]
+    assert "\x1b[" not in run.output  # no terminal control codes in a log
+
+
+def test_live_view_in_a_real_terminal_shows_the_diagnosis(tmp_path):
+    pexpect = pytest.importorskip("pexpect")
+    child = pexpect.spawn(str(TRACEML), ["demo", "--scenario", "input-straggler", "--steps", STEPS, "--live"],
+                          cwd=str(tmp_path), env=clean_env(TERM="xterm-256color"), encoding="utf-8",
+                          timeout=240, dimensions=(60, 160))
+    child.expect(pexpect.EOF)
+    child.close()
+    output = child.before
+    assert child.exitstatus == 0, output[-4000:]
+    live_part, _, final_part = output.partition("TraceML Step Time summary")
+    assert final_part, output[-4000:]
+    # Frames of the Rich live panel, drawn before the final card.
+    assert "freshness: live" in live_part
+    assert "Step Time" in live_part and "median ms" in live_part
+    assert "INPUT_STRAGGLER" in live_part
+
+
+def test_summary_rebuilds_the_same_result_from_the_run_folder(demo_runs, tmp_path):
+    run = demo_runs("input-straggler")
+    original = run.summary
+    rebuilt = traceml(["summary", str(run.run_dir), "--out", str(tmp_path), "--json"], run.cwd)
+    assert rebuilt.returncode == 0, rebuilt.output
+    again = json.loads((tmp_path / "final_summary.json").read_text())
+    for section in ("diagnosis", "issues", "global", "groups"):
+        assert again[section] == original[section]
+    assert (tmp_path / "summary_card.txt").exists()
+    assert json.loads(rebuilt.output)["metadata"]["run_id"] == original["metadata"]["run_id"]
+
+
+def test_summary_reports_a_path_without_data_clearly(tmp_path):
+    result = traceml(["summary", str(tmp_path)], tmp_path)
+    assert result.returncode == 2
+    assert "holds no TraceML database" in result.output
+
+
+def test_top_reads_a_processor_database(demo_runs):
+    run = demo_runs("compute-straggler")
+    top = traceml(["top", "--db", str(run.run_dir / "traceml.sqlite"), "--once"], run.cwd)
+    assert top.returncode == 0, top.output
+    assert "COMPUTE_STRAGGLER" in top.output
+    assert run.summary["metadata"]["run_id"] in top.output
+
+
+def test_compare_marks_the_diagnosis_and_input_wait_changes_as_material(demo_runs):
+    a, b = demo_runs("balanced"), demo_runs("input-straggler")
+    result = traceml(["compare", str(a.run_dir), str(b.run_dir / "final_summary.json"), "--json"], a.cwd)
+    assert result.returncode == 0, result.output
+    report = json.loads(result.output)
+    assert report["diagnosis"]["b"]["kind"] == "INPUT_STRAGGLER"
+    assert "kind" in report["diagnosis"]["changed"] and report["diagnosis"]["material"]
+    step = next(m for m in report["metrics"] if m["name"] == "step_time_ms" and m["statistic"] == "median")
+    assert step["material"] and step["delta"] > 0  # the straggler slows every rank's step
+    assert "Diagnosis: " not in result.output  # --json prints JSON only
+
+    table = traceml(["compare", str(a.run_dir), str(b.run_dir)], a.cwd)
+    assert table.returncode == 0
+    assert "INPUT_STRAGGLER" in table.output and "Material changes:" in table.output
+    gate = traceml(["compare", str(a.run_dir), str(b.run_dir), "--fail-on-material"], a.cwd)
+    assert gate.returncode == 1
+    same = traceml(["compare", str(b.run_dir), str(b.run_dir), "--fail-on-material"], a.cwd)
+    assert same.returncode == 0 and "Material changes: none" in same.output
+
+
+def test_compare_thresholds_on_a_recorded_summary(demo_runs):
+    """Below the documented thresholds a change is shown but not material; above, it is."""
+    import copy
+
+    from traceml.launcher.compare import compare
+
+    base = demo_runs("balanced").summary
+    step = base["global"]["median"]["step_time_ms"]["value"]
+
+    def with_step(factor: float) -> dict:
+        other = copy.deepcopy(base)
+        other["global"]["median"]["step_time_ms"]["value"] = step * factor
+        return other
+
+    small = compare(base, with_step(1.03))
+    assert not small.material_changes
+    assert next(m for m in small.metrics if m.name == "step_time_ms").delta == pytest.approx(step * 0.03)
+    large = compare(base, with_step(1.10))
+    assert large.material_changes == ("Step Time median",)
+
+    gpu = copy.deepcopy(base)
+    gpu["memory"]["peak_allocated_bytes"] = {"value": 2 * 2**30, "rank": 0}
+    appeared = compare(base, gpu)
+    assert "Peak allocated peak" in appeared.material_changes  # available on one side only
+
+    unmeasured = copy.deepcopy(base)
+    unmeasured["global"]["median"]["forward_ms"]["value"] = None
+    coverage = compare(base, unmeasured)
+    forward = next(m for m in coverage.metrics if m.name == "forward_ms")
+    assert forward.note == "measured in A only" and not forward.material
+
+    newer = copy.deepcopy(base)
+    newer["schema_version"] = "2.0"
+    assert any("schema versions differ" in w for w in compare(base, newer).warnings)
+
+
+def test_compare_refuses_files_that_are_not_summaries(tmp_path):
+    bad = tmp_path / "x.json"
+    bad.write_text('{"hello": 1}')
+    result = traceml(["compare", str(bad), str(bad)], tmp_path)
+    assert result.returncode == 2 and "not a TraceML final summary" in result.output

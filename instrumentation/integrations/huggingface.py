@@ -53,7 +53,7 @@ _WRAPPED = "__traceml_hf_wrapped__"
 
 _install_lock = threading.RLock()
 _installed = False
-_originals: dict[tuple[Any, str], Any] = {}
+_collection_installed = False
 _warned: set[str] = set()
 _local = threading.local()
 
@@ -251,7 +251,9 @@ def _begin_attempt(trainer: Any) -> _Attempt:
     attempt.owner = ours[0]
     trainer_type = type(trainer)
     collect = getattr(trainer_type, "get_batch_samples", None)
-    if collect is not None and not getattr(collect, _WRAPPED, False):
+    if not _collection_installed:
+        attempt.collection_bypassed = True  # too old a transformers: init() warned already
+    elif collect is not None and not getattr(collect, _WRAPPED, False):
         attempt.collection_bypassed = True
         _warn_once(f"custom_collection:{trainer_type.__module__}.{trainer_type.__qualname__}",
                    f"{trainer_type.__qualname__} overrides Trainer.get_batch_samples; TraceML "
@@ -467,14 +469,13 @@ def _patch(owner: Any, name: str, make) -> bool:
         return False
     if getattr(current, _WRAPPED, False):
         return True
-    _originals[(owner, name)] = current
     setattr(owner, name, make(current))
     return True
 
 
 def _install_patches() -> bool:
     """Patch transformers.Trainer and the two Accelerate seams (once per process)."""
-    global _installed
+    global _installed, _collection_installed
     with _install_lock:
         if _installed:
             return True
@@ -495,6 +496,7 @@ def _install_patches() -> bool:
             except ImportError:
                 pass
             _patch(trainer_module, "skip_first_batches", _wrap_skip_first_batches)
+            _collection_installed = True
         else:
             _warn_once("old_transformers", f"transformers {transformers.__version__} is older than "
                        "4.46.1: steps are recorded but training input is not timed")
@@ -519,7 +521,9 @@ def init(**traceml_options: Any) -> bool:
         return _install_patches()
     except ImportError as exc:
         _warn_once("no_transformers", f"Hugging Face integration not installed: {exc}")
-        return False
+    except Exception as exc:  # noqa: BLE001 - training goes on without the integration
+        _report("installation", exc)
+    return False
 
 
 # --- automatic attach (`traceml run`) ------------------------------------------

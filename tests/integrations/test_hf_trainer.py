@@ -480,3 +480,11 @@ def test_traceml_run_attaches_without_importing_transformers_early(tmp_path):
     counts = json.loads(line[len("RESULT "):])
     assert [c["forward"] for c in counts] == [4, 4, 2]
     assert [c["fetch"] for c in counts] == [5, 4, 1]
+
+
+def test_version_gate_reads_release_and_pre_release_versions():
+    assert hf._version_tuple("4.46.1") >= hf.MIN_TRANSFORMERS
+    assert hf._version_tuple("5.24.0") >= hf.MIN_TRANSFORMERS
+    assert hf._version_tuple("4.46.0") < hf.MIN_TRANSFORMERS
+    assert hf._version_tuple("4.47.0rc1") == (4, 47, 0)
+    assert hf._version_tuple("4.46.1.dev0") == (4, 46, 1)

@@ -29,7 +29,7 @@ The rules (step-time-pipeline-contract.md, "Canonical window invariants"):
 """
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -173,7 +173,11 @@ def analyze_snapshot(snapshot: StepTimeRepositorySnapshot, max_steps: int) -> St
     steps = tuple(steps_all[slots].tolist())
     ranks = [grid.ranks[i] for i in participating]
 
-    values = np.asarray(grid.values, dtype=np.float64)[np.ix_(slots, participating)]  # (T, P, 2M)
+    all_values = np.asarray(grid.values, dtype=np.float64)
+    if participating.size == len(grid.ranks):
+        values = all_values[slots]  # (T, P, 2M), a copy: the window owns it
+    else:
+        values = all_values[np.ix_(slots, participating)]
     index = {metric: k for k, metric in enumerate(grid.metrics)}
     cpu = values[:, :, 0::2]
     gpu = values[:, :, 1::2]
@@ -191,8 +195,15 @@ def analyze_snapshot(snapshot: StepTimeRepositorySnapshot, max_steps: int) -> St
         on, selected, cpu, gpu,
     )  # (len(WINDOW_METRICS), T, P), NaN = unavailable for that rank/step
     averages = table.mean(axis=1)  # NaN wherever any aligned step lacked the value
+    # Explicit-clock aggregates equal to a selected-clock metric share its statistics.
+    same_as = dict(_CPU_ALIASES if clock == CLOCK_CPU else _GPU_ALIASES)
     return _window(snapshot.run_id, universe, identities, strategy, clock, steps, ranks, table,
-                   averages)
+                   averages, same_as)
+
+
+_CPU_ALIASES = {"step_time_cpu": "step_time", "traced_step_time_cpu": "traced_step_time",
+                "dataloader_fetch_cpu": "input_wait"}
+_GPU_ALIASES = {"step_time_gpu": "step_time", "traced_step_time_gpu": "traced_step_time"}
 
 
 def _per_step_table(on, selected: np.ndarray, cpu: np.ndarray, gpu: np.ndarray) -> np.ndarray:
@@ -223,12 +234,12 @@ def _per_step_table(on, selected: np.ndarray, cpu: np.ndarray, gpu: np.ndarray) 
 
 def _window(run_id: str, universe: tuple[int, ...], identities: Mapping[int, RankIdentity],
             strategy: str, clock: str, steps: tuple[int, ...], ranks: list[int],
-            table: np.ndarray, averages: np.ndarray) -> StepTimeWindow:
-    avg_lists = averages.T.tolist()  # per participating rank: one value per metric
+            table: np.ndarray, averages: np.ndarray, same_as: Mapping[str, str]) -> StepTimeWindow:
+    by_rank = averages.T.astype(object)  # per participating rank: one value per metric
+    by_rank[np.isnan(averages.T)] = None
     rank_facts: dict[int, StepTimeRankFacts] = {}
-    for p, rank in enumerate(ranks):
-        average = StepTimeValues(*(None if x != x else x for x in avg_lists[p]))
-        rank_facts[rank] = StepTimeRankFacts(rank, identities[rank], average,
+    for p, (rank, row) in enumerate(zip(ranks, by_rank.tolist())):
+        rank_facts[rank] = StepTimeRankFacts(rank, identities[rank], StepTimeValues(*row),
                                              _RankSteps(steps, table, p))
     for rank in universe:
         if rank not in rank_facts:
@@ -240,9 +251,18 @@ def _window(run_id: str, universe: tuple[int, ...], identities: Mapping[int, Ran
     coverage: dict[str, tuple[int, int]] = {}
     for m, name in enumerate(WINDOW_METRICS):
         measured = ~np.isnan(averages[m])
-        metrics[name] = _metric(name, table[m][:, measured], averages[m][measured],
-                                rank_array[measured])
-        coverage[name] = (int(measured.sum()), len(universe))
+        count = int(measured.sum())
+        coverage[name] = (count, len(universe))
+        if name in same_as:
+            continue
+        if count == measured.size:
+            metrics[name] = _metric(name, table[m], averages[m], rank_array)
+        else:
+            metrics[name] = _metric(name, table[m][:, measured], averages[m][measured],
+                                    rank_array[measured])
+    for name, twin in same_as.items():
+        metrics[name] = replace(metrics[twin], name=name)
+    metrics = {name: metrics[name] for name in WINDOW_METRICS}
     return StepTimeWindow(run_id=run_id, clock=clock, steps=steps, expected_ranks=universe,
                           rank_facts=rank_facts, metrics=metrics, coverage=coverage,
                           shares=_shares(metrics), training_strategy=strategy)

@@ -488,3 +488,31 @@ def test_version_gate_reads_release_and_pre_release_versions():
     assert hf._version_tuple("4.46.0") < hf.MIN_TRANSFORMERS
     assert hf._version_tuple("4.47.0rc1") == (4, 47, 0)
     assert hf._version_tuple("4.46.1.dev0") == (4, 46, 1)
+
+
+# --- CUDA (runs only where a GPU exists; CPU runs transfer nothing) ----------------
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_transfers_record_h2d_and_segments_on_the_gpu_clock(traced, tmp_path):
+    trainer, log, _ = h.make_trainer(str(tmp_path), train_dataset=h.MapDataset(10),
+                                     eval_dataset=h.MapDataset(6), eval_strategy="steps",
+                                     eval_steps=1, use_cpu=False)
+    trainer.train()
+    steps, memory = traced.finish()
+    assert log.global_steps == [1, 2, 3]
+    assert h.per_step(steps, "forward") == [4, 4, 2]
+    # One placement per microbatch; evaluation's copies never reach a step.
+    assert h.per_step(steps, "h2d") == [4, 4, 2]
+    # The callback region plus one traced segment per transfer.
+    assert h.per_step(steps, "step") == [5, 5, 3]
+    assert h.per_step(steps, "fetch") == [5, 4, 1]
+    for record in steps:
+        for name in (RAW_H2D, RAW_STEP_TIME):
+            assert record.events[name].gpu_ms is not None, (record.step, name)
+        segments = [p for p in record.phases if p.raw_event == RAW_STEP_TIME]
+        for transfer in (p for p in record.phases if p.raw_event == RAW_H2D):
+            assert any(s.start_time_ns <= transfer.start_time_ns and transfer.end_time_ns <= s.end_time_ns
+                       for s in segments)
+    assert [m.device for m in memory] == ["cuda:0"] * 3
+    assert all(m.peak_allocated_bytes and m.peak_allocated_bytes > 0 for m in memory)

@@ -237,7 +237,8 @@ def launch(args: argparse.Namespace, options: RunOptions, *, out: TextIO | None 
                 _say(out, f"run {resolved.run_id}: embedded processor on 127.0.0.1:{endpoints.grpc_port} "
                           f"(OTLP gRPC), data in {run_path}")
                 if options.live:
-                    _redirect_rank_output(args, run_path)
+                    if _redirect_rank_output(args, run_path):
+                        _say(out, f"rank output goes to {args.log_dir}")
                     from traceml.launcher.live import LiveMonitor
 
                     monitor = LiveMonitor(run_path / rd.DB_FILENAME, resolved.run_id,
@@ -276,11 +277,13 @@ def _is_multi_node(nnodes: str) -> bool:
     return max_nodes > 1
 
 
-def _redirect_rank_output(args: argparse.Namespace, run_path: Path) -> None:
+def _redirect_rank_output(args: argparse.Namespace, run_path: Path) -> bool:
     """Keep the live view readable: rank stdout/stderr go to files unless the user chose."""
     if str(args.redirects) == "0" and str(args.tee) == "0" and not args.log_dir:
         args.redirects = "3"
         args.log_dir = str(run_path / "logs")
+        return True
+    return False
 
 
 def _report_failure(out: TextIO, exc: BaseException, args: argparse.Namespace) -> None:
@@ -290,11 +293,14 @@ def _report_failure(out: TextIO, exc: BaseException, args: argparse.Namespace) -
         rank, failure = exc.get_first_failure()
         _say(out, f"rank {rank} failed with exit code {failure.exitcode}")
         if args.log_dir and str(args.redirects) != "0":
-            for log in sorted(Path(args.log_dir).rglob("stderr.log")):
-                if log.parent.name == str(failure.local_rank):
+            for name in ("stderr.log", "stdout.log"):
+                for log in sorted(Path(args.log_dir).rglob(name)):
+                    if log.parent.name != str(failure.local_rank):
+                        continue
                     tail = log.read_text(errors="replace").splitlines()[-20:]
-                    _say(out, f"last lines of {log}:")
-                    print("\n".join(tail), file=out, flush=True)
+                    if tail:
+                        _say(out, f"last lines of {log}:")
+                        print("\n".join(tail), file=out, flush=True)
     elif not isinstance(exc, (KeyboardInterrupt, SystemExit)):
         _say(out, f"launch failed: {type(exc).__name__}: {exc}")
 

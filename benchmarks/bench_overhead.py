@@ -35,6 +35,7 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
+import traceml_checkout  # noqa: E402,F401  (imports the checkout when not installed)
 
 import traceml  # noqa: E402
 from traceml import patches  # noqa: E402
@@ -125,14 +126,18 @@ class _ManualJob(_Job):
             return next(self._it)
 
 
+_CPU_MODULE = torch.nn.Linear(1, 1)  # selects the CPU for trace_step even where CUDA exists
+
+
 def _empty_block(steps: int, clock, out: list, traced: bool) -> None:
     region = traceml.timed_region
+    model = _CPU_MODULE
     for _ in range(steps):
         t0 = clock()
         if traced:
             with region(RAW_DATALOADER_NEXT, device="cpu"):
                 pass
-            with traceml.trace_step():
+            with traceml.trace_step(model):
                 with traceml.timed_h2d():
                     pass
                 with traceml.timed_forward():
@@ -196,7 +201,7 @@ def measure(quick: bool) -> dict:
     results["small_steps_per_variant"] = len(small["off"])
 
     wall = time.perf_counter
-    plain, manual, auto = _Job(512, 128, 32), _ManualJob(512, 128, 32), _Job(512, 128, 32)
+    plain, manual, auto = _Job(896, 128, 32), _ManualJob(896, 128, 32), _Job(896, 128, 32)
     for job in (plain, manual, auto):
         _block_plain(job, 3, wall, [])
     big = _rounds(8 if quick else 20, 5, wall, {

@@ -1,0 +1,312 @@
+"""CUDA check of the training-side instrumentation: known GPU work through the real samplers.
+
+Prints one PASS/FAIL line per check and exits 1 if any failed; prints a SKIP line
+and exits 0 where no CUDA device is available.
+
+What is checked (each through `traceml.init()`, `trace_step`, timed regions and the
+real background samplers, delivered to a sink):
+- sleep kernels of a known length (`torch.cuda._sleep`, calibrated here with plain
+  CUDA events) resolve to that GPU time per region; repeated regions sum;
+- the training thread is not synchronised: the step's CPU time stays far below its
+  GPU time when the step only enqueues long kernels;
+- a matmul of known FLOPs resolves to a time matching the same matmul timed directly;
+- peak memory: a step that allocates N bytes reports a peak of N above the baseline,
+  and the next step's smaller allocation shows the counters were reset;
+- automatic mode on a real CUDA training step: every region is seen once per step,
+  H2D only for real host-to-device copies, GPU times on all but input wait;
+- CUDA events return to the pool (no growth over many steps);
+- GPU step overhead: wall time of a small CUDA training loop with and without
+  automatic instrumentation (alternating blocks).
+
+    python benchmarks/gpu_check.py        (works from a checkout without installing)
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+
+
+import traceml_checkout  # noqa: E402,F401  (imports the checkout when not installed)
+
+import traceml  # noqa: E402
+from traceml.schema.vocabulary import (  # noqa: E402
+    RAW_BACKWARD,
+    RAW_DATALOADER_NEXT,
+    RAW_FORWARD,
+    RAW_H2D,
+    RAW_OPTIMIZER_STEP,
+    RAW_STEP_TIME,
+)
+
+MiB = 1 << 20
+_failures: list[str] = []
+
+
+def check(name: str, ok: bool, detail: str) -> None:
+    print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
+    if not ok:
+        _failures.append(name)
+
+
+def close(measured: float | None, expected: float, rel: float = 0.15, abs_ms: float = 0.05) -> bool:
+    return measured is not None and abs(measured - expected) <= max(rel * expected, abs_ms)
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.steps = []
+        self.memory = []
+
+    def on_step_time(self, record) -> None:
+        self.steps.append(record)
+
+    def on_step_memory(self, record) -> None:
+        self.memory.append(record)
+
+
+def wait_for(sink: Sink, steps: int, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(sink.steps) < steps and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def reference_ms(torch, fn, repeats: int = 5) -> float:
+    """Median GPU time of `fn` with plain CUDA events and a synchronize (the check's own ruler)."""
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def session(mode: str):
+    sink = Sink()
+    traceml.register_sink(sink)
+    traceml.init(mode=mode)
+    return sink
+
+
+def end_session(sink: Sink) -> None:
+    traceml.shutdown(timeout_s=30)
+    traceml.unregister_sink(sink)
+
+
+def check_sleep_kernels(torch) -> None:
+    cycles = 20_000_000
+    sleep = lambda c=cycles: torch.cuda._sleep(c)  # noqa: E731
+    for _ in range(3):
+        sleep()
+    torch.cuda.synchronize()
+    ref = reference_ms(torch, sleep)
+    sink = session("manual")
+    model = torch.nn.Linear(4, 4).cuda()
+    steps = 5
+    cpu_t0 = time.perf_counter()
+    for _ in range(steps):
+        with traceml.trace_step(model):
+            with traceml.timed_forward():
+                sleep()
+            with traceml.timed_forward():
+                sleep()
+            with traceml.timed_backward():
+                sleep(2 * cycles)
+            with traceml.timed_optimizer_step():
+                sleep(cycles // 2)
+    enqueue_s = time.perf_counter() - cpu_t0
+    torch.cuda.synchronize()
+    wait_for(sink, steps)
+    end_session(sink)
+    check("sleep.delivered", [r.step for r in sink.steps] == list(range(steps)),
+          f"steps {[r.step for r in sink.steps]}")
+    if len(sink.steps) != steps:
+        return
+    last = sink.steps[-1].events
+    fwd, bwd, opt, st = last[RAW_FORWARD], last[RAW_BACKWARD], last[RAW_OPTIMIZER_STEP], last[RAW_STEP_TIME]
+    check("sleep.forward_sum", fwd.count == 2 and close(fwd.gpu_ms, 2 * ref),
+          f"forward gpu {fwd.gpu_ms:.3f} ms over {fwd.count} regions, expected {2 * ref:.3f} (ref sleep {ref:.3f} ms)")
+    check("sleep.backward", close(bwd.gpu_ms, 2 * ref), f"backward gpu {bwd.gpu_ms:.3f} ms, expected {2 * ref:.3f}")
+    check("sleep.optimizer", close(opt.gpu_ms, ref / 2), f"optimizer gpu {opt.gpu_ms:.3f} ms, expected {ref / 2:.3f}")
+    check("sleep.step_covers_phases", st.gpu_ms is not None and st.gpu_ms >= 0.98 * (fwd.gpu_ms + bwd.gpu_ms + opt.gpu_ms),
+          f"step gpu {st.gpu_ms:.3f} ms >= sum of phases {fwd.gpu_ms + bwd.gpu_ms + opt.gpu_ms:.3f}")
+    gpu_total = sum(r.events[RAW_STEP_TIME].gpu_ms for r in sink.steps)
+    check("sleep.no_sync", enqueue_s * 1e3 < 0.25 * gpu_total,
+          f"training thread spent {enqueue_s * 1e3:.2f} ms enqueueing {gpu_total:.1f} ms of GPU work "
+          f"(a synchronising tracer would wait the full GPU time)")
+    check("sleep.cpu_gpu_separate", st.cpu_ms < st.gpu_ms,
+          f"step cpu {st.cpu_ms:.3f} ms vs gpu {st.gpu_ms:.3f} ms kept apart")
+
+
+def check_matmul(torch) -> None:
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    mm = lambda: torch.mm(a, b)  # noqa: E731
+    for _ in range(3):
+        mm()
+    ref = reference_ms(torch, mm)
+    sink = session("manual")
+    model = torch.nn.Linear(4, 4).cuda()
+    for _ in range(4):
+        with traceml.trace_step(model):
+            with traceml.timed_forward():
+                mm()
+    torch.cuda.synchronize()
+    wait_for(sink, 4)
+    end_session(sink)
+    if len(sink.steps) < 4:
+        check("matmul.delivered", False, f"{len(sink.steps)} of 4 steps")
+        return
+    got = statistics.median(r.events[RAW_FORWARD].gpu_ms for r in sink.steps[1:])
+    tflops = 2 * n ** 3 / (got / 1e3) / 1e12
+    check("matmul.gpu_time", close(got, ref, rel=0.15),
+          f"{n}^3 bf16 matmul: {got:.3f} ms via TraceML vs {ref:.3f} ms direct ({tflops:.0f} TFLOP/s)")
+
+
+def check_memory(torch) -> None:
+    sink = session("manual")
+    model = torch.nn.Linear(4, 4).cuda()
+    torch.cuda.synchronize()
+    sizes = [256 * MiB, 64 * MiB, 0]
+    baselines = []
+    for size in sizes:
+        baselines.append(torch.cuda.memory_allocated())
+        with traceml.trace_step(model):
+            if size:
+                block = torch.empty(size, dtype=torch.uint8, device="cuda")
+                del block
+    wait_for(sink, len(sizes))
+    deadline = time.monotonic() + 10
+    while len(sink.memory) < len(sizes) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    end_session(sink)
+    check("memory.delivered", [m.step for m in sink.memory] == [0, 1, 2],
+          f"snapshots for steps {[m.step for m in sink.memory]}")
+    if len(sink.memory) != 3:
+        return
+    for snap, size, base in zip(sink.memory, sizes, baselines):
+        extra = snap.peak_allocated_bytes - base
+        ok = size <= extra <= size + 2 * MiB and snap.peak_reserved_bytes >= snap.peak_allocated_bytes
+        check(f"memory.peak_{size // MiB}MiB", ok and snap.device.startswith("cuda"),
+              f"device {snap.device}: peak allocated {extra / MiB:.2f} MiB above baseline (allocated {size / MiB:.0f} MiB), "
+              f"reserved {snap.peak_reserved_bytes / MiB:.0f} MiB")
+
+
+def _training_job(torch, batches: int = 16):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    data = torch.utils.data.TensorDataset(torch.randn(64 * batches, 256), torch.randn(64 * batches, 1))
+    loader = torch.utils.data.DataLoader(data, batch_size=64, pin_memory=True)
+    return model, opt, loader
+
+
+def check_auto_mode(torch) -> None:
+    from traceml import timing
+
+    sink = session("auto")
+    model, opt, loader = _training_job(torch, batches=40)
+    steps = 0
+    created = []
+    for epoch in range(2):
+        for x, y in loader:
+            with traceml.trace_step(model):
+                x, y = x.to("cuda", non_blocking=True), y.cuda(non_blocking=True)
+                x = x.to("cuda")  # already on the device: not an H2D copy
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            steps += 1
+        torch.cuda.synchronize()
+        wait_for(sink, steps)
+        created.append(timing.event_pool().created if timing.event_pool() else None)
+    end_session(sink)
+    check("auto.delivered", len(sink.steps) == steps, f"{len(sink.steps)} of {steps} steps")
+    if not sink.steps:
+        return
+    expected = {RAW_DATALOADER_NEXT: 1, RAW_H2D: 2, RAW_FORWARD: 1, RAW_BACKWARD: 1, RAW_OPTIMIZER_STEP: 1,
+                RAW_STEP_TIME: 1}
+    counts_ok = all({k: v.count for k, v in r.events.items()} == expected for r in sink.steps)
+    check("auto.counts", counts_ok, f"per-step counts {dict((k.split(':')[1], v.count) for k, v in sink.steps[-1].events.items())}")
+    gpu_ok = all(r.events[k].gpu_ms is not None for r in sink.steps for k in expected if k != RAW_DATALOADER_NEXT)
+    input_cpu_only = all(r.events[RAW_DATALOADER_NEXT].gpu_ms is None for r in sink.steps)
+    check("auto.gpu_times", gpu_ok and input_cpu_only,
+          "GPU times on h2d/forward/backward/optimizer/step, input wait on the CPU clock only")
+    check("auto.event_pool_reused", None not in created and created[1] - created[0] <= 12,
+          f"CUDA events created: {created[0]} in epoch 1, {created[1] - created[0]} more in epoch 2 "
+          f"({steps // 2} steps each, 12 events a step): resolved events are reused")
+
+
+def check_gpu_overhead(torch) -> None:
+    """Wall time per step of a small CUDA training loop, uninstrumented vs automatic mode."""
+    from traceml import patches
+
+    model, opt, loader = _training_job(torch, batches=50)
+    batches = [(x.cuda(), y.cuda()) for x, y in loader]
+
+    def block(traced: bool) -> float:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for x, y in batches:
+            if traced:
+                with traceml.trace_step(model):
+                    loss = torch.nn.functional.mse_loss(model(x), y)
+                    loss.backward()
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+            else:
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / len(batches)
+
+    sink = session("manual")  # samplers + recording; patches toggled per block below
+    block(False)
+    off, on = [], []
+    for r in range(12):
+        for traced in ((False, True) if r % 2 == 0 else (True, False)):
+            if traced:
+                patches.install()
+                patches.instrument_model(model)
+                try:
+                    on.append(block(True))
+                finally:
+                    patches.uninstall()
+            else:
+                off.append(block(False))
+    end_session(sink)
+    base, inst = statistics.median(off), statistics.median(on)
+    print(f"INFO gpu_overhead: small CUDA step {base * 1e3:.3f} ms uninstrumented, {inst * 1e3:.3f} ms automatic mode: "
+          f"+{(inst - base) * 1e6:.1f} us per step, throughput ratio {base / inst:.4f}", flush=True)
+
+
+def main() -> int:
+    try:
+        import torch
+    except ImportError:
+        print("SKIP gpu_check: torch is not installed")
+        return 0
+    if not torch.cuda.is_available():
+        print("SKIP gpu_check: no CUDA device available")
+        return 0
+    print(f"INFO device {torch.cuda.get_device_name(0)}, torch {torch.__version__}", flush=True)
+    for fn in (check_sleep_kernels, check_matmul, check_memory, check_auto_mode, check_gpu_overhead):
+        try:
+            fn(torch)
+        except Exception as exc:  # report and go on with the other checks
+            check(fn.__name__, False, f"raised {type(exc).__name__}: {exc}")
+            traceml.shutdown(timeout_s=5)
+    print(f"{'FAIL' if _failures else 'PASS'} gpu_check: {len(_failures)} failed {_failures}", flush=True)
+    return 1 if _failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -13,7 +13,7 @@ step carries the same ids, and every rank's span for step N shares one trace.
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
@@ -81,7 +81,8 @@ class OtlpEncoder:
         self._run_kv = common_pb2.KeyValue(key=v.ATTR_RUN_ID, value=any_value(identity.run_id))
         self._rank_kv = common_pb2.KeyValue(key=v.ATTR_RANK, value=any_value(identity.rank))
         self._event_keys: dict[str, tuple[str, str, str]] = {}
-        self._phase_names: dict[str, str] = {}
+        self._phase_names: dict[str, tuple[str, common_pb2.KeyValue]] = {}
+        self._device_kvs: dict[str, common_pb2.KeyValue] = {}
 
     # --- traces ------------------------------------------------------------------------
 
@@ -96,6 +97,16 @@ class OtlpEncoder:
 
     def step_spans(self, record: ResolvedStepTime) -> list[trace_pb2.Span]:
         """The self-contained `traceml.step` span, then its phase children (if enabled)."""
+        request, spans = self.new_trace_request()
+        self.add_step_spans(spans, record)
+        return list(spans)
+
+    def add_step_spans(self, spans, record: ResolvedStepTime) -> int:
+        """Append the step span and its phase children to `spans` (a repeated Span field) in place.
+
+        Built in place because copying finished messages into a request costs as much as
+        building them. Returns the number of spans added.
+        """
         run_id, rank, step = self.identity.run_id, self.identity.rank, record.step
         trace_id = _id(16, run_id, step)
         span_id = _id(8, run_id, rank, step)
@@ -108,23 +119,22 @@ class OtlpEncoder:
             if totals.gpu_ms is not None:
                 attrs.append(KV(key=gpu_key, value=AV(double_value=float(totals.gpu_ms))))
             attrs.append(KV(key=count_key, value=AV(int_value=int(totals.count))))
-        spans = [trace_pb2.Span(
-            trace_id=trace_id, span_id=span_id, name=v.SPAN_STEP, kind=_SPAN_KIND_INTERNAL,
-            start_time_unix_nano=record.start_time_ns, end_time_unix_nano=record.end_time_ns,
-            attributes=attrs)]
-        if self.phase_spans:
-            for index, phase in enumerate(record.phases):
-                name = self._phase_names.get(phase.raw_event)
-                if name is None:
-                    name = v.SPAN_PHASE_PREFIX + v.raw_event_key(phase.raw_event)
-                    self._phase_names[phase.raw_event] = name
-                spans.append(trace_pb2.Span(
-                    trace_id=trace_id, span_id=_id(8, run_id, rank, step, index), parent_span_id=span_id,
-                    name=name, kind=_SPAN_KIND_INTERNAL,
-                    start_time_unix_nano=phase.start_time_ns, end_time_unix_nano=phase.end_time_ns,
-                    attributes=[self._rank_kv, step_kv,
-                                KV(key=v.ATTR_PHASE, value=AV(string_value=phase.raw_event))]))
-        return spans
+        spans.add(trace_id=trace_id, span_id=span_id, name=v.SPAN_STEP, kind=_SPAN_KIND_INTERNAL,
+                  start_time_unix_nano=record.start_time_ns, end_time_unix_nano=record.end_time_ns,
+                  attributes=attrs)
+        if not self.phase_spans:
+            return 1
+        for index, phase in enumerate(record.phases):
+            cached = self._phase_names.get(phase.raw_event)
+            if cached is None:
+                cached = (v.SPAN_PHASE_PREFIX + v.raw_event_key(phase.raw_event),
+                          KV(key=v.ATTR_PHASE, value=AV(string_value=phase.raw_event)))
+                self._phase_names[phase.raw_event] = cached
+            spans.add(trace_id=trace_id, span_id=_id(8, run_id, rank, step, index), parent_span_id=span_id,
+                      name=cached[0], kind=_SPAN_KIND_INTERNAL,
+                      start_time_unix_nano=phase.start_time_ns, end_time_unix_nano=phase.end_time_ns,
+                      attributes=(self._rank_kv, step_kv, cached[1]))
+        return 1 + len(record.phases)
 
     def run_end_span(self, start_ns: int, end_ns: int, steps_completed: int, last_step: int | None,
                      dropped: Mapping[str, int], failures: int, retries: int) -> trace_pb2.Span:
@@ -143,49 +153,80 @@ class OtlpEncoder:
             start_time_unix_nano=start_ns, end_time_unix_nano=max(end_ns, start_ns),
             attributes=key_values(attrs))
 
+    def new_trace_request(self):
+        """(empty request carrying this rank's resource and scope, its repeated `spans` field)."""
+        request = trace_service_pb2.ExportTraceServiceRequest()
+        resource_spans = request.resource_spans.add()
+        resource_spans.resource.CopyFrom(self.resource)
+        scope_spans = resource_spans.scope_spans.add()
+        scope_spans.scope.CopyFrom(self.scope)
+        return request, scope_spans.spans
+
     def trace_request(self, spans: Sequence[trace_pb2.Span]) -> trace_service_pb2.ExportTraceServiceRequest:
-        return trace_service_pb2.ExportTraceServiceRequest(resource_spans=[trace_pb2.ResourceSpans(
-            resource=self.resource, scope_spans=[trace_pb2.ScopeSpans(scope=self.scope, spans=spans)])])
+        request, target = self.new_trace_request()
+        target.extend(spans)
+        return request
 
     # --- metrics -----------------------------------------------------------------------
 
-    def memory_points(self, record: StepMemorySnapshot) -> list[tuple[str, metrics_pb2.NumberDataPoint]]:
-        """(metric name, point) for each measured peak; None (non-CUDA) yields no point."""
-        out = []
+    def new_metrics_batch(self) -> "MetricsBatch":
+        return MetricsBatch(self)
+
+    def add_memory_points(self, batch: "MetricsBatch", record: StepMemorySnapshot) -> int:
+        """One gauge point per measured peak; None (non-CUDA) yields no point. Returns points added."""
+        added = 0
+        step_kv = None
         for name, value in ((v.METRIC_MEMORY_PEAK_ALLOCATED, record.peak_allocated_bytes),
                             (v.METRIC_MEMORY_PEAK_RESERVED, record.peak_reserved_bytes)):
             if value is None:
                 continue
-            out.append((name, metrics_pb2.NumberDataPoint(
-                time_unix_nano=record.time_ns, as_int=int(value),
-                attributes=[self._run_kv, self._rank_kv,
-                            common_pb2.KeyValue(key=v.ATTR_STEP, value=any_value(int(record.step))),
-                            common_pb2.KeyValue(key=v.ATTR_DEVICE, value=any_value(str(record.device)))])))
-        return out
+            if step_kv is None:
+                step_kv = common_pb2.KeyValue(key=v.ATTR_STEP, value=common_pb2.AnyValue(int_value=int(record.step)))
+                device_kv = self._device_kvs.get(record.device)
+                if device_kv is None:
+                    device_kv = common_pb2.KeyValue(key=v.ATTR_DEVICE, value=any_value(str(record.device)))
+                    self._device_kvs[record.device] = device_kv
+            batch.points(name).add(time_unix_nano=record.time_ns, as_int=int(value),
+                                   attributes=(self._run_kv, self._rank_kv, step_kv, device_kv))
+            added += 1
+        return added
 
-    def counter_points(self, name: str, attribute: str, values: Mapping[str, int], start_ns: int,
-                       now_ns: int) -> list[tuple[str, metrics_pb2.NumberDataPoint]]:
-        return [(name, metrics_pb2.NumberDataPoint(
-            start_time_unix_nano=start_ns, time_unix_nano=now_ns, as_int=int(count),
-            attributes=[self._run_kv, self._rank_kv,
-                        common_pb2.KeyValue(key=attribute, value=any_value(label))]))
-            for label, count in values.items()]
+    def add_counter_points(self, batch: "MetricsBatch", name: str, attribute: str, values: Mapping[str, int],
+                           start_ns: int, now_ns: int) -> int:
+        points = batch.points(name)
+        for label, count in values.items():
+            points.add(start_time_unix_nano=start_ns, time_unix_nano=now_ns, as_int=int(count),
+                       attributes=(self._run_kv, self._rank_kv,
+                                   common_pb2.KeyValue(key=attribute, value=any_value(label))))
+        return len(values)
 
-    def metrics_request(self, points: Iterable[tuple[str, metrics_pb2.NumberDataPoint]]
-                        ) -> metrics_service_pb2.ExportMetricsServiceRequest:
-        """Group points by metric name into gauges (memory) and cumulative monotonic sums (counters)."""
-        grouped: dict[str, list[metrics_pb2.NumberDataPoint]] = {}
-        for name, point in points:
-            grouped.setdefault(name, []).append(point)
-        metrics = []
-        for name, data_points in grouped.items():
+
+class MetricsBatch:
+    """One ExportMetricsServiceRequest being filled in place: gauges for memory, cumulative
+    monotonic sums for the telemetry counters, each metric created on first use."""
+
+    def __init__(self, encoder: OtlpEncoder):
+        self.request = metrics_service_pb2.ExportMetricsServiceRequest()
+        resource_metrics = self.request.resource_metrics.add()
+        resource_metrics.resource.CopyFrom(encoder.resource)
+        scope_metrics = resource_metrics.scope_metrics.add()
+        scope_metrics.scope.CopyFrom(encoder.scope)
+        self._metrics = scope_metrics.metrics
+        self._points: dict[str, object] = {}
+
+    def points(self, name: str):
+        points = self._points.get(name)
+        if points is None:
             spec = _SPECS[name]
-            metric = metrics_pb2.Metric(name=spec.name, unit=spec.unit, description=spec.description)
+            metric = self._metrics.add(name=spec.name, unit=spec.unit, description=spec.description)
             if spec.kind == "counter":
-                metric.sum.CopyFrom(metrics_pb2.Sum(data_points=data_points, is_monotonic=True,
-                                                    aggregation_temporality=_CUMULATIVE))
+                metric.sum.is_monotonic = True
+                metric.sum.aggregation_temporality = _CUMULATIVE
+                points = metric.sum.data_points
             else:
-                metric.gauge.CopyFrom(metrics_pb2.Gauge(data_points=data_points))
-            metrics.append(metric)
-        return metrics_service_pb2.ExportMetricsServiceRequest(resource_metrics=[metrics_pb2.ResourceMetrics(
-            resource=self.resource, scope_metrics=[metrics_pb2.ScopeMetrics(scope=self.scope, metrics=metrics)])])
+                points = metric.gauge.data_points
+            self._points[name] = points
+        return points
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self._points.values())

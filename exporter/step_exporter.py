@@ -219,38 +219,41 @@ class OtlpStepExporter:
         self._memory.clear()
 
     def _send_steps(self, records: list[ResolvedStepTime]) -> None:
-        spans = []
+        request, spans = self._encoder.new_trace_request()
         steps = 0
         for record in records:
+            before = len(spans)
             try:
-                spans.extend(self._encoder.step_spans(record))
+                self._encoder.add_step_spans(spans, record)
                 steps += 1
                 self._last_step = record.step if self._last_step is None else max(self._last_step, record.step)
             except Exception as exc:
+                del spans[before:]
                 self._failures[v.SIGNAL_TRACES] += 1
                 self._note_failure(f"step record not encodable ({type(exc).__name__}: {exc}): {record!r:.200}")
-        if not spans:
+        if not steps:
             return
+        n_spans = len(spans)
         # Failures are counted in steps (one `traceml.step` span each); phase children ride along.
-        outcome = self._export(v.SIGNAL_TRACES, self._encoder.trace_request(spans), steps,
-                               rejected_unit=len(spans) // steps)
+        outcome = self._export(v.SIGNAL_TRACES, request, steps, rejected_unit=n_spans // steps)
         if outcome.delivered:
             self._steps_exported += steps - min(steps, outcome.rejected)
-            self._spans_exported += len(spans) - outcome.rejected
+            self._spans_exported += n_spans - outcome.rejected
 
     def _send_memory(self, records: list[StepMemorySnapshot]) -> None:
-        points = []
+        batch = self._encoder.new_metrics_batch()
+        points = 0
         for record in records:
             try:
-                points.extend(self._encoder.memory_points(record))
+                points += self._encoder.add_memory_points(batch, record)
             except Exception as exc:
                 self._failures[v.SIGNAL_METRICS] += 1
                 self._note_failure(f"memory record not encodable ({type(exc).__name__}: {exc}): {record!r:.200}")
         if not points:
             return
-        outcome = self._export(v.SIGNAL_METRICS, self._encoder.metrics_request(points), len(points))
+        outcome = self._export(v.SIGNAL_METRICS, batch.request, points)
         if outcome.delivered:
-            self._points_exported += len(points) - outcome.rejected
+            self._points_exported += points - outcome.rejected
 
     def _all_drops(self) -> dict[str, int]:
         drops = {q: 0 for q in v.QUEUE_NAMES}
@@ -274,12 +277,13 @@ class OtlpStepExporter:
             return
         now = time.time_ns()
         enc = self._encoder
-        points = (enc.counter_points(v.METRIC_TELEMETRY_DROPPED, v.ATTR_QUEUE, drops, self._start_ns, now)
-                  + enc.counter_points(v.METRIC_EXPORT_FAILURES, v.ATTR_SIGNAL, dict(self._failures),
-                                       self._start_ns, now)
-                  + enc.counter_points(v.METRIC_EXPORT_RETRIES, v.ATTR_SIGNAL, dict(self._retries),
-                                       self._start_ns, now))
-        outcome = self._export(v.SIGNAL_METRICS, enc.metrics_request(points), len(points))
+        batch = enc.new_metrics_batch()
+        points = enc.add_counter_points(batch, v.METRIC_TELEMETRY_DROPPED, v.ATTR_QUEUE, drops, self._start_ns, now)
+        points += enc.add_counter_points(batch, v.METRIC_EXPORT_FAILURES, v.ATTR_SIGNAL, dict(self._failures),
+                                         self._start_ns, now)
+        points += enc.add_counter_points(batch, v.METRIC_EXPORT_RETRIES, v.ATTR_SIGNAL, dict(self._retries),
+                                         self._start_ns, now)
+        outcome = self._export(v.SIGNAL_METRICS, batch.request, points)
         if outcome.delivered:
             self._last_counters = snapshot
 

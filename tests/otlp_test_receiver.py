@@ -40,8 +40,11 @@ def attributes(kvs) -> dict:
 
 
 class OtlpTestReceiver:
-    def __init__(self, mode: str = "ok", stall_s: float = 30.0):
+    def __init__(self, mode: str = "ok", stall_s: float = 30.0, keep: bool = True):
         self.mode = mode
+        self.keep = keep  # False: count spans/points only (benchmarks), keep no requests
+        self.span_count = 0
+        self.point_count = 0
         self.stall_s = stall_s
         self._lock = threading.Lock()
         self._released = threading.Event()
@@ -102,7 +105,14 @@ class OtlpTestReceiver:
             self._released.wait(self.stall_s)
         if mode in ("ok", "stall"):
             with self._lock:
-                (self.trace_requests if signal == "traces" else self.metric_requests).append(request)
+                if signal == "traces":
+                    self.span_count += sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+                else:
+                    self.point_count += sum(len(getattr(m, m.WhichOneof("data")).data_points)
+                                            for rm in request.resource_metrics for sm in rm.scope_metrics
+                                            for m in sm.metrics if m.WhichOneof("data"))
+                if self.keep:
+                    (self.trace_requests if signal == "traces" else self.metric_requests).append(request)
         return mode
 
     def spans(self) -> list[tuple[dict, object]]:
@@ -235,3 +245,21 @@ def _http_handler(receiver: OtlpTestReceiver):
             return self._answer(200, response_type().SerializeToString())
 
     return Handler
+
+
+def main() -> None:
+    """`python otlp_test_receiver.py`: serve (count only) until stdin closes; prints the ports,
+    and on exit the span and point counts. Lets benchmarks keep the receiver's CPU out of the
+    measured process."""
+    import sys
+
+    with OtlpTestReceiver(keep=False) as receiver:
+        print(receiver.grpc_port, receiver.http_port, flush=True)
+        for line in sys.stdin:
+            if line.strip() == "counts":
+                print(receiver.span_count, receiver.point_count, flush=True)
+        print(receiver.span_count, receiver.point_count, flush=True)
+
+
+if __name__ == "__main__":
+    main()

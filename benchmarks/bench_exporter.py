@@ -1,0 +1,213 @@
+"""Exporter cost and capacity, each figure against a baseline measured in the same run.
+
+    .venv/bin/python benchmarks/bench_exporter.py [--quick]
+
+1. Background CPU per exported step: CPU time of the exporter's own thread (from
+   /proc/self/task/<tid>/schedstat) divided by the steps it exported, with a real
+   OTLP receiver in a separate process (so its decoding is not counted). A step is
+   one `traceml.step` span + 6 phase children + 2 memory gauge points, encoded and sent.
+   Also: encoding alone on the calling thread.
+2. Training-thread cost: a small CPU training loop with the real instrumentation,
+   without an endpoint and with the exporter live, in the same process (median
+   wall time and training-thread CPU per step), plus an uninstrumented loop.
+3. Capacity: records fed like the samplers feed them (a burst every 100 ms) at a
+   fixed steps/s for a few seconds with default settings; drops counted per rate.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "exporter"))
+
+from exporter_records import identity, memory_record, step_record  # noqa: E402
+
+from traceml.exporter import OtlpStepExporter, resolve_settings  # noqa: E402
+from traceml.exporter.encoding import OtlpEncoder  # noqa: E402
+
+
+class ReceiverProcess:
+    """tests/otlp_test_receiver.py in its own process (count-only)."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "otlp_test_receiver.py")],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        grpc_port, http_port = self.proc.stdout.readline().split()
+        self.grpc = f"http://127.0.0.1:{grpc_port}"
+        self.http = f"http://127.0.0.1:{http_port}"
+
+    def counts(self) -> tuple[int, int]:
+        self.proc.stdin.write("counts\n")
+        self.proc.stdin.flush()
+        spans, points = self.proc.stdout.readline().split()
+        return int(spans), int(points)
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(10)
+
+
+def thread_cpu_ns(native_id: int) -> int:
+    with open(f"/proc/self/task/{native_id}/schedstat") as f:
+        return int(f.read().split()[0])
+
+
+def background_cpu(receiver: ReceiverProcess, protocol: str, steps: int, phase_spans: bool = True) -> float:
+    endpoint = receiver.grpc if protocol == "grpc" else receiver.http
+    settings = resolve_settings(endpoint, protocol, phase_spans=phase_spans, environ={})
+    exporter = OtlpStepExporter(identity("bench-cpu"), settings, instrumentation_drops=lambda: {})
+    records = [(step_record(s), memory_record(s)) for s in range(steps)]
+    worker = exporter._thread.native_id
+    before = thread_cpu_ns(worker)
+    for rec, mem in records:
+        exporter.on_step_time(rec)
+        exporter.on_step_memory(mem)
+    assert exporter.force_flush(120.0)
+    used = thread_cpu_ns(worker) - before
+    stats = exporter.stats()
+    exporter.shutdown(10.0)
+    assert stats.steps_exported == steps and stats.memory_points_exported == 2 * steps, stats
+    return used / steps / 1e3
+
+
+def encode_only(steps: int) -> float:
+    settings = resolve_settings("http://127.0.0.1:1", "grpc", environ={})
+    enc = OtlpEncoder(identity("bench-enc"), settings)
+    records = [(step_record(s), memory_record(s)) for s in range(steps)]
+    t0 = time.thread_time_ns()
+    for i in range(0, steps, 512):
+        chunk = records[i:i + 512]
+        request, spans = enc.new_trace_request()
+        batch = enc.new_metrics_batch()
+        for rec, mem in chunk:
+            enc.add_step_spans(spans, rec)
+            enc.add_memory_points(batch, mem)
+        request.SerializeToString()
+        batch.request.SerializeToString()
+    return (time.thread_time_ns() - t0) / steps / 1e3
+
+
+def training_loop(steps: int, traced: bool) -> tuple[float, float]:
+    """(median wall us per step, training-thread CPU us per step)."""
+    import torch
+
+    import traceml
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = [(torch.randn(32, 128), torch.randn(32, 1)) for _ in range(16)]
+    walls = []
+    cpu0 = time.thread_time_ns()
+    for i in range(steps):
+        t0 = time.perf_counter_ns()
+        x, y = data[i % len(data)]
+        if traced:
+            with traceml.trace_step(model):
+                with traceml.timed_forward():
+                    loss = torch.nn.functional.mse_loss(model(x), y)
+                with traceml.timed_backward():
+                    loss.backward()
+                with traceml.timed_optimizer_step():
+                    opt.step()
+                opt.zero_grad()
+        else:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        walls.append(time.perf_counter_ns() - t0)
+    return statistics.median(walls) / 1e3, (time.thread_time_ns() - cpu0) / steps / 1e3
+
+
+def training_thread_cost(receiver: ReceiverProcess, steps: int) -> dict:
+    import torch
+
+    import traceml
+    torch.set_num_threads(1)
+    out = {}
+    training_loop(200, traced=False)  # warm-up
+    out["uninstrumented"] = training_loop(steps, traced=False)
+    os.environ.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    traceml.init("manual")
+    out["instrumented, no exporter"] = training_loop(steps, traced=True)
+    traceml.shutdown()
+    traceml.init("manual", endpoint=receiver.grpc, protocol="grpc", run_id="bench-train")
+    sink = traceml._exporter_sink
+    out["instrumented, exporter live (gRPC)"] = training_loop(steps, traced=True)
+    traceml.shutdown()
+    out["_exported"] = sink.stats().steps_exported if sink is not None else 0
+    return out
+
+
+def capacity(receiver: ReceiverProcess, rate: int, seconds: float) -> tuple[int, int, int]:
+    """Feed `rate` steps/s in 100 ms bursts for `seconds`; (fed, dropped, exported)."""
+    settings = resolve_settings(receiver.grpc, "grpc", environ={})
+    exporter = OtlpStepExporter(identity(f"bench-rate-{rate}"), settings, instrumentation_drops=lambda: {})
+    burst = max(1, int(rate * 0.1))
+    records = [(step_record(s), memory_record(s)) for s in range(burst)]
+    fed = 0
+    start = time.monotonic()
+    tick = 0
+    while time.monotonic() - start < seconds:
+        for rec, mem in records:
+            exporter.on_step_time(rec)
+            exporter.on_step_memory(mem)
+        fed += burst
+        tick += 1
+        delay = start + tick * 0.1 - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+    exporter.shutdown(30.0)
+    stats = exporter.stats()
+    return fed, stats.dropped["spans"] + stats.dropped["metrics"], stats.steps_exported
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="fewer steps and rates")
+    args = parser.parse_args()
+    n = 2000 if args.quick else 6000
+    print(f"cores: {os.cpu_count()} (shared; figures measured under contention from other work)")
+    receiver = ReceiverProcess()
+    try:
+        print("\n## Background CPU per exported step (1 step span + 6 phase children + 2 gauge points)")
+        print(f"encode only (calling thread):          {encode_only(n):7.1f} us/step")
+        for protocol in ("grpc", "http/protobuf"):
+            background_cpu(receiver, protocol, 300)  # warm-up (channel, caches)
+            print(f"exporter thread, {protocol:<14} phases on : {background_cpu(receiver, protocol, n):7.1f} us/step")
+        print(f"exporter thread, grpc           phases off: {background_cpu(receiver, 'grpc', n, False):7.1f} us/step")
+
+        print("\n## Training-thread cost (same process, same run)")
+        cost = training_thread_cost(receiver, 1000 if args.quick else 3000)
+        exported = cost.pop("_exported")
+        base_wall, base_cpu = cost["instrumented, no exporter"]
+        for name, (wall, cpu) in cost.items():
+            print(f"{name:<38} median {wall:8.1f} us/step  thread CPU {cpu:8.1f} us/step  "
+                  f"(x{wall / base_wall:.3f} wall, x{cpu / base_cpu:.3f} CPU vs no exporter)")
+        print(f"(steps exported during the live run: {exported})")
+
+        print("\n## Capacity with default settings (queue 8192, batch 512), 100 ms bursts")
+        rates = [200, 1000, 4000, 8000] if args.quick else [200, 500, 1000, 2000, 4000, 8000, 16000]
+        seconds = 3.0 if args.quick else 5.0
+        first_drop = None
+        for rate in rates:
+            fed, dropped, exported = capacity(receiver, rate, seconds)
+            print(f"{rate:6d} steps/s for {seconds:.0f} s: fed {fed:6d}, dropped {dropped:6d}, exported {exported:6d}")
+            if dropped and first_drop is None:
+                first_drop = rate
+        print(f"drops begin at: {first_drop or f'> {rates[-1]}'} steps/s (sustained {seconds:.0f} s)")
+        print(f"receiver totals: spans, points = {receiver.counts()}")
+    finally:
+        receiver.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -47,20 +47,35 @@ def write_report(db_path: Path, run_id: str, folder: Path) -> FinalReport:
 
 
 def _project_without_writer(db_path: Path, run_id: str, folder: Path) -> list[Path]:
-    """The summary from the public pipeline and projector alone (no memory/telemetry inputs).
+    """The summary from the public pipeline, store reads and projector.
 
     Only used when the reporting layer's database-level writer is not importable.
     """
     import time
 
     from traceml.processor.reporting.final_summary import project_final_summary, write_final_summary
-    from traceml.processor.reporting.inputs import RunMetadata
+    from traceml.processor.reporting.inputs import RankMemory, RankTelemetry, RunMetadata, RunTelemetry
     from traceml.processor.step_time.pipeline import PROFILE_SUMMARY, StepTimePipeline, StepTimeRequest
+    from traceml.processor.storage import StepTimeStore, open_connection
 
     request = StepTimeRequest(db_path, run_id, profile=PROFILE_SUMMARY)
     analysis = StepTimePipeline().run(request)
-    summary = project_final_summary(analysis, RunMetadata(run_id, generated_at=time.time(),
-                                                          max_steps=request.window_steps))
+    with StepTimeStore(db_path) as store:
+        finished, drops = store.finished_ranks(run_id), store.drops(run_id)
+    ranks = sorted(set(analysis.window.expected_ranks) | set(finished) | set(drops))
+    telemetry = RunTelemetry(ranks=tuple(
+        RankTelemetry(rank, rank in finished, drops.get(rank, {})) for rank in ranks))
+    conn = open_connection(db_path, readonly=True)
+    try:
+        rows = conn.execute(
+            "SELECT global_rank, MAX(device), MAX(peak_allocated_bytes), MAX(peak_reserved_bytes)"
+            " FROM step_memory_samples WHERE run_id = ? GROUP BY global_rank", (run_id,)).fetchall()
+    finally:
+        conn.close()
+    memory = tuple(RankMemory(rank, device, allocated, reserved) for rank, device, allocated, reserved in rows)
+    summary = project_final_summary(
+        analysis, RunMetadata(run_id, generated_at=time.time(), max_steps=request.window_steps),
+        memory=memory, telemetry=telemetry)
     return list(write_final_summary(folder, summary))
 
 

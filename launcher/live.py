@@ -44,9 +44,10 @@ class ProgressMeter:
             self._points.pop(0)
         rate = None
         if len(self._points) >= 2:
-            (t0, s0), (t1, s1) = self._points[0], self._points[-1]
-            if t1 > t0 and s1 >= s0:
-                rate = (s1 - s0) / (t1 - t0)
+            (t0, s0), (_, s1) = self._points[0], self._points[-1]
+            # Up to now, not to the last new step: a stall makes the rate decay.
+            if now > t0 and s1 >= s0:
+                rate = (s1 - s0) / (now - t0)
         return Progress(latest_step, rate)
 
 

@@ -147,8 +147,8 @@ def training_thread_cost(receiver: ReceiverProcess, steps: int) -> dict:
     return out
 
 
-def capacity(receiver: ReceiverProcess, rate: int, seconds: float) -> tuple[int, int, int]:
-    """Feed `rate` steps/s in 100 ms bursts for `seconds`; (fed, dropped, exported)."""
+def capacity(receiver: ReceiverProcess, rate: int, seconds: float) -> tuple[int, int, int, int]:
+    """Feed `rate` steps/s in 100 ms bursts for `seconds`; (fed, dropped steps, dropped memory, exported)."""
     settings = resolve_settings(receiver.grpc, "grpc", environ={})
     exporter = OtlpStepExporter(identity(f"bench-rate-{rate}"), settings, instrumentation_drops=lambda: {})
     burst = max(1, int(rate * 0.1))
@@ -167,7 +167,7 @@ def capacity(receiver: ReceiverProcess, rate: int, seconds: float) -> tuple[int,
             time.sleep(delay)
     exporter.shutdown(30.0)
     stats = exporter.stats()
-    return fed, stats.dropped["spans"] + stats.dropped["metrics"], stats.steps_exported
+    return fed, stats.dropped["spans"], stats.dropped["metrics"], stats.steps_exported
 
 
 def main() -> None:
@@ -195,12 +195,13 @@ def main() -> None:
         print(f"(steps exported during the live run: {exported})")
 
         print("\n## Capacity with default settings (queue 8192, batch 512), 100 ms bursts")
-        rates = [200, 1000, 4000, 8000] if args.quick else [200, 500, 1000, 2000, 4000, 8000, 16000]
+        rates = [200, 1000, 4000, 8000] if args.quick else [200, 500, 1000, 2000, 4000, 6000, 8000, 16000]
         seconds = 3.0 if args.quick else 5.0
         first_drop = None
         for rate in rates:
-            fed, dropped, exported = capacity(receiver, rate, seconds)
-            print(f"{rate:6d} steps/s for {seconds:.0f} s: fed {fed:6d}, dropped {dropped:6d}, exported {exported:6d}")
+            fed, dropped, dropped_memory, exported = capacity(receiver, rate, seconds)
+            print(f"{rate:6d} steps/s for {seconds:.0f} s: fed {fed:6d} steps, dropped {dropped:6d} steps "
+                  f"+ {dropped_memory:6d} memory snapshots, exported {exported:6d} steps")
             if dropped and first_drop is None:
                 first_drop = rate
         print(f"drops begin at: {first_drop or f'> {rates[-1]}'} steps/s (sustained {seconds:.0f} s)")

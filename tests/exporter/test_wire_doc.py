@@ -1,0 +1,31 @@
+"""docs/wire-format.md documents every name the exporter can emit, as schema/vocabulary.py declares it."""
+from __future__ import annotations
+
+import pathlib
+
+from traceml.schema import vocabulary as v
+
+DOC = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "wire-format.md").read_text()
+
+
+def test_every_emitted_name_is_documented():
+    names = [v.SPAN_STEP, v.SPAN_RUN_END, v.SPAN_PHASE_PREFIX, v.INSTRUMENTATION_SCOPE, v.DEFAULT_SERVICE_NAME,
+             v.RES_SERVICE_NAME, v.RES_SERVICE_INSTANCE_ID, v.RES_HOST_NAME, v.ATTR_RUN_ID, v.ATTR_RANK,
+             v.ATTR_LOCAL_RANK, v.ATTR_NODE_RANK, v.ATTR_WORLD_SIZE, v.ATTR_LOCAL_WORLD_SIZE,
+             v.ATTR_TRAINING_STRATEGY, v.ATTR_STEP, v.ATTR_DEVICE, v.ATTR_PHASE, v.ATTR_STEPS_COMPLETED,
+             v.ATTR_QUEUE, v.ATTR_SIGNAL, v.ATTR_RUN_END_EXPORT_FAILURES, v.ATTR_RUN_END_EXPORT_RETRIES,
+             *v.RAW_EVENTS, *v.QUEUE_NAMES, *v.SIGNALS, *v.TRAINING_STRATEGIES,
+             *(v.run_end_dropped_attribute(q) for q in v.QUEUE_NAMES),
+             *(f"{v.EVENT_ATTR_PREFIX}<event>.{f}" for f in v.EVENT_FIELDS),
+             *(v.raw_event_key(e) for e in v.RAW_EVENTS), *v.RAW_EVENT_TO_METRIC.values(),
+             *v.RESOURCE_ALIASES]
+    missing = [n for n in names if f"`{n}" not in DOC]
+    assert missing == []
+
+
+def test_training_metrics_are_documented_with_unit_and_description():
+    metrics_section = DOC.split("\n## Metrics", 1)[1].split("\n## ", 1)[0]
+    for spec in v.TRAINING_METRICS:
+        row = next((line for line in metrics_section.splitlines() if line.startswith(f"| `{spec.name}` |")), None)
+        assert row is not None, spec.name
+        assert f"`{spec.unit}`" in row and spec.description in row, spec.name

@@ -207,18 +207,52 @@ def record_timing_event(event: tuple, capture: StepCapture | None = None) -> boo
     return True
 
 
+_region_types: tuple = ()
+"""Set by timing.py: the types whose entries in `open_regions` are real open regions."""
+
+
+class RegionHold:
+    """Marks raw event names as open, so regions of those names record nothing until `release()`.
+
+    For integrations that time a phase at their own boundaries (or must keep
+    automatic patches quiet during validation): a hold survives step boundaries,
+    unlike a real open region.
+    """
+
+    __slots__ = ("names",)
+
+    def __init__(self, names) -> None:
+        self.names = [name for name in names if name not in open_regions]
+        for name in self.names:
+            open_regions[name] = self
+
+    def release(self) -> None:
+        for name in self.names:
+            if open_regions.get(name) is self:
+                del open_regions[name]
+        self.names = []
+
+
+def _forget_open_regions() -> list:
+    """Drop real open regions (not holds) from `open_regions`; returns their names."""
+    stale = [name for name, region in open_regions.items() if isinstance(region, _region_types)]
+    for name in stale:
+        del open_regions[name]
+    return stale
+
+
 def _close_boundary(warn: bool = True) -> None:
     """Forget regions still open at a step boundary: they must not span captures.
 
     After an abort (an exception) open regions are expected, so no warning then.
+    Holds (`RegionHold` or any other non-region marker) stay.
     """
-    if open_regions and not warn:
-        open_regions.clear()
-    elif open_regions:
-        names = sorted(open_regions)
-        open_regions.clear()
-        warn_once("spanning_region", f"regions {names} were still open at a step boundary; "
-                  "they will be discarded when they close")
+    if not open_regions:
+        return
+    stale = _forget_open_regions()
+    if stale and warn:
+        warn_once("spanning_region", f"regions {sorted(stale)} were still open at a step "
+                  "boundary; they will be discarded when they close")
 
 
 def complete_step_capture(capture: StepCapture | None = None) -> int | None:
@@ -302,7 +336,7 @@ def set_recording(enabled: bool) -> None:
     if not enabled and _active is not None:
         _active.detached = True
         _active = None
-        open_regions.clear()
+        _forget_open_regions()
     _recording = bool(enabled)
 
 

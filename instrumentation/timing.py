@@ -174,6 +174,9 @@ class timed_region:
         self._state = 3
 
 
+_se._region_types = (timed_region,)
+
+
 class _DataLoaderTimingScope:
     __slots__ = ("_enabled", "_outer")
 

@@ -146,3 +146,22 @@ def test_queue_drops_after_drain_resume_accepting():
     assert q.put(1) and q.put(2) and not q.put(3)
     assert q.drain() == [1, 2]
     assert q.put(4) and q.dropped == 1
+
+
+def test_a_region_hold_keeps_its_names_quiet_across_step_boundaries():
+    hold = se.RegionHold([RAW_FORWARD])
+    with timed_region(RAW_FORWARD):
+        pass
+    with timed_region(RAW_STEP_TIME):
+        pass
+    assert se.complete_step_capture() == 0  # no spanning-region warning for a hold
+    with timed_region(RAW_FORWARD):
+        pass
+    hold.release()
+    with timed_region(RAW_FORWARD):
+        pass
+    se.complete_step_capture()
+    first, second = se.drain_step_time_batches()
+    assert [e[0] for e in first.events] == [RAW_STEP_TIME]
+    assert [e[0] for e in second.events] == [RAW_FORWARD]
+    assert "spanning_region" not in se.misuse_counts()

@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from traceml.launcher.finalize import FinalReport
 
 BOOTSTRAP_MODULE = "traceml.launcher.bootstrap"
-EXIT_LAUNCH_ERROR = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,18 +224,28 @@ def launch(args: argparse.Namespace, options: RunOptions, *, out: TextIO | None 
                 _say(out, f"run {resolved.run_id}: exporting OTLP to {endpoint}")
             else:
                 run_path = rd.run_directory(options.runs_dir, resolved.run_id)
-                run_path.mkdir(parents=True, exist_ok=True)
                 processor = EmbeddedProcessor(
                     db_path=run_path / rd.DB_FILENAME,
                     summary_dir=Path(options.runs_dir),
                     log_path=run_path / "processor.log",
                 )
-                endpoints = processor.start()
-                rank_env[env.OTEL_EXPORTER_OTLP_ENDPOINT] = endpoints.otlp_grpc_endpoint
-                rank_env[env.OTEL_EXPORTER_OTLP_PROTOCOL] = "grpc"
-                _say(out, f"run {resolved.run_id}: embedded processor on 127.0.0.1:{endpoints.grpc_port} "
-                          f"(OTLP gRPC), data in {run_path}")
-                if options.live:
+                try:
+                    run_path.mkdir(parents=True, exist_ok=True)
+                    endpoints = processor.start()
+                except (EmbeddedProcessorError, OSError) as exc:
+                    # Telemetry must not stop training: run the job, just without collection.
+                    _say(out, f"warning: {exc}; the script runs without telemetry collection")
+                    processor, endpoints = None, None
+                if endpoints is not None:
+                    rank_env[env.OTEL_EXPORTER_OTLP_ENDPOINT] = endpoints.otlp_grpc_endpoint
+                    rank_env[env.OTEL_EXPORTER_OTLP_PROTOCOL] = "grpc"
+                    _say(out, f"run {resolved.run_id}: embedded processor on 127.0.0.1:"
+                              f"{endpoints.grpc_port} (OTLP gRPC), data in {run_path}")
+                    if _is_multi_node(args.nnodes):
+                        _say(out, "warning: each node starts its own embedded processor and sees only "
+                                  "its own ranks; for one diagnosis of all nodes, run traceml-processor "
+                                  "once and pass --endpoint")
+                if options.live and endpoints is not None:
                     if _redirect_rank_output(args, run_path):
                         _say(out, f"rank output goes to {args.log_dir}")
                     from traceml.launcher.live import LiveMonitor
@@ -246,9 +255,6 @@ def launch(args: argparse.Namespace, options: RunOptions, *, out: TextIO | None 
                     monitor.start()
             with _patched_environ(rank_env):
                 torch_run(args)
-        except EmbeddedProcessorError as exc:
-            _say(out, f"error: {exc}")
-            exit_code = EXIT_LAUNCH_ERROR
         except _TerminatedBeforeLaunch as exc:
             exit_code = 128 + exc.signum
         except BaseException as exc:  # noqa: BLE001 - every failure still gets a summary
@@ -263,7 +269,7 @@ def launch(args: argparse.Namespace, options: RunOptions, *, out: TextIO | None 
                     from traceml.launcher.finalize import finalize_run
 
                     report = finalize_run(run_path, resolved.run_id, out=out,
-                                 print_card=options.print_summary, exit_code=exit_code)
+                                          print_card=options.print_summary, exit_code=exit_code)
     return LaunchResult(exit_code, resolved.run_id, run_path, report)
 
 

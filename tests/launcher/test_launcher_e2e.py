@@ -101,3 +101,14 @@ def test_with_an_endpoint_the_launcher_only_exports(workdir, tmp_path_factory):
         assert stored_steps(elsewhere / "ext.sqlite") == {0: 6, 1: 6}
     finally:
         external.stop()
+
+
+def test_training_still_runs_when_the_embedded_processor_cannot_start(workdir):
+    # A directory where the database file should be: the real processor fails to open it.
+    (workdir / "traceml_runs" / "blocked" / "traceml.sqlite").mkdir(parents=True)
+    run = traceml(["run", "--nproc-per-node", "2", "--run-id", "blocked",
+                   str(SCRIPTS / "plain_ddp.py"), "--steps", "3"], workdir)
+    assert run.returncode == 0, run.output[-3000:]
+    assert "the script runs without telemetry collection" in run.output
+    assert "rank 1: __name__=__main__" in run.output
+    assert not (workdir / "traceml_runs" / "blocked" / "final_summary.json").exists()

@@ -1,0 +1,100 @@
+"""Prometheus names of the processor's metrics, derived from the wire vocabulary (never typed).
+
+The dashboard generator (`deploy/grafana/generate_dashboards.py`) and the alert
+rule generator (`deploy/prometheus/generate_rules.py`) build every PromQL string
+from these objects, so a vocabulary rename changes the generated files and the
+"committed == generated" tests point at them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from traceml.processor.diagnosis.policy import DEFAULT_POLICY
+from traceml.processor.step_time.model import FRESHNESS_STATES
+from traceml.schema import diagnosis as d
+from traceml.schema import vocabulary as v
+
+SPECS: Mapping[str, v.MetricSpec] = {s.name: s for s in (*v.SUMMARY_METRICS, *v.PROCESSOR_METRICS)}
+TRAINING_SPECS: Mapping[str, v.MetricSpec] = {s.name: s for s in v.TRAINING_METRICS}
+
+# Prometheus job that scrapes the processor(s) (deploy/prometheus/prometheus.yml).
+PROCESSOR_JOB = "traceml-processor"
+
+
+def metric(otel_name: str) -> str:
+    """Prometheus name of a re-exported metric; KeyError for a name the processor does not export."""
+    return SPECS[otel_name].prometheus_name
+
+
+def label(attribute_key: str) -> str:
+    return v.prometheus_label(attribute_key)
+
+
+@dataclass(frozen=True)
+class Names:
+    window_metric: str = metric("traceml.window.metric")
+    window_skew: str = metric("traceml.window.skew")
+    rank_metric: str = metric("traceml.rank.metric")
+    window_steps: str = metric("traceml.window.steps")
+    window_ranks: str = metric("traceml.window.ranks")
+    window_last_step: str = metric("traceml.window.last_step")
+    run_fresh: str = metric("traceml.run.fresh")
+    rank_memory_peak: str = metric("traceml.rank.memory.peak")
+    diagnosis_active: str = metric("traceml.diagnosis.active")
+    rank_dropped: str = metric("traceml.rank.telemetry.dropped")
+    records: str = metric("traceml.processor.records")
+    analysis_duration: str = metric("traceml.processor.analysis.duration")
+    run_lag: str = metric("traceml.processor.run.lag")
+    runs: str = metric("traceml.processor.runs")
+
+
+@dataclass(frozen=True)
+class Labels:
+    run: str = label(v.ATTR_RUN_ID)
+    rank: str = label(v.ATTR_RANK)
+    metric: str = label(v.ATTR_METRIC)
+    statistic: str = label(v.ATTR_STATISTIC)
+    kind: str = label(v.ATTR_DIAGNOSIS_KIND)
+    severity: str = label(v.ATTR_DIAGNOSIS_SEVERITY)
+    status: str = label(v.ATTR_DIAGNOSIS_STATUS)
+    culprit: str = label(v.ATTR_CULPRIT_RANK)
+    freshness: str = label(v.ATTR_FRESHNESS)
+    outcome: str = label(v.ATTR_OUTCOME)
+    signal: str = label(v.ATTR_SIGNAL)
+    queue: str = label(v.ATTR_QUEUE)
+    step: str = label(v.ATTR_STEP)
+
+
+M = Names()
+L = Labels()
+
+# Values of labels used in queries (from the schema, never typed here).
+STEP_TIME = v.METRIC_STEP_TIME
+INPUT_WAIT = v.METRIC_INPUT_WAIT
+BACKWARD = v.METRIC_BACKWARD
+PHASES: tuple[str, ...] = (v.METRIC_INPUT_WAIT, v.METRIC_H2D, v.METRIC_FORWARD, v.METRIC_BACKWARD,
+                           v.METRIC_OPTIMIZER_STEP, v.METRIC_RESIDUAL)
+MEDIAN, WORST, AVERAGE = v.STATISTICS
+STRAGGLER_KINDS = d.STRAGGLER_KINDS
+SEVERITY_CRIT, SEVERITY_WARN = d.SEVERITY_CRIT, d.SEVERITY_WARN
+FRESHNESS = FRESHNESS_STATES
+OUTCOME_REJECTED = "rejected"
+WARN_SHARE = DEFAULT_POLICY.warn_share
+CRIT_SHARE = DEFAULT_POLICY.crit_share
+
+
+def sel(**matchers: str) -> str:
+    """`{a="x",b=~"y"}` from keyword matchers; a value starting with `~` is a regex match."""
+    parts = []
+    for key, value in matchers.items():
+        name = getattr(L, key, key)
+        if value.startswith("~"):
+            parts.append(f'{name}=~"{value[1:]}"')
+        else:
+            parts.append(f'{name}="{value}"')
+    return "{" + ",".join(parts) + "}"
+
+
+def regex(values) -> str:
+    return "|".join(values)

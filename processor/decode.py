@@ -307,6 +307,25 @@ def _resource_identity(kvs, limits: DecodeLimits) -> _Resource:
 
 # --- traces ---------------------------------------------------------------------------------
 
+_IDENTITY_KEYS = frozenset({v.ATTR_STEP, v.ATTR_RANK, v.ATTR_RUN_ID})
+_SLOT = {v.EVENT_FIELD_CPU_MS: 0, v.EVENT_FIELD_GPU_MS: 1, v.EVENT_FIELD_COUNT: 2}
+_EVENT_KEY_CACHE: dict[str, tuple[str, int] | None] = {}
+_EVENT_KEY_CACHE_MAX = 4096
+
+
+def _event_key(key: str) -> tuple[str, int] | None:
+    """`traceml.event.forward_time.cpu_ms` -> (raw event, slot); memoised (keys repeat every step)."""
+    try:
+        return _EVENT_KEY_CACHE[key]
+    except KeyError:
+        pass
+    parsed = v.parse_event_attribute(key)
+    result = None if parsed is None else (parsed[0], _SLOT[parsed[1]])
+    if len(_EVENT_KEY_CACHE) < _EVENT_KEY_CACHE_MAX and len(key) <= 256:
+        _EVENT_KEY_CACHE[key] = result
+    return result
+
+
 
 class Decoder:
     """Stateless per request except for the shared run/rank admission caps."""
@@ -374,45 +393,72 @@ class Decoder:
         return run_id, identity
 
     def _step_span(self, span, res: _Resource) -> StepTimeIngestRecord:
+        """The hot path: one pass over the span's attributes, event keys parsed once per process."""
         limits = self.limits
-        attrs = _attributes(span.attributes, limits)
-        run_id, identity = self._span_identity(attrs, res)
-        step = _int_attr(attrs, v.ATTR_STEP, allow_string=False, minimum=0, maximum=limits.max_step)
+        kvs = span.attributes
+        if len(kvs) > limits.max_attributes:
+            raise _Reject(TOO_MANY_ATTRIBUTES, f"{len(kvs)} attributes (cap {limits.max_attributes})")
+        ident: dict = {}
+        fields: dict[str, list] = {}  # raw event -> [cpu, gpu, count]
+        for kv in kvs:
+            key = kv.key
+            value = kv.value
+            kind = value.WhichOneof("value")
+            if kind == "double_value":
+                val = value.double_value
+            elif kind == "int_value":
+                val = value.int_value
+            elif kind == "string_value":
+                val = value.string_value
+                if len(val) > limits.max_attribute_bytes:
+                    raise _Reject(ATTRIBUTE_TOO_LARGE, f"{key} is {len(val)} characters "
+                                                       f"(cap {limits.max_attribute_bytes})")
+            elif kind == "bool_value":
+                val = value.bool_value
+            elif kind is None:
+                val = None
+            else:
+                val = _Unsupported(kind)
+            parsed = _event_key(key)
+            if parsed is None:
+                if key in _IDENTITY_KEYS:
+                    ident[key] = val
+                elif len(key) > limits.max_attribute_bytes:
+                    raise _Reject(ATTRIBUTE_TOO_LARGE, f"attribute key of {len(key)} characters")
+                continue
+            raw_event, slot = parsed
+            if slot == 2:
+                if type(val) is not int or not (0 <= val <= limits.max_event_count):
+                    val = _int_attr({key: val}, key, allow_string=False, minimum=0,
+                                    maximum=limits.max_event_count)
+            else:
+                if type(val) is not float or not (0.0 <= val <= limits.max_event_ms):
+                    val = _ms_value(val, key, limits)  # raises with the precise reason
+            entry = fields.get(raw_event)
+            if entry is None:
+                entry = fields[raw_event] = [None, None, None]
+            entry[slot] = val
+        run_id, identity = self._span_identity(ident, res)
+        step = _int_attr(ident, v.ATTR_STEP, allow_string=False, minimum=0, maximum=limits.max_step)
         if step is None:
             raise _Reject(MISSING_STEP, f"no {v.ATTR_STEP} attribute")
-        if span.start_time_unix_nano == 0 or span.end_time_unix_nano == 0:
+        start_ns, end_ns = span.start_time_unix_nano, span.end_time_unix_nano
+        if start_ns == 0 or end_ns == 0:
             raise _Reject(MISSING_TIMESTAMP, "start or end time is zero")
-        if span.end_time_unix_nano < span.start_time_unix_nano:
+        if end_ns < start_ns:
             raise _Reject(NEGATIVE, "end time before start time")
-        fields: dict[str, dict[str, object]] = {}
-        for key, value in attrs.items():
-            parsed = v.parse_event_attribute(key)
-            if parsed is None:
-                continue
-            raw_event, field_name = parsed
-            if field_name == v.EVENT_FIELD_COUNT:
-                count = _int_attr(attrs, key, allow_string=False, minimum=0, maximum=limits.max_event_count)
-                fields.setdefault(raw_event, {})[field_name] = count
-            else:
-                fields.setdefault(raw_event, {})[field_name] = _ms_value(value, key, limits)
-        events = {}
-        for raw_event, values in fields.items():
-            cpu = values.get(v.EVENT_FIELD_CPU_MS)
-            gpu = values.get(v.EVENT_FIELD_GPU_MS)
-            if cpu is None and gpu is None:
-                continue  # a count alone carries no timing
-            events[raw_event] = RawEventValue(cpu_ms=cpu, gpu_ms=gpu, count=values.get(v.EVENT_FIELD_COUNT))
+        events = {raw: RawEventValue(cpu_ms=e[0], gpu_ms=e[1], count=e[2])
+                  for raw, e in fields.items() if e[0] is not None or e[1] is not None}
         if not events:
             raise _Reject(NO_EVENTS, f"step {step} carries no {v.EVENT_ATTR_PREFIX}* timing attributes")
-        strategy = res.strategy
         return StepTimeIngestRecord(
             run_id=run_id,
             identity=identity,
             step=step,
-            start_time=span.start_time_unix_nano / 1e9,
-            sample_time=span.end_time_unix_nano / 1e9,
+            start_time=start_ns / 1e9,
+            sample_time=end_ns / 1e9,
             events=events,
-            training_strategy=strategy,
+            training_strategy=res.strategy,
         )
 
     def _run_end_span(self, span, res: _Resource) -> RunEndMarker:

@@ -1,0 +1,352 @@
+"""traceml-processor ingest, freshness and memory, against a real processor process.
+
+    .venv/bin/python benchmarks/bench_ingest.py            # everything (about 2-3 minutes)
+    .venv/bin/python benchmarks/bench_ingest.py --quick    # shorter runs
+
+What is measured (the processor is the real CLI in its own process; senders are
+threads in this process sending pre-serialised OTLP requests, so client-side
+protobuf encoding does not count against the processor):
+
+1. Baseline in the same run: `StepTimeStore.write` alone (no network, no decode)
+   on the same records, in this process.
+2. Sustained OTLP/gRPC ingest with acknowledgement after commit: spans/s over
+   `--seconds`, per batch size (spans per request), 1,000 ranks x 20 steps per
+   replica pattern (each request = consecutive steps of one rank). The row count
+   in SQLite afterwards must equal the spans acknowledged.
+3. The same over OTLP/HTTP (protobuf, keep-alive connections).
+4. Freshness: wall time from a step's end (span end time = send time) to the
+   first `/metrics` scrape whose `traceml_window_last_step` shows that step.
+5. RSS of the processor with 1,024 ranks in one run (peak while ingesting and
+   analysing a 100-step live window).
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import grpc
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "processor"))
+
+from otlp_payloads import step_span, trace_request  # noqa: E402
+
+TARGET_SPANS_PER_S = 20_000
+TRACE_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Processor:
+    def __init__(self, folder: Path, refresh_s: float = 0.5):
+        folder.mkdir(parents=True, exist_ok=True)
+        self.grpc, self.http, self.prom = free_port(), free_port(), free_port()
+        self.db = folder / "bench.db"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        self.log = open(folder / "processor.log", "wb")
+        started = time.perf_counter()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "traceml.processor.cli", "--db", str(self.db),
+             "--otlp-grpc", f"127.0.0.1:{self.grpc}", "--otlp-http", f"127.0.0.1:{self.http}",
+             "--prometheus", f"127.0.0.1:{self.prom}", "--refresh-interval", str(refresh_s),
+             "--idle-timeout", "3600", "--log-level", "WARNING"],
+            stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        while not self._ready():
+            if self.proc.poll() is not None:
+                raise RuntimeError((folder / "processor.log").read_text())
+            time.sleep(0.02)
+        self.start_s = time.perf_counter() - started
+        self.ps = psutil.Process(self.proc.pid)
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.http}/readyz", timeout=1) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def rss_mib(self) -> float:
+        return self.ps.memory_info().rss / 2**20
+
+    def rows(self) -> int:
+        import sqlite3
+
+        conn = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True)
+        try:
+            return conn.execute("SELECT count(*) FROM step_time_samples").fetchone()[0]
+        finally:
+            conn.close()
+
+    def scrape(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.prom}/metrics", timeout=10) as r:
+            return r.read().decode()
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(120)
+        self.log.close()
+
+
+def build_requests(run_id: str, ranks: int, batch: int, total_spans: int, world: int = 1000) -> list[bytes]:
+    """Pre-serialised requests: each holds `batch` consecutive steps of one rank."""
+    requests, rank, sent = [], 0, 0
+    step_of = [0] * ranks
+    base = time.time()
+    while sent < total_spans:
+        first = step_of[rank]
+        spans = [step_span(first + i, rank, end_s=base + (first + i) * 0.05) for i in range(batch)]
+        requests.append(trace_request(run_id, rank, spans, world_size=world).SerializeToString())
+        step_of[rank] += batch
+        sent += batch
+        rank = (rank + 1) % ranks
+    return requests
+
+
+def baseline_store_rate(folder: Path, n: int = 20_000) -> float:
+    """StepTimeStore.write alone on decoded records (same process, no network)."""
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
+
+    from traceml.processor.decode import Decoder
+    from traceml.processor.storage import StepTimeStore
+
+    decoder = Decoder()
+    records = []
+    for raw in build_requests("baseline", 1000, 500, n):
+        records.extend(decoder.decode_traces(pb.ExportTraceServiceRequest.FromString(raw)).step_records)
+    store = StepTimeStore(folder / "baseline.db")
+    started = time.perf_counter()
+    for i in range(0, len(records), 500):
+        store.write(records[i:i + 500])
+    elapsed = time.perf_counter() - started
+    store.close()
+    return len(records) / elapsed
+
+
+def decode_rate(n: int = 20_000) -> float:
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
+
+    from traceml.processor.decode import Decoder
+
+    raws = build_requests("decode", 1000, 500, n)
+    decoder = Decoder()
+    started = time.perf_counter()
+    for raw in raws:
+        decoder.decode_traces(pb.ExportTraceServiceRequest.FromString(raw))
+    return n / (time.perf_counter() - started)
+
+
+def sustained(send_one, requests: list[bytes], batch: int, seconds: float, threads: int) -> tuple[float, int]:
+    """Send from `threads` senders until `seconds` pass or requests run out; spans acked per second."""
+    lock = threading.Lock()
+    index = [0]
+    acked = [0]
+    deadline = time.perf_counter() + seconds
+
+    def worker():
+        sender = send_one()
+        while time.perf_counter() < deadline:
+            with lock:
+                i = index[0]
+                if i >= len(requests):
+                    return
+                index[0] += 1
+            while not sender(requests[i]):  # back-pressure: retry the same request
+                time.sleep(0.05)
+            with lock:
+                acked[0] += batch
+
+    started = time.perf_counter()
+    pool = [threading.Thread(target=worker) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    elapsed = time.perf_counter() - started
+    return acked[0] / elapsed, acked[0]
+
+
+def grpc_sender(port: int):
+    def make():
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 64 << 20)])
+        call = channel.unary_unary(TRACE_METHOD)  # bytes in, bytes out: no client-side encoding
+
+        def send(body: bytes) -> bool:
+            try:
+                call(body, timeout=60)
+                return True
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                    return False
+                raise
+        return send
+    return make
+
+
+def http_sender(port: int):
+    def make():
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+
+        def send(body: bytes) -> bool:
+            conn.request("POST", "/v1/traces", body=body, headers={"Content-Type": "application/x-protobuf"})
+            response = conn.getresponse()
+            response.read()
+            if response.status in (429, 503):
+                return False
+            if response.status != 200:
+                raise RuntimeError(f"HTTP {response.status}")
+            return True
+        return send
+    return make
+
+
+def bench_throughput(folder: Path, args) -> dict:
+    results = {"grpc": {}, "http": {}}
+    for batch in args.batch_sizes:
+        # Enough for 35,000 spans/s over the whole period; fewer only if the processor is faster.
+        requests = build_requests("bench", args.ranks, batch, int(args.seconds * 35_000))
+        for transport in ("grpc", "http"):
+            proc = Processor(folder / f"{transport}-{batch}")
+            try:
+                sender = grpc_sender(proc.grpc) if transport == "grpc" else http_sender(proc.http)
+                rate, acked = sustained(sender, requests, batch, args.seconds, args.threads)
+                rows = proc.rows()
+                assert rows == acked, f"{rows} rows stored but {acked} spans acknowledged"
+                results[transport][batch] = {"spans_per_s": round(rate), "acked": acked,
+                                             "rss_mib": round(proc.rss_mib(), 1)}
+                print(f"  {transport:4s} batch {batch:5d}: {rate:9,.0f} spans/s "
+                      f"({acked:,} acked = rows in SQLite), processor RSS {proc.rss_mib():.0f} MiB", flush=True)
+            finally:
+                proc.stop()
+    return results
+
+
+def bench_freshness(folder: Path, samples: int, refresh_s: float) -> dict:
+    proc = Processor(folder / "freshness", refresh_s=refresh_s)
+    channel = grpc.insecure_channel(f"127.0.0.1:{proc.grpc}")
+    call = channel.unary_unary(TRACE_METHOD)
+    lags = []
+    try:
+        for step in range(samples + 2):
+            end = time.time()
+            for rank in range(2):
+                call(trace_request("fresh", rank, [step_span(step, rank, end_s=end)]).SerializeToString(), timeout=10)
+            pattern = re.compile(r'traceml_window_last_step\{traceml_run_id="fresh"\} (\d+)')
+            while True:
+                match = pattern.search(proc.scrape())
+                if match and int(match.group(1)) >= step:
+                    break
+                time.sleep(0.01)
+            if step >= 2:  # the first refreshes open the session
+                lags.append(time.time() - end)
+    finally:
+        channel.close()
+        proc.stop()
+    return {"refresh_s": refresh_s, "median_s": round(statistics.median(lags), 3), "max_s": round(max(lags), 3),
+            "samples": len(lags)}
+
+
+def bench_memory(folder: Path, ranks: int, steps: int) -> dict:
+    proc = Processor(folder / "memory", refresh_s=0.5)
+    peak = [proc.rss_mib()]
+    stop = threading.Event()
+
+    def watch():
+        while not stop.wait(0.1):
+            peak[0] = max(peak[0], proc.rss_mib())
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{proc.grpc}", options=[("grpc.max_send_message_length", 64 << 20)])
+    call = channel.unary_unary(TRACE_METHOD)
+    try:
+        chunk = 20
+        base = time.time()
+        for first in range(0, steps, chunk):
+            for rank in range(ranks):
+                spans = [step_span(s, rank, end_s=base + s * 0.05) for s in range(first, min(steps, first + chunk))]
+                while True:
+                    try:
+                        call(trace_request("mem-run", rank, spans, world_size=ranks).SerializeToString(), timeout=60)
+                        break
+                    except grpc.RpcError as exc:
+                        if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                            raise
+                        time.sleep(0.05)
+        pattern = re.compile(r'traceml_window_ranks\{traceml_run_id="mem-run"\} (\d+)')
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            match = pattern.search(proc.scrape())
+            if match and int(match.group(1)) == ranks and f'traceml_window_last_step{{traceml_run_id="mem-run"}} {steps - 1}' in proc.scrape():
+                break
+            time.sleep(0.5)
+        time.sleep(2.0)  # a few more refreshes and scrapes at full size
+        proc.scrape()
+        rows = proc.rows()
+    finally:
+        stop.set()
+        watcher.join()
+        channel.close()
+        final = proc.rss_mib()
+        proc.stop()
+    return {"ranks": ranks, "steps": steps, "rows": rows, "peak_rss_mib": round(peak[0], 1),
+            "final_rss_mib": round(final, 1)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--threads", type=int, default=4)
+    p.add_argument("--ranks", type=int, default=1000)
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 256, 512, 2048])
+    p.add_argument("--memory-ranks", type=int, default=1024)
+    p.add_argument("--memory-steps", type=int, default=120)
+    p.add_argument("--json", type=Path, help="also write the results here")
+    args = p.parse_args()
+    if args.quick:
+        args.seconds, args.batch_sizes, args.memory_steps = 4.0, [64, 512], 110
+    print(f"bench_ingest: {os.cpu_count()} CPUs; figures are under whatever else runs on this machine")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        start = Processor(folder / "start")
+        start_s = start.start_s
+        start.stop()
+        print(f"processor start (spawn -> /readyz 200): {start_s:.2f} s")
+        dec = decode_rate()
+        base = baseline_store_rate(folder)
+        print(f"baseline, same run: decode alone {dec:,.0f} spans/s; StepTimeStore.write alone {base:,.0f} rows/s")
+        results = bench_throughput(folder, args)
+        best = max(r["spans_per_s"] for r in results["grpc"].values())
+        print(f"best OTLP/gRPC: {best:,} spans/s = {best / TARGET_SPANS_PER_S:.2f}x the 20,000 target, "
+              f"{best / base:.2f}x the store-only baseline")
+        fresh = bench_freshness(folder / "freshness", 10, 0.5)
+        print(f"freshness (refresh 0.5 s): median {fresh['median_s']} s, max {fresh['max_s']} s "
+              f"over {fresh['samples']} steps")
+        mem = bench_memory(folder / "memory", args.memory_ranks, args.memory_steps)
+        print(f"memory: {mem['ranks']} ranks x {mem['steps']} steps ({mem['rows']:,} rows): "
+              f"peak RSS {mem['peak_rss_mib']} MiB, final {mem['final_rss_mib']} MiB (bound 500 MiB)")
+        if args.json:
+            args.json.write_text(json.dumps({"start_s": start_s, "decode_per_s": dec, "store_per_s": base,
+                                             "throughput": results, "freshness": fresh, "memory": mem}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -397,6 +397,22 @@ def test_two_installs_and_a_hand_added_callback_count_each_group_once(traced, tm
     assert _our_callbacks(trainer)[0] is by_hand and len(_our_callbacks(trainer)) == 2
 
 
+def test_without_the_guard_a_hand_added_callback_still_brackets_each_group(traced, tmp_path):
+    class OwnLoopTrainer(Trainer):
+        # A subclass whose loop does not go through the guarded parent method.
+        _inner_training_loop = Trainer._inner_training_loop.__wrapped__
+
+    callback = hf.TraceMLTrainerCallback()
+    trainer, log, _ = h.make_trainer(str(tmp_path), train_dataset=h.MapDataset(10),
+                                     trainer_class=OwnLoopTrainer, callbacks=[callback])
+    trainer.train()
+    steps, _ = traced.finish()
+    assert log.global_steps == [1, 2, 3]
+    assert h.per_step(steps, "forward") == [4, 4, 2]
+    assert h.per_step(steps, "step") == [1, 1, 1]
+    assert callback.step_cm is None
+
+
 def test_disabled_traceml_records_nothing(monkeypatch, tmp_path):
     traceml._reset_for_tests()
     monkeypatch.setenv("TRACEML_DISABLE", "1")

@@ -51,6 +51,7 @@ class OtlpTestReceiver:
         self.trace_requests: list = []
         self.metric_requests: list = []
         self.calls = {"grpc": 0, "http": 0}
+        self.last_headers: dict[str, str] = {}  # gRPC metadata or HTTP headers of the latest request (lower-case)
         self._grpc_server = None
         self._http_server = None
         self.grpc_port = 0
@@ -172,6 +173,7 @@ class _TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
 
     def Export(self, request, context):
         self.receiver.calls["grpc"] += 1
+        self.receiver.last_headers = {k.lower(): val for k, val in context.invocation_metadata()}
         mode = self.receiver._accept("traces", request)
         if mode == "error":
             context.abort(grpc.StatusCode.UNAVAILABLE, "test receiver: unavailable")
@@ -186,6 +188,7 @@ class _MetricsServicer(metrics_service_pb2_grpc.MetricsServiceServicer):
 
     def Export(self, request, context):
         self.receiver.calls["grpc"] += 1
+        self.receiver.last_headers = {k.lower(): val for k, val in context.invocation_metadata()}
         mode = self.receiver._accept("metrics", request)
         if mode == "error":
             context.abort(grpc.StatusCode.UNAVAILABLE, "test receiver: unavailable")
@@ -220,6 +223,7 @@ def _http_handler(receiver: OtlpTestReceiver):
 
         def do_POST(self):
             receiver.calls["http"] += 1
+            receiver.last_headers = {k.lower(): val for k, val in self.headers.items()}
             route = routes.get(self.path)
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else b""

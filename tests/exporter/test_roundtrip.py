@@ -198,3 +198,11 @@ def test_emitted_names_are_exactly_the_schema_vocabulary(receiver):
                                    v.ATTR_RUN_END_EXPORT_FAILURES, v.ATTR_RUN_END_EXPORT_RETRIES}
                         or v.parse_event_attribute(kv.key) is not None
                         or kv.key.startswith(v.RUN_END_DROPPED_PREFIX)), kv.key
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_otlp_headers_reach_the_receiver(fresh_receiver, protocol):
+    _export(fresh_receiver, protocol, [step_record(0)], run_id=f"headers-{protocol}",
+            env={"OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer%20s3cret,x-tenant=ml"})
+    assert fresh_receiver.last_headers["authorization"] == "Bearer s3cret"
+    assert fresh_receiver.last_headers["x-tenant"] == "ml"

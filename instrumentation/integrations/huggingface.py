@@ -19,7 +19,8 @@ shorter last group of an epoch is one shorter step.
   observed placement records H2D plus a traced-step segment of the same span.
 - `transformers.trainer.skip_first_batches` notes Accelerate's lazy skip (iterable
   datasets on resume), so the first resumed group is omitted entirely.
-- `evaluate` and `predict` run with DataLoader timing off, also outside `train()`.
+- `evaluate` and `predict` run with DataLoader timing off, also outside `train()`,
+  and what their forward passes and copies record is removed when they return.
 
 Nothing here imports transformers or torch at module import; `auto_attach()` (what
 `traceml run` calls) defers installation to the moment the user's script imports
@@ -30,7 +31,6 @@ from __future__ import annotations
 import functools
 import importlib.abc
 import importlib.util
-import logging
 import os
 import re
 import sys
@@ -42,8 +42,6 @@ import traceml
 from traceml import step_events, timing
 from traceml.schema.environment import TRACEML_DISABLE, env_flag
 from traceml.schema.vocabulary import RAW_H2D, RAW_STEP_TIME
-
-_log = logging.getLogger("traceml.integrations.huggingface")
 
 MIN_TRANSFORMERS = (4, 46, 1)
 """First release whose Trainer collects microbatches through `get_batch_samples`."""
@@ -425,9 +423,12 @@ class _OutsideTraining:
     def __enter__(self):
         self._capture = None
         self._length = 0
-        if step_events.has_active_capture():
-            self._capture = step_events.current_capture()
-            self._length = len(self._capture.events)
+        try:
+            if step_events.has_active_capture():
+                self._capture = step_events.current_capture()
+                self._length = len(self._capture.events)
+        except Exception as exc:  # noqa: BLE001
+            _report("isolating evaluation", exc)
         self._scope = timing.dataloader_timing_scope(False)
         self._scope.__enter__()
         return self

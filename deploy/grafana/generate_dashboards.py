@@ -145,7 +145,11 @@ def run_dashboard() -> dash.Dashboard:
         .with_panel(kpi("Ranks", f"{M.window_ranks}{sel(run=RUN)}", "none", "Ranks in the run's rank universe."))
         .with_panel(series("Step time by statistic", "Median, worst and average rank step time over time.", "s",
                            q(f"{M.window_metric}{sel(run=RUN, metric=n.STEP_TIME)}", f"{{{{{L.statistic}}}}}"),
-                           width=16))
+                           width=8))
+        .with_panel(series("Progress (aligned steps per second)",
+                           "Rate at which the latest aligned step advances: the whole job's step rate, "
+                           "held back by its slowest rank. Flat zero while the run is stalled.", "none",
+                           q(f"deriv({M.window_last_step}{sel(run=RUN)}[$__rate_interval])", "steps/s"), width=8))
         .with_panel(
             statetimeline.Panel().title("Freshness").datasource(DS)
             .description("live: new steps within the bridge TTL; bridged: showing the last window while "

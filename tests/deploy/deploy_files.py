@@ -1,0 +1,263 @@
+"""Readers for the deployment files (plain module: `conftest` names collide across folders).
+
+Parses the Dockerfile's instructions, the compose file, collector configs and the
+generated dashboards, and runs the image's own ENTRYPOINT + CMD outside Docker.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from traceml.processor.ingest import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+DOCKERFILE = ROOT / "Dockerfile"
+COMPOSE = ROOT / "docker-compose.yml"
+COLLECTOR_DIR = DEPLOY / "collector"
+DASHBOARD_DIR = DEPLOY / "grafana" / "dashboards"
+PROMETHEUS_DIR = DEPLOY / "prometheus"
+
+sys.path.insert(0, str(DEPLOY))
+import promql_names  # noqa: E402,F401  (re-exported for the tests)
+
+
+# --- Dockerfile ------------------------------------------------------------------------------
+
+
+@dataclass
+class Instruction:
+    keyword: str
+    args: str
+
+    def exec_form(self) -> list[str]:
+        """JSON (exec) form of CMD / ENTRYPOINT / HEALTHCHECK CMD arguments."""
+        text = self.args
+        if self.keyword == "HEALTHCHECK":
+            text = text[text.index("CMD") + 3:]
+        value = json.loads(text.strip())
+        if not (isinstance(value, list) and all(isinstance(x, str) for x in value)):
+            raise ValueError(f"{self.keyword} is not in exec form: {self.args!r}")
+        return value
+
+
+def dockerfile_instructions(path: Path = DOCKERFILE) -> list[Instruction]:
+    """Instructions with line continuations joined and comments dropped."""
+    out: list[Instruction] = []
+    pending = ""
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        line = pending + line
+        pending = ""
+        keyword, _, args = line.partition(" ")
+        out.append(Instruction(keyword.upper(), args.strip()))
+    return out
+
+
+def instruction(keyword: str, instructions: list[Instruction] | None = None) -> list[Instruction]:
+    return [i for i in (instructions or dockerfile_instructions()) if i.keyword == keyword]
+
+
+def image_command() -> list[str]:
+    """ENTRYPOINT + CMD as the container runs them."""
+    (entrypoint,) = instruction("ENTRYPOINT")[-1:]
+    (cmd,) = instruction("CMD")[-1:]
+    return entrypoint.exec_form() + cmd.exec_form()
+
+
+def flag_values(argv: list[str]) -> dict[str, str]:
+    values = {}
+    for i, arg in enumerate(argv):
+        if arg.startswith("--") and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            values[arg] = argv[i + 1]
+    return values
+
+
+def port_of(address: str) -> int:
+    return int(address.rsplit(":", 1)[1])
+
+
+# --- YAML files --------------------------------------------------------------------------------
+
+
+def load_yaml(path: Path) -> dict:
+    with open(path) as handle:
+        return yaml.safe_load(handle)
+
+
+def compose() -> dict:
+    return load_yaml(COMPOSE)
+
+
+def collector_configs() -> dict[str, dict]:
+    return {p.name: load_yaml(p) for p in sorted(COLLECTOR_DIR.glob("*.yaml"))}
+
+
+# --- dashboards --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PanelQuery:
+    dashboard: str
+    panel: str
+    expr: str
+    instant: bool
+
+
+def dashboards() -> dict[str, dict]:
+    return {p.name: json.loads(p.read_text()) for p in sorted(DASHBOARD_DIR.glob("*.json"))}
+
+
+def _panels(panels: list[dict]):
+    for panel in panels:
+        yield panel
+        yield from _panels(panel.get("panels", []))
+
+
+def panel_queries() -> list[PanelQuery]:
+    out = []
+    for name, model in dashboards().items():
+        for panel in _panels(model["panels"]):
+            for target in panel.get("targets", []):
+                out.append(PanelQuery(name, panel["title"], target["expr"], bool(target.get("instant"))))
+    return out
+
+
+def substitute(expr: str, values: dict[str, str]) -> str:
+    """Grafana-style variable substitution: `$name` and `${name}`, longest names first."""
+    for name in sorted(values, key=len, reverse=True):
+        expr = expr.replace("${" + name + "}", values[name]).replace("$" + name, values[name])
+    if "$" in expr:
+        raise AssertionError(f"unsubstituted variable in {expr!r}")
+    return expr
+
+
+# --- the processor from the image's own command ------------------------------------------------
+
+TORCH_BLOCKER = textwrap.dedent('''
+    """Installed by tests/deploy as sitecustomize: the image has no torch, so nothing may import it."""
+    import importlib.abc, sys
+
+    class _NoTrainingStack(importlib.abc.MetaPathFinder):
+        BLOCKED = ("torch", "transformers", "lightning", "pytorch_lightning", "accelerate")
+
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in self.BLOCKED:
+                raise ImportError(f"{name} is not installed in the traceml-processor image")
+            return None
+
+    sys.meta_path.insert(0, _NoTrainingStack())
+''')
+
+
+class EntrypointProcessor:
+    """Runs the Dockerfile's ENTRYPOINT + CMD with loopback free ports and a temp /data.
+
+    The only changes are the ones a container makes invisible: `0.0.0.0:PORT` ->
+    `127.0.0.1:FREE` and `/data` -> a temp folder. torch & co. are made unimportable,
+    as in the image.
+    """
+
+    def __init__(self, folder: Path, free_port):
+        self.folder = Path(folder)
+        self.data = self.folder / "data"
+        self.data.mkdir(parents=True, exist_ok=True)
+        blocker = self.folder / "site"
+        blocker.mkdir(exist_ok=True)
+        (blocker / "sitecustomize.py").write_text(TORCH_BLOCKER)
+        self.image_argv = image_command()
+        self.port_map: dict[int, int] = {}
+        argv = []
+        for arg in self.image_argv:
+            match = re.fullmatch(r"0\.0\.0\.0:(\d+)", arg)
+            if match:
+                new = free_port()
+                self.port_map[int(match.group(1))] = new
+                arg = f"127.0.0.1:{new}"
+            elif arg == "/data" or arg.startswith("/data/"):
+                arg = str(self.data) + arg[len("/data"):]
+            argv.append(arg)
+        exe = shutil.which(argv[0], path=os.pathsep.join([str(Path(sys.executable).parent),
+                                                           os.environ.get("PATH", "")]))
+        if exe is None:
+            raise RuntimeError(f"{argv[0]} is not installed (pip install -e .)")
+        self.argv = [exe, *argv[1:]]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TRACEML_"))}
+        env["PYTHONPATH"] = str(blocker)
+        env.update(self.compose_environment())
+        self.env = env
+        self.log_path = self.folder / "processor.log"
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                                     cwd=self.data)
+        if not wait_until(self.ready, 60, 0.1):
+            self.stop()
+            raise RuntimeError(f"processor not ready: {self.log_text()}")
+
+    @staticmethod
+    def compose_environment() -> dict[str, str]:
+        return {k: str(v) for k, v in compose()["services"]["traceml-processor"].get("environment", {}).items()}
+
+    def port(self, container_port: int) -> int:
+        return self.port_map[container_port]
+
+    def _get(self, path: str, port: int) -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
+                return response.status
+        except OSError:
+            return 0
+
+    def ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"processor exited {self.proc.returncode}: {self.log_text()}")
+        return self._get("/readyz", self.port(4318)) == 200
+
+    def healthcheck_argv(self) -> list[str]:
+        """The image's HEALTHCHECK command, pointed at this process's HTTP port."""
+        (check,) = instruction("HEALTHCHECK")[-1:]
+        argv = check.exec_form()
+        argv = [a.replace("127.0.0.1:4318", f"127.0.0.1:{self.port(4318)}") for a in argv]
+        if argv[0] == "python":
+            argv[0] = sys.executable
+        return argv
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")[-6000:] if self.log_path.exists() else ""
+
+    def stop(self) -> int | None:
+        code = None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                code = self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                code = self.proc.wait(10)
+        else:
+            code = self.proc.returncode
+        self._log.close()
+        return code
+
+
+def shell_join(argv: list[str]) -> str:
+    return " ".join(shlex.quote(a) for a in argv)

@@ -104,3 +104,12 @@ def test_dashboards_have_datasource_run_rank_variables_and_use_the_datasource_va
                      "Phase time per rank (window average)", "Straggler score and culprit", "Peak memory per rank"):
         assert required in titles
     json.dumps(models)  # plain JSON throughout
+
+
+def test_every_panel_and_alert_is_explained_in_the_deployment_doc():
+    doc = (DEPLOY.parent / "docs" / "deployment.md").read_text()
+    for query in panel_queries():
+        assert f"| {query.panel} |" in doc, f"docs/deployment.md does not explain panel {query.panel!r}"
+    for group in load_yaml(PROMETHEUS_DIR / "rules" / "traceml.rules.yml")["groups"]:
+        for rule in group["rules"]:
+            assert f"`{rule['alert']}`" in doc, rule["alert"]

@@ -58,7 +58,12 @@ class GrpcTransport:
 
         self._grpc = grpc
         compression = grpc.Compression.Gzip if settings.compression == "gzip" else grpc.Compression.NoCompression
-        options = [("grpc.max_send_message_length", 64 * 1024 * 1024)]
+        # gRPC's default reconnect backoff grows to 120 s: after a collector restart the channel
+        # would keep failing fast for minutes. Cap it so export resumes within seconds.
+        options = [("grpc.max_send_message_length", 64 * 1024 * 1024),
+                   ("grpc.initial_reconnect_backoff_ms", 250),
+                   ("grpc.min_reconnect_backoff_ms", 250),
+                   ("grpc.max_reconnect_backoff_ms", 2000)]
         if settings.uses_tls:
             root = None
             if settings.certificate_file:

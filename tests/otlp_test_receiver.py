@@ -40,7 +40,7 @@ def attributes(kvs) -> dict:
 
 
 class OtlpTestReceiver:
-    def __init__(self, mode: str = "ok", stall_s: float = 30.0, keep: bool = True):
+    def __init__(self, mode: str = "ok", stall_s: float = 30.0, keep: bool = True, grpc_port: int = 0):
         self.mode = mode
         self.keep = keep  # False: count spans/points only (benchmarks), keep no requests
         self.span_count = 0
@@ -54,7 +54,7 @@ class OtlpTestReceiver:
         self.last_headers: dict[str, str] = {}  # gRPC metadata or HTTP headers of the latest request (lower-case)
         self._grpc_server = None
         self._http_server = None
-        self.grpc_port = 0
+        self.grpc_port = grpc_port  # 0: any free port
         self.http_port = 0
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -64,7 +64,7 @@ class OtlpTestReceiver:
                                         options=[("grpc.max_receive_message_length", MAX_BODY)])
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceServicer(self), self._grpc_server)
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(_MetricsServicer(self), self._grpc_server)
-        self.grpc_port = self._grpc_server.add_insecure_port("127.0.0.1:0")
+        self.grpc_port = self._grpc_server.add_insecure_port(f"127.0.0.1:{self.grpc_port}")
         self._grpc_server.start()
         self._http_server = ThreadingHTTPServer(("127.0.0.1", 0), _http_handler(self))
         self._http_server.daemon_threads = True

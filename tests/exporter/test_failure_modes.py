@@ -98,6 +98,27 @@ def test_export_resumes_after_the_endpoint_recovers(fresh_receiver):
     assert end["attributes"][v.ATTR_RUN_END_EXPORT_FAILURES] == exporter.stats().failures["traces"] > 0
 
 
+def test_export_resumes_when_a_dead_grpc_endpoint_comes_up():
+    endpoint = _dead_endpoint()
+    port = int(endpoint.rsplit(":", 1)[1])
+    exporter = OtlpStepExporter(identity("late-collector"), _settings(endpoint, "grpc"),
+                                instrumentation_drops=lambda: {})
+    exporter.on_step_time(step_record(0))
+    deadline = time.monotonic() + HANG_BOUND_S
+    while exporter.stats().failures["traces"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert exporter.stats().failures["traces"] == 1  # nothing listened: the step was lost, and counted
+    with OtlpTestReceiver(grpc_port=port) as receiver:  # the collector starts late on the same port
+        step = 1
+        while ("late-collector", 0, step - 1) not in receiver.step_spans() and time.monotonic() < deadline:
+            exporter.on_step_time(step_record(step))
+            step += 1
+            time.sleep(0.2)
+        assert exporter.shutdown(10.0)
+        assert exporter.run_end_sent
+    print(f"\nrecovered after {step - 1} steps of the late collector")
+
+
 # --- a real training loop with the real instrumentation ----------------------------------
 
 def _loop(steps: int, traced: bool) -> list[float]:

@@ -87,13 +87,17 @@ _NAN = float("nan")
 
 PACKED_METRICS: tuple[str, ...] = CANONICAL_METRICS
 """Order of the metrics inside `packed`."""
-PACKED_FIELDS = 2 * len(PACKED_METRICS) + 1
+PACKED_VALUES = 2 * len(PACKED_METRICS)
+PACKED_SAMPLE_TIME, PACKED_RANK, PACKED_STEP = PACKED_VALUES, PACKED_VALUES + 1, PACKED_VALUES + 2
+PACKED_FIELDS = PACKED_VALUES + 3
 PACKED_FORMAT = struct.Struct(f"<{PACKED_FIELDS}d")
-"""`packed` = little-endian float64 [m0 cpu, m0 gpu, m1 cpu, ..., sample_time]; NaN = missing.
+"""`packed` = little-endian float64 [m0 cpu, m0 gpu, m1 cpu, ..., sample_time, global_rank,
+step]; NaN = missing.
 
-The same cleaned values as the typed columns, in one BLOB: the analysis read path
-turns a whole selection into one numpy array with a single `frombuffer`, instead
-of building one Python float per value (which is what made the original slow).
+The same cleaned values as the typed columns (plus the row's rank and step, exact
+in float64), in one BLOB: the analysis read path turns a whole selection into one
+numpy array with a single `frombuffer`, instead of building one Python object per
+value (which is what made the original slow). Only `StepTimeStore` writes it.
 """
 
 SAMPLE_COLUMNS: tuple[str, ...] = (
@@ -337,11 +341,12 @@ def normalise_step_record(
         repr((head, strategy, payload_text)).encode(), digest_size=16
     ).hexdigest()
     packed = PACKED_FORMAT.pack(*[_NAN if flat[i] is None else flat[i] for i in _PACKED_SLOTS],
-                                _NAN if head[9] is None else head[9])
+                                _NAN if head[9] is None else head[9], rank, record.step)
     return (*head, receive_time, strategy, *flat, payload_text, packed, digest)
 
 
-def pack_values(values: Mapping[str, float | int | None], sample_time: float | None) -> bytes:
+def pack_values(values: Mapping[str, float | None], sample_time: float | None, rank: int,
+                step: int) -> bytes:
     """Column name -> cleaned value, into the `packed` BLOB layout (NaN for missing)."""
     flat = []
     for metric in PACKED_METRICS:
@@ -350,7 +355,7 @@ def pack_values(values: Mapping[str, float | int | None], sample_time: float | N
             value = values.get(col)
             flat.append(_NAN if value is None else float(value))
     flat.append(_NAN if sample_time is None else float(sample_time))
-    return PACKED_FORMAT.pack(*flat)
+    return PACKED_FORMAT.pack(*flat, rank, step)
 
 
 class StepTimeStore:

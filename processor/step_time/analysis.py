@@ -72,9 +72,9 @@ class _RankSteps(Sequence[StepTimeStepFacts]):
 
     __slots__ = ("_steps", "_table", "_column")
 
-    def __init__(self, steps: tuple[int, ...], table: np.ndarray, column: int):
+    def __init__(self, steps: tuple[int, ...], table: Sequence[np.ndarray], column: int):
         self._steps = steps
-        self._table = table  # (metrics, steps, ranks), NaN = unavailable
+        self._table = table  # per metric: (steps, ranks), NaN = unavailable
         self._column = column
 
     def __len__(self) -> int:
@@ -87,7 +87,7 @@ class _RankSteps(Sequence[StepTimeStepFacts]):
             index += len(self._steps)
         if not 0 <= index < len(self._steps):
             raise IndexError(index)
-        raw = self._table[:, index, self._column].tolist()
+        raw = [float(array[index, self._column]) for array in self._table]
         return StepTimeStepFacts(self._steps[index], StepTimeValues(*(None if x != x else x for x in raw)))
 
     def __eq__(self, other: object) -> bool:
@@ -174,7 +174,10 @@ def analyze_snapshot(snapshot: StepTimeRepositorySnapshot, max_steps: int) -> St
     ranks = [grid.ranks[i] for i in participating]
 
     all_values = np.asarray(grid.values, dtype=np.float64)
-    if participating.size == len(grid.ranks):
+    everyone = participating.size == len(grid.ranks)
+    if everyone and not grid.shared and np.array_equal(slots, np.arange(len(steps_all))):
+        values = all_values  # an unshared grid exactly covering the window: no copy needed
+    elif everyone:
         values = all_values[slots]  # (T, P, 2M), a copy: the window owns it
     else:
         values = all_values[np.ix_(slots, participating)]
@@ -191,12 +194,14 @@ def analyze_snapshot(snapshot: StepTimeRepositorySnapshot, max_steps: int) -> St
             return np.full(clock_values.shape[:2], np.nan)
         return clock_values[:, :, k]
 
-    table = _per_step_table(
-        on, selected, cpu, gpu,
-    )  # (len(WINDOW_METRICS), T, P), NaN = unavailable for that rank/step
-    averages = table.mean(axis=1)  # NaN wherever any aligned step lacked the value
-    # Explicit-clock aggregates equal to a selected-clock metric share its statistics.
+    # Explicit-clock aggregates equal to a selected-clock metric share its arrays and statistics.
     same_as = dict(_CPU_ALIASES if clock == CLOCK_CPU else _GPU_ALIASES)
+    table = _per_step_table(on, selected, cpu, gpu, same_as)  # per metric (T, P), NaN = unavailable
+    means: dict[int, np.ndarray] = {}
+    for array in table:
+        if id(array) not in means:
+            means[id(array)] = array.mean(axis=0)  # NaN wherever any aligned step lacked the value
+    averages = np.stack([means[id(array)] for array in table])  # (metrics, P)
     return _window(snapshot.run_id, universe, identities, strategy, clock, steps, ranks, table,
                    averages, same_as)
 
@@ -206,8 +211,10 @@ _CPU_ALIASES = {"step_time_cpu": "step_time", "traced_step_time_cpu": "traced_st
 _GPU_ALIASES = {"step_time_gpu": "step_time", "traced_step_time_gpu": "traced_step_time"}
 
 
-def _per_step_table(on, selected: np.ndarray, cpu: np.ndarray, gpu: np.ndarray) -> np.ndarray:
-    """Per-step values of every window metric on the aligned steps."""
+def _per_step_table(on, selected: np.ndarray, cpu: np.ndarray, gpu: np.ndarray,
+                    same_as: Mapping[str, str]) -> list[np.ndarray]:
+    """Per-step values of every window metric on the aligned steps, in WINDOW_METRICS order
+    (a metric equal to another on this clock is the same array object)."""
     series: dict[str, np.ndarray] = {}
     for metric in CANONICAL_METRICS:
         series[metric] = on(selected, metric)
@@ -224,17 +231,21 @@ def _per_step_table(on, selected: np.ndarray, cpu: np.ndarray, gpu: np.ndarray) 
     series["step_time"] = series[METRIC_INPUT_WAIT] + traced
     iw_cpu, traced_cpu = on(cpu, METRIC_INPUT_WAIT), on(cpu, METRIC_TRACED_STEP_TIME)
     iw_gpu, traced_gpu = on(gpu, METRIC_INPUT_WAIT), on(gpu, METRIC_TRACED_STEP_TIME)
-    series["step_time_cpu"] = iw_cpu + traced_cpu
-    series["step_time_gpu"] = iw_gpu + traced_gpu
     series["traced_step_time_cpu"] = traced_cpu
     series["traced_step_time_gpu"] = traced_gpu
     series["dataloader_fetch_cpu"] = iw_cpu
-    return np.stack([series[m] for m in WINDOW_METRICS])
+    for name, twin in same_as.items():
+        series[name] = series[twin]
+    if "step_time_cpu" not in series:
+        series["step_time_cpu"] = iw_cpu + traced_cpu
+    if "step_time_gpu" not in series:
+        series["step_time_gpu"] = iw_gpu + traced_gpu
+    return [series[m] for m in WINDOW_METRICS]
 
 
 def _window(run_id: str, universe: tuple[int, ...], identities: Mapping[int, RankIdentity],
             strategy: str, clock: str, steps: tuple[int, ...], ranks: list[int],
-            table: np.ndarray, averages: np.ndarray, same_as: Mapping[str, str]) -> StepTimeWindow:
+            table: list[np.ndarray], averages: np.ndarray, same_as: Mapping[str, str]) -> StepTimeWindow:
     by_rank = averages.T.astype(object)  # per participating rank: one value per metric
     by_rank[np.isnan(averages.T)] = None
     rank_facts: dict[int, StepTimeRankFacts] = {}

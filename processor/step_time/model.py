@@ -127,8 +127,9 @@ class StepTimeSourceGrid:
       odd k, in milliseconds; NaN = missing.
     - `row_ids`, `sample_times`: per cell (unused where not present).
 
-    A live snapshot's grid aliases the live session's cache and is valid until the
-    session's next refresh; the analyzer copies what the window keeps.
+    A live snapshot's grid aliases the live session's cache (`shared=True`) and is
+    valid until the session's next refresh; the analyzer copies what the window keeps
+    from a shared grid and may keep views of an unshared one.
     """
 
     metrics: tuple[str, ...]
@@ -138,6 +139,7 @@ class StepTimeSourceGrid:
     values: object
     row_ids: object
     sample_times: object
+    shared: bool = False
 
     def rows(self) -> "GridRows":
         return GridRows(self)

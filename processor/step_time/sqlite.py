@@ -35,7 +35,15 @@ from traceml.processor.step_time.model import (
     StepTimeSourceCursor,
     StepTimeSourceGrid,
 )
-from traceml.processor.storage import ABSURD_MS, PACKED_FIELDS, PACKED_METRICS
+from traceml.processor.storage import (
+    ABSURD_MS,
+    PACKED_FIELDS,
+    PACKED_METRICS,
+    PACKED_RANK,
+    PACKED_SAMPLE_TIME,
+    PACKED_STEP,
+    PACKED_VALUES,
+)
 from traceml.schema.vocabulary import STRATEGY_DDP, STRATEGY_SINGLE
 
 LOG = logging.getLogger(__name__)
@@ -49,8 +57,8 @@ REASON_NEGATIVE = "negative_value"
 REASON_NON_FINITE = "non_finite_value"
 REASON_ABSURD = "absurd_value"
 
-_ROW_COLUMNS = "id, global_rank, step, packed"
-_N_VALUES = 2 * len(PACKED_METRICS)
+_ROW_COLUMNS = "id, packed"  # rank and step travel inside `packed`: two objects per row
+_N_VALUES = PACKED_VALUES
 _PACKED_BYTES = 8 * PACKED_FIELDS
 
 _HEADER_SQL = """
@@ -130,12 +138,10 @@ class DecodedRows:
 
 
 def decode_rows(rows: list[tuple], rejected: Counter) -> DecodedRows:
-    """(id, global_rank, step, packed) tuples -> columns; bad rows/values counted in `rejected`."""
+    """(id, packed) tuples -> columns; bad rows/values counted in `rejected`."""
     n = len(rows)
     ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=n)
-    ranks = np.fromiter((r[1] for r in rows), dtype=np.int64, count=n)
-    steps = np.fromiter((r[2] for r in rows), dtype=np.int64, count=n)
-    blobs = [r[3] for r in rows]
+    blobs = [r[1] for r in rows]
     try:
         joined = b"".join(blobs)
     except TypeError:  # a NULL or non-BLOB packed column
@@ -144,11 +150,18 @@ def decode_rows(rows: list[tuple], rejected: Counter) -> DecodedRows:
         keep = np.fromiter((isinstance(b, bytes) and len(b) == _PACKED_BYTES for b in blobs),
                            dtype=bool, count=n)
         rejected[REASON_UNREADABLE] += int(n - keep.sum())
-        ids, ranks, steps = ids[keep], ranks[keep], steps[keep]
+        ids = ids[keep]
         joined = b"".join(b for b, k in zip(blobs, keep) if k)
     packed = np.frombuffer(joined, dtype="<f8").reshape(-1, PACKED_FIELDS)
+    identity = packed[:, (PACKED_RANK, PACKED_STEP)]
+    good = np.isfinite(identity).all(axis=1) & (identity >= 0).all(axis=1)
+    if not good.all():
+        rejected[REASON_UNREADABLE] += int((~good).sum())
+        packed, ids, identity = packed[good], ids[good], identity[good]
     values = packed[:, :_N_VALUES].copy()
-    sample_times = packed[:, _N_VALUES].copy()
+    sample_times = packed[:, PACKED_SAMPLE_TIME].copy()
+    ranks = identity[:, 0].astype(np.int64)
+    steps = identity[:, 1].astype(np.int64)
     with np.errstate(invalid="ignore"):
         negative = values < 0
         infinite = np.isinf(values)
@@ -172,6 +185,19 @@ def _log_rejections(run_id: str, rejected: Counter) -> None:
 # --- summary profile ---------------------------------------------------------------
 
 
+def _compact_steps(steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct step ids (ascending) and each row's index into them, in O(n + span)."""
+    if steps.size == 0:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    low = int(steps.min())
+    offsets = steps - low
+    seen = np.zeros(int(offsets.max()) + 1, dtype=bool)
+    seen[offsets] = True
+    position = np.cumsum(seen) - 1
+    return np.flatnonzero(seen).astype(np.int64) + low, position[offsets]
+
+
+
 def load_summary_snapshot(path: str | Path, run_id: str, max_steps: int = SUMMARY_MAX_STEPS,
                           lookback: int = DEFAULT_LOOKBACK) -> StepTimeRepositorySnapshot:
     """Metadata-complete selection: every rank with identity, rows of the latest steps."""
@@ -193,20 +219,19 @@ def load_summary_snapshot(path: str | Path, run_id: str, max_steps: int = SUMMAR
     for rank in np.unique(decoded.ranks).tolist():
         identities.setdefault(rank, RankIdentity(rank))
     universe = tuple(sorted(identities))
-    step_ids, step_index = np.unique(decoded.steps, return_inverse=True)
+    step_ids, step_index = _compact_steps(decoded.steps)
     rank_index = np.searchsorted(np.asarray(universe, dtype=np.int64), decoded.ranks)
     shape = (len(step_ids), len(universe))
+    # One row per (rank, step) cell: the table's UNIQUE (run_id, global_rank, step).
     values = np.full(shape + (_N_VALUES,), np.nan)
     present = np.zeros(shape, dtype=bool)
     row_ids = np.zeros(shape, dtype=np.int64)
     sample_times = np.full(shape, np.nan)
-    order = np.argsort(decoded.ids, kind="stable")  # latest id written last wins
-    si, ri = step_index[order], rank_index[order]
-    values[si, ri] = decoded.values[order]
-    present[si, ri] = True
-    row_ids[si, ri] = decoded.ids[order]
-    sample_times[si, ri] = decoded.sample_times[order]
-    grid = StepTimeSourceGrid(metrics=PACKED_METRICS, ranks=universe, steps=step_ids.astype(np.int64),
+    values[step_index, rank_index] = decoded.values
+    present[step_index, rank_index] = True
+    row_ids[step_index, rank_index] = decoded.ids
+    sample_times[step_index, rank_index] = decoded.sample_times
+    grid = StepTimeSourceGrid(metrics=PACKED_METRICS, ranks=universe, steps=step_ids,
                               present=present, values=values, row_ids=row_ids,
                               sample_times=sample_times)
     return StepTimeRepositorySnapshot(
@@ -289,15 +314,17 @@ class LiveTail:
             else:
                 rows = conn.execute(
                     _NEW_ROWS_SQL, (self.run_id, previous.cursor.latest_row_id, lower)).fetchall()
-                if rows and not set(r[1] for r in rows) <= set(self._ranks):
-                    full = True  # rows of a rank outside the stored universe
-                    rows = conn.execute(_TAIL_SQL, (self.run_id, lower)).fetchall()
+            rejected: Counter = Counter()
+            decoded = decode_rows(rows, rejected)
+            if not full and decoded.ranks.size and not np.isin(decoded.ranks, self._rank_array).all():
+                full = True  # rows of a rank outside the stored universe
+                rejected = Counter()
+                decoded = decode_rows(conn.execute(_TAIL_SQL, (self.run_id, lower)).fetchall(),
+                                      rejected)
             conn.execute("COMMIT")
         finally:
             conn.close()
 
-        rejected: Counter = Counter()
-        decoded = decode_rows(rows, rejected)
         _log_rejections(self.run_id, rejected)
         self._rejected.update(rejected)
         if full:
@@ -315,7 +342,8 @@ class LiveTail:
         steps[steps <= lower] = -1  # slots that fell out of the tail
         grid = StepTimeSourceGrid(metrics=PACKED_METRICS, ranks=self._ranks, steps=steps,
                                   present=self._present, values=self._values,
-                                  row_ids=self._row_ids, sample_times=self._sample_times)
+                                  row_ids=self._row_ids, sample_times=self._sample_times,
+                                  shared=True)
         snapshot = StepTimeRepositorySnapshot(
             run_id=self.run_id,
             training_strategy=resolve_strategy(header.stored_strategy, len(self._ranks)),

@@ -25,9 +25,12 @@ from traceml.processor.storage import (
     PACKED_FIELDS,
     SAMPLE_COLUMNS,
     StepTimeStore,
+    metric_columns,
     normalise_step_record,
+    pack_values,
 )
 from traceml.schema import vocabulary as v
+from traceml.schema.vocabulary import CANONICAL_METRICS
 
 RUN = "bad"
 
@@ -108,7 +111,10 @@ def test_unparsable_payload_is_never_parsed_on_the_read_path(db):
     assert live.analysis.window.rank_facts[1].average.forward == 30.0
 
 
-@pytest.mark.parametrize("packed", [None, b"short", "text instead of bytes"])
+@pytest.mark.parametrize("packed", [
+    None, b"short", "text instead of bytes",
+    struct.pack(f"<{PACKED_FIELDS}d", *([1.0] * (PACKED_FIELDS - 1) + [math.nan])),  # no step
+])
 def test_rows_with_unreadable_values_are_skipped_and_counted(db, packed):
     _insert_foreign(db, 0, 11, packed=packed)
     _insert_foreign(db, 1, 11)
@@ -120,10 +126,10 @@ def test_rows_with_unreadable_values_are_skipped_and_counted(db, packed):
 
 
 def test_negative_and_infinite_stored_values_are_dropped_on_read(db):
-    values = [30.0 if k % 2 == 0 else math.nan for k in range(PACKED_FIELDS - 1)] + [11.5]
-    values[4] = -3.0  # forward cpu
-    values[2] = math.inf  # h2d cpu
-    _insert_foreign(db, 0, 11, packed=struct.pack(f"<{PACKED_FIELDS}d", *values))
+    columns = {metric_columns(m)[0]: 30.0 for m in CANONICAL_METRICS}
+    columns["forward_cpu_ms"] = -3.0
+    columns["h2d_cpu_ms"] = math.inf
+    _insert_foreign(db, 0, 11, packed=pack_values(columns, 11.5, 0, 11))
     _insert_foreign(db, 1, 11)
     snapshot = load_summary_snapshot(db, RUN)
     assert snapshot.rejected == {"negative_value": 1, "non_finite_value": 1}

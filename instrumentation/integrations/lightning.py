@@ -14,8 +14,9 @@ Step boundaries (docs/integrations/lightning.md has the full story):
 Timed phases and where they come from:
 - input wait: the training fetcher's own before/after-fetch seam (validation and
   test fetchers have their own fetcher and are never timed);
-- H2D: `strategy.batch_to_device` during training, plus a matching traced-step
-  segment so traced step time covers the transfer;
+- traced step: one region per micro-batch, from its transfer to the device until
+  `on_train_batch_end`;
+- H2D: `strategy.batch_to_device` during training;
 - forward: calls to the LightningModule or one of its direct children while
   `training_step` runs (outermost call only; never during backward, so activation
   checkpointing recomputation is not counted);
@@ -501,13 +502,13 @@ class _TrainSession:
         def batch_to_device(*args, **kwargs):
             if not (session._on_training_thread() and session.trainer.training):
                 return original(*args, **kwargs)
-            segment = session._open(RAW_STEP_TIME)
+            # The micro-batch's traced region starts here, so it covers its transfer.
+            session.open_batch_region()
             transfer = session._open(RAW_H2D)
             try:
                 return original(*args, **kwargs)
             finally:
                 session._close(transfer)
-                session._close(segment)
 
         return batch_to_device
 
@@ -585,13 +586,18 @@ class _TrainSession:
 
     # -- callback events ---------------------------------------------------------------------
 
-    def batch_start(self) -> None:
+    def open_batch_region(self) -> None:
+        """Start a micro-batch's traced region (and the group's memory window if new)."""
         if not self.group_open:
             self.group_open = True
             self.memory.reset()
         if self.batch_region is not None:  # a batch skipped without its end hook
             self._close(self.batch_region)
         self.batch_region = self._open(RAW_STEP_TIME)
+
+    def batch_start(self) -> None:
+        if self.batch_region is None:  # no transfer seen (e.g. a dataloader_iter step)
+            self.open_batch_region()
 
     def batch_end(self, batch_idx: int) -> None:
         self._close(self.batch_region)

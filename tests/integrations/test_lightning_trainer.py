@@ -249,8 +249,8 @@ def test_ten_batches_accumulating_four_publish_groups_of_four_four_two(traced, n
     assert sink.counts(FWD) == [4, 4, 2]
     assert sink.counts(BWD) == [4, 4, 2]
     assert sink.counts(OPT) == [1, 1, 1]
-    # each micro-batch: its transfer segment plus its own traced region
-    assert sink.counts(STEP) == [8, 8, 4]
+    # each micro-batch opens and closes its own traced region
+    assert sink.counts(STEP) == [4, 4, 2]
     assert [m.step for m in sink.memory] == [0, 1, 2]
     assert all(m.device == "cpu" and m.peak_allocated_bytes is None for m in sink.memory)
     for record in sink.steps:
@@ -261,6 +261,11 @@ def test_ten_batches_accumulating_four_publish_groups_of_four_four_two(traced, n
         last_backward_end = max(p.end_time_ns for p in record.phases if p.raw_event == BWD)
         (optimizer,) = [p for p in record.phases if p.raw_event == OPT]
         assert optimizer.start_time_ns >= last_backward_end
+        # each transfer lies inside its micro-batch's traced region
+        regions = [p for p in record.phases if p.raw_event == STEP]
+        for h2d in (p for p in record.phases if p.raw_event == H2D):
+            assert any(r.start_time_ns <= h2d.start_time_ns and h2d.end_time_ns <= r.end_time_ns
+                       for r in regions)
     assert_uninstalled(t, model)
 
 
@@ -388,7 +393,7 @@ def test_validation_between_and_inside_groups_never_leaks(traced):
     assert sink.counts(FWD) == [2, 2, 2, 2]
     assert sink.counts(BWD) == [2, 2, 2, 2]
     assert sink.counts(OPT) == [1, 1, 1, 1]
-    assert sink.counts(STEP) == [4, 4, 4, 4]
+    assert sink.counts(STEP) == [2, 2, 2, 2]
 
 
 def test_validate_and_predict_outside_fit_publish_nothing(traced):
@@ -483,3 +488,47 @@ def test_namespace_is_taken_from_the_trainer():
         tl.trainer_namespace(object())
     with pytest.raises(ValueError):
         tl.callback_class("lightning")
+
+
+# --- CUDA: event timing and the group-wide peak-memory window ------------------------------
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_groups_resolve_gpu_time_and_peak_memory_spans_the_group(traced):
+    pl = _pl("lightning.pytorch")
+    spike_bytes = 256 * 2**20
+
+    class Spiky(modules("lightning.pytorch")["Regression"]):
+        """Allocates a 256 MiB temporary in the first micro-batch of the second group."""
+
+        def training_step(self, batch, batch_idx):
+            if batch_idx == 4:
+                spike = torch.ones(spike_bytes // 4, device=self.device)
+                del spike
+            return super().training_step(batch, batch_idx)
+
+    model = Spiky()
+    t = pl.Trainer(accelerator="cuda", devices=1, max_epochs=1, accumulate_grad_batches=4,
+                   enable_progress_bar=False, logger=False, enable_checkpointing=False,
+                   enable_model_summary=False, num_sanity_val_steps=0)
+    t.fit(model, loader(10))
+    sink = traced.finish()
+
+    assert sink.ids() == [0, 1, 2]
+    # auto mode's Tensor.to patch sits inside the integration's transfer region: no double count
+    assert sink.counts(H2D) == [4, 4, 2]
+    assert sink.counts(FWD) == [4, 4, 2]
+    assert sink.counts(OPT) == [1, 1, 1]
+    for record in sink.steps:
+        assert record.events[FETCH].gpu_ms is None  # input wait stays on the CPU clock
+        for raw in (H2D, FWD, BWD, OPT, STEP):
+            assert record.events[raw].gpu_ms is not None, raw
+        # every forward and backward runs inside a traced micro-batch region on one stream
+        inner = record.events[FWD].gpu_ms + record.events[BWD].gpu_ms
+        assert record.events[STEP].gpu_ms >= inner
+    peaks = [m.peak_allocated_bytes for m in sink.memory]
+    assert [m.device for m in sink.memory] == ["cuda:0"] * 3
+    assert all(p is not None for p in peaks)
+    # one reset at the group's start, one read at its end: the spike of micro-batch 1 counts
+    assert peaks[1] >= spike_bytes
+    assert peaks[0] < spike_bytes and peaks[2] < spike_bytes

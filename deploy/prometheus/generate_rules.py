@@ -198,7 +198,8 @@ def tests() -> dict:
                         "exp_labels": {L.run: "r1", L.rank: "1", "severity": "warning"},
                         "exp_annotations": {
                             "summary": "TraceML run r1 rank 1 dropped telemetry",
-                            "description": "Bounded training-side queues overflowed: the analysis misses some steps."}}]},
+                            "description": ("Bounded training-side queues overflowed: the analysis "
+                                            "misses some steps.")}}]},
                     {"eval_time": "6m", "alertname": "TraceMLProcessorDown", "exp_alerts": []},
                     {"eval_time": "9m", "alertname": "TraceMLProcessorDown", "exp_alerts": [{
                         "exp_labels": {"job": n.PROCESSOR_JOB, "instance": inst["instance"],

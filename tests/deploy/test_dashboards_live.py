@@ -56,7 +56,8 @@ def stack(tmp_path_factory):
         train_two_ranks(folder, RUN_ID, {0: (f"http://127.0.0.1:{processor.port(4317)}", "grpc"),
                                          1: (f"http://127.0.0.1:{http}", "http/protobuf")})
         sel = f'{L.run}="{RUN_ID}"'
-        prometheus.wait_for(f'{M.diagnosis_active}{{{sel},{L.kind}=~"{promql_names.regex(promql_names.STRAGGLER_KINDS)}"}}')
+        stragglers = promql_names.regex(promql_names.STRAGGLER_KINDS)
+        prometheus.wait_for(f'{M.diagnosis_active}{{{sel},{L.kind}=~"{stragglers}"}}')
         prometheus.wait_for(f'{M.rank_memory_peak}{{{sel}}}', lambda r: len(r) == 2)
         prometheus.wait_for(f'{M.records}{{{L.outcome}="{promql_names.OUTCOME_REJECTED}"}}')
         time.sleep(3)  # a few more scrapes so rate()/deriv() windows hold several samples
@@ -137,3 +138,19 @@ def test_alert_rules_load_and_evaluate_without_error_on_real_data(stack):
     # The malformed span makes the reject alert fire at once (no `for`).
     firing = {(a["labels"]["alertname"], a["state"]) for a in prometheus.api("alerts")["alerts"]}
     assert ("TraceMLProcessorIngestRejects", "firing") in firing
+
+
+def test_panels_show_what_the_run_did(stack):
+    """Rank 0's slow loader: the straggler panel names rank 0, per-rank panels show both ranks."""
+    _, prometheus, started = stack
+    by_title = {q.panel: q for q in QUERIES}
+    values = _grafana_values(started, ".*")
+    straggler = _run(prometheus, substitute(by_title["Straggler score and culprit"].expr, values), False, started)
+    assert {s["metric"][L.culprit] for s in straggler} == {"0"}
+    phases = prometheus.query(substitute(by_title["Phase time per rank (window average)"].expr, values))
+    assert {s["metric"][L.rank] for s in phases} == {"0", "1"}
+    waits = {s["metric"][L.rank]: float(s["value"][1]) for s in phases
+             if s["metric"][L.metric] == promql_names.INPUT_WAIT}
+    assert waits["0"] > waits["1"]
+    memory = prometheus.query(substitute(by_title["Peak memory per rank"].expr, values))
+    assert {s["metric"][L.rank]: float(s["value"][1]) for s in memory} == {"0": (1 << 28) + 4, "1": (2 << 28) + 4}

@@ -153,10 +153,10 @@ class OtlpStepExporter:
         self._wake.set()
         self._thread.join(max(0.0, timeout_s))
         if self._thread.is_alive():
-            self._stop.set()  # cut any backoff short; in-flight calls end at the shutdown deadline
+            self._stop.set()  # cut any retry backoff short
             self._thread.join(1.0)
         finished = not self._thread.is_alive()
-        self._transport.close()
+        self._transport.close()  # also cancels a gRPC call still in flight (the worker is a daemon)
         return finished
 
     @property
@@ -168,28 +168,26 @@ class OtlpStepExporter:
     def _run(self) -> None:
         next_counters = time.monotonic() + self.settings.telemetry_interval_s
         while True:
+            if not self._closing:
+                self._wake.wait(self.settings.export_interval_s)
+                self._wake.clear()
+            waiters, self._flush_waiters = self._flush_waiters, []
+            closing = self._closing
             try:
-                if not self._closing:
-                    self._wake.wait(self.settings.export_interval_s)
-                    self._wake.clear()
-                waiters, self._flush_waiters = self._flush_waiters, []
-                closing = self._closing
                 self._drain()
                 if closing:
                     self._send_counters(force=True)
                     self._send_run_end()
-                    for w in waiters + self._flush_waiters:
-                        w.set()
-                    return
-                if time.monotonic() >= next_counters:
+                elif time.monotonic() >= next_counters:
                     self._send_counters(force=False)
                     next_counters = time.monotonic() + self.settings.telemetry_interval_s
-                for w in waiters:
-                    w.set()
             except Exception as exc:  # the worker must survive anything a record can do
                 self._note_failure(f"exporter worker error: {type(exc).__name__}: {exc}")
-                if self._closing:
-                    return
+            finally:
+                for w in waiters + (self._flush_waiters if closing else []):
+                    w.set()
+            if closing:
+                return
 
     def _deadline(self) -> float:
         deadline = time.monotonic() + self.settings.timeout_s

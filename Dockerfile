@@ -23,7 +23,9 @@ COPY launcher ./launcher
 # transformers or lightning end up in the image.
 RUN pip install --no-compile . \
     && rm -rf /src \
-    && useradd --system --uid 10001 --home-dir /data --shell /usr/sbin/nologin traceml \
+    && groupadd --system --gid 10001 traceml \
+    && useradd --system --uid 10001 --gid 10001 --home-dir /data --no-create-home \
+       --shell /usr/sbin/nologin traceml \
     && mkdir -p /data/summaries \
     && chown -R traceml:traceml /data
 
@@ -34,6 +36,7 @@ VOLUME ["/data"]
 # 4317 OTLP/gRPC, 4318 OTLP/HTTP (+ /healthz, /readyz), 9464 Prometheus /metrics
 EXPOSE 4317 4318 9464
 
+# Plain HTTP on the OTLP/HTTP port; with --tls-cert/--tls-key set, override this check.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=20s --retries=3 \
     CMD ["python", "-c", "import sys, urllib.request; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:4318/healthz', timeout=4).status == 200 else 1)"]
 

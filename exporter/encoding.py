@@ -32,6 +32,7 @@ SCOPE_VERSION = "1"
 _SPAN_KIND_INTERNAL = trace_pb2.Span.SpanKind.SPAN_KIND_INTERNAL
 _CUMULATIVE = metrics_pb2.AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
 _SPECS = {spec.name: spec for spec in v.TRAINING_METRICS}
+_CACHE_MAX = 256
 
 
 def any_value(value) -> common_pb2.AnyValue:
@@ -71,7 +72,11 @@ def _id(nbytes: int, *parts: object) -> bytes:
 
 
 class OtlpEncoder:
-    """Builds the protobuf requests for one rank; holds only constant per-rank state."""
+    """Builds the protobuf requests for one rank.
+
+    Holds only per-rank constants and small caches keyed by raw event name and device
+    (capped at `_CACHE_MAX` entries): nothing grows with the number of steps.
+    """
 
     def __init__(self, identity: RunIdentity, settings: ExporterSettings):
         self.identity = identity
@@ -92,14 +97,9 @@ class OtlpEncoder:
             keys = (v.event_attribute(raw_event, v.EVENT_FIELD_CPU_MS),
                     v.event_attribute(raw_event, v.EVENT_FIELD_GPU_MS),
                     v.event_attribute(raw_event, v.EVENT_FIELD_COUNT))
-            self._event_keys[raw_event] = keys
+            if len(self._event_keys) < _CACHE_MAX:
+                self._event_keys[raw_event] = keys
         return keys
-
-    def step_spans(self, record: ResolvedStepTime) -> list[trace_pb2.Span]:
-        """The self-contained `traceml.step` span, then its phase children (if enabled)."""
-        request, spans = self.new_trace_request()
-        self.add_step_spans(spans, record)
-        return list(spans)
 
     def add_step_spans(self, spans, record: ResolvedStepTime) -> int:
         """Append the step span and its phase children to `spans` (a repeated Span field) in place.
@@ -129,7 +129,8 @@ class OtlpEncoder:
             if cached is None:
                 cached = (v.SPAN_PHASE_PREFIX + v.raw_event_key(phase.raw_event),
                           KV(key=v.ATTR_PHASE, value=AV(string_value=phase.raw_event)))
-                self._phase_names[phase.raw_event] = cached
+                if len(self._phase_names) < _CACHE_MAX:
+                    self._phase_names[phase.raw_event] = cached
             spans.add(trace_id=trace_id, span_id=_id(8, run_id, rank, step, index), parent_span_id=span_id,
                       name=cached[0], kind=_SPAN_KIND_INTERNAL,
                       start_time_unix_nano=phase.start_time_ns, end_time_unix_nano=phase.end_time_ns,
@@ -185,7 +186,8 @@ class OtlpEncoder:
                 device_kv = self._device_kvs.get(record.device)
                 if device_kv is None:
                     device_kv = common_pb2.KeyValue(key=v.ATTR_DEVICE, value=any_value(str(record.device)))
-                    self._device_kvs[record.device] = device_kv
+                    if len(self._device_kvs) < _CACHE_MAX:
+                        self._device_kvs[record.device] = device_kv
             batch.points(name).add(time_unix_nano=record.time_ns, as_int=int(value),
                                    attributes=(self._run_kv, self._rank_kv, step_kv, device_kv))
             added += 1

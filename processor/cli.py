@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-runs", type=int, help=f"env {env.TRACEML_PROCESSOR_MAX_RUNS}; default 1000")
     p.add_argument("--max-ranks-per-run", type=int,
                    help=f"env {env.TRACEML_PROCESSOR_MAX_RANKS_PER_RUN}; default 16384")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help=f"ingest processes sharing the receiver ports (env {env.TRACEML_PROCESSOR_WORKERS}; "
+                        "default 1; more use more cores for decode and normalisation)")
     p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     return p
 
@@ -129,7 +132,10 @@ def config_from_args(argv=None):
         idle_timeout_s=float(args.idle_timeout or _env(env.TRACEML_PROCESSOR_IDLE_TIMEOUT, "300")),
         refresh_interval_s=float(args.refresh_interval or _env(env.TRACEML_PROCESSOR_REFRESH_INTERVAL, "0.5")),
         limits=limits,
+        workers=int(args.workers or _env(env.TRACEML_PROCESSOR_WORKERS, "1")),
     )
+    if config.workers < 1:
+        raise ValueError("--workers must be at least 1")
     if config.idle_timeout_s <= 0 or config.refresh_interval_s <= 0:
         raise ValueError("--idle-timeout and --refresh-interval must be positive")
     return config, args

@@ -47,18 +47,34 @@ class _Ticket:
     error: BaseException | None = None
 
 
-class ProcessorStats:
-    """Self-metric counters (thread-safe): records by (outcome, signal), plus gauges."""
+OUTCOMES = ("accepted", "rejected", "duplicate", "ignored", "undecodable")
+SIGNALS = ("traces", "metrics")
+STAT_KEYS: tuple[tuple[str, str], ...] = tuple((o, s) for o in OUTCOMES for s in SIGNALS)
 
-    def __init__(self) -> None:
+
+class ProcessorStats:
+    """Self-metric counters (thread-safe): records by (outcome, signal).
+
+    With ingest workers the counts live in a shared-memory array (`shared`, one
+    int64 per `STAT_KEYS` entry) so the main process reports every worker's work.
+    """
+
+    def __init__(self, shared=None) -> None:
         self._lock = threading.Lock()
-        self.records: Counter = Counter()  # (outcome, signal) -> count
-        self.reasons: Counter = Counter()  # rejection reason -> count
+        self._shared = shared
+        self.records: Counter = Counter()  # (outcome, signal) -> count (local mode)
+        self.reasons: Counter = Counter()  # rejection reason -> count (this process)
+        self._index = {key: i for i, key in enumerate(STAT_KEYS)}
 
     def add(self, outcome: str, signal: str, count: int) -> None:
-        if count:
-            with self._lock:
-                self.records[(outcome, signal)] += count
+        if not count:
+            return
+        if self._shared is not None and (outcome, signal) in self._index:
+            with self._shared.get_lock():
+                self._shared[self._index[(outcome, signal)]] += count
+            return
+        with self._lock:
+            self.records[(outcome, signal)] += count
 
     def add_reasons(self, reasons: dict[str, int]) -> None:
         with self._lock:
@@ -66,7 +82,14 @@ class ProcessorStats:
 
     def snapshot(self) -> dict[tuple[str, str], int]:
         with self._lock:
-            return dict(self.records)
+            out = dict(self.records)
+        if self._shared is not None:
+            with self._shared.get_lock():
+                values = list(self._shared)
+            for key, value in zip(STAT_KEYS, values):
+                if value:
+                    out[key] = out.get(key, 0) + value
+        return out
 
 
 class IngestQueue:

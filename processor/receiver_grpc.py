@@ -61,13 +61,14 @@ class GrpcReceiver:
     """Owns one `grpc.Server`; `port` is the bound port (useful with port 0)."""
 
     def __init__(self, handler: ExportHandler, host: str, port: int, *,
-                 auth: BearerAuth = BearerAuth(), tls: TlsConfig = TlsConfig(), workers: int = 8):
+                 auth: BearerAuth = BearerAuth(), tls: TlsConfig = TlsConfig(), workers: int = 8,
+                 reuse_port: bool = False):
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="traceml-otlp-grpc"),
             options=[
                 ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
                 ("grpc.max_send_message_length", 4 * 1024 * 1024),
-                ("grpc.so_reuseport", 0),
+                ("grpc.so_reuseport", 1 if reuse_port else 0),  # shared by ingest workers only
             ],
             maximum_concurrent_rpcs=workers * 4,
         )

@@ -196,7 +196,8 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 128
 
     def __init__(self, address, handler: ExportHandler, auth: BearerAuth,
-                 readiness: Callable[[], tuple[bool, str]], stats):
+                 readiness: Callable[[], tuple[bool, str]], stats, reuse_port: bool = False):
+        self.allow_reuse_port = reuse_port  # ingest workers share the port (SO_REUSEPORT)
         super().__init__(address, _Handler)
         self.handler = handler
         self.auth = auth
@@ -213,9 +214,10 @@ class HttpReceiver:
 
     def __init__(self, handler: ExportHandler, host: str, port: int, *,
                  auth: BearerAuth = BearerAuth(), tls: TlsConfig = TlsConfig(),
-                 readiness: Callable[[], tuple[bool, str]] = lambda: (True, "ready")):
+                 readiness: Callable[[], tuple[bool, str]] = lambda: (True, "ready"),
+                 reuse_port: bool = False):
         server_cls = _Server6 if ":" in host else _Server
-        self._server = server_cls((host, port), handler, auth, readiness, handler.stats)
+        self._server = server_cls((host, port), handler, auth, readiness, handler.stats, reuse_port)
         if tls.enabled:
             # The handshake runs on the handler thread, never on the accept loop.
             self._server.socket = tls.server_context().wrap_socket(

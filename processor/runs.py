@@ -10,6 +10,7 @@ reopens the run, and the summary is rewritten at its next end.
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 import time
 from dataclasses import dataclass, field
@@ -70,7 +71,7 @@ class RunMonitor:
     def __init__(self, db_path: Path, backend: RunBackend, *, summary_dir: Path | None,
                  refresh_interval_s: float = 0.5, idle_timeout_s: float = 300.0,
                  retain_ended_s: float = 600.0, clock: Callable[[], float] = time.monotonic,
-                 on_ended: Callable[[str], None] | None = None):
+                 on_ended: Callable[[str], None] | None = None, poll_store: bool = False):
         self.db_path = Path(db_path)
         self.backend = backend
         self.summary_dir = Path(summary_dir) if summary_dir else None
@@ -79,6 +80,8 @@ class RunMonitor:
         self.retain_ended_s = retain_ended_s
         self._clock = clock
         self._on_ended = on_ended
+        self._poll = poll_store  # ingest workers commit in other processes: learn from the store
+        self._seen: dict[str, tuple] = {}
         self._lock = threading.Lock()
         self._runs: dict[str, RunState] = {}
         self._stop = threading.Event()
@@ -187,6 +190,8 @@ class RunMonitor:
 
     def tick(self) -> None:
         """One round: refresh changed runs, end finished or idle ones, forget old ones."""
+        if self._poll:
+            self.poll_store()
         now = self._clock()
         with self._lock:
             states = list(self._runs.values())
@@ -203,6 +208,37 @@ class RunMonitor:
                     if self._runs.get(state.run_id) is state and state.ended is not None:
                         del self._runs[state.run_id]
         self.ticks += 1
+
+    def poll_store(self) -> None:
+        """Runs whose stored activity changed since the last poll count as active (workers' commits)."""
+        if not self.db_path.exists():
+            return
+        conn = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True, timeout=5.0)
+        try:
+            changed = []
+            for run_id, last_receive, last_sample, latest_row in conn.execute(
+                    "SELECT run_id, last_receive_time, last_sample_time, latest_row_id FROM step_time_runs"):
+                marker = (last_receive, latest_row)
+                if self._seen.get(run_id) != marker:
+                    self._seen[run_id] = marker
+                    changed.append((run_id, last_sample))
+            for run_id, last_sample in changed:
+                ranks = conn.execute("SELECT global_rank, world_size, finished_time FROM step_time_ranks"
+                                     " WHERE run_id = ?", (run_id,)).fetchall()
+                with self._lock:
+                    state = self._state(run_id, self._clock())
+                    for rank, world_size, finished_time in ranks:
+                        state.ranks.add(rank)
+                        if world_size:
+                            state.world_size = max(state.world_size or 0, world_size)
+                        if finished_time is not None:
+                            state.finished.add(rank)
+                    if last_sample is not None and (state.last_step_end is None or last_sample > state.last_step_end):
+                        state.last_step_end = last_sample
+        except sqlite3.OperationalError:
+            pass  # tables not created yet
+        finally:
+            conn.close()
 
     def _refresh(self, state: RunState) -> None:
         state.dirty = False

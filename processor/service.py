@@ -39,7 +39,8 @@ class ProcessorConfig:
     refresh_interval_s: float = 0.5
     limits: DecodeLimits = field(default_factory=DecodeLimits)
     max_pending_records: int = 200_000
-    grpc_workers: int = 8
+    grpc_workers: int = 8  # threads per gRPC server
+    workers: int = 1  # ingest processes sharing the receiver ports (SO_REUSEPORT)
 
 
 class StepTimeBackend:
@@ -66,15 +67,26 @@ class ProcessorService:
         from traceml.processor.storage import StepTimeStore
 
         config.tls.validate()
+        if config.workers < 1:
+            raise ValueError("--workers must be at least 1")
         self.config = config
-        self.stats = ProcessorStats()
+        self.pool = None
+        shared = None
+        if config.workers > 1:
+            from traceml.processor.ingest import STAT_KEYS
+            from traceml.processor.workers import WorkerPool
+
+            self.pool = WorkerPool(config, config.workers - 1)
+            shared = self.pool.make_shared_counts(len(STAT_KEYS))
+        self.stats = ProcessorStats(shared=shared)
         self.store = StepTimeStore(config.db)
         known = self.store.runs()
         self.admission = RunAdmission(config.limits, known)
         self.decoder = Decoder(config.limits, self.admission)
         self.monitor = RunMonitor(
             Path(config.db), backend or StepTimeBackend(), summary_dir=config.summary_dir,
-            refresh_interval_s=config.refresh_interval_s, idle_timeout_s=config.idle_timeout_s)
+            refresh_interval_s=config.refresh_interval_s, idle_timeout_s=config.idle_timeout_s,
+            poll_store=config.workers > 1)
         self.monitor.adopt(known)
         self.ingest = IngestQueue(self.store, stats=self.stats, on_committed=self.monitor.observe,
                                   max_pending_records=config.max_pending_records)
@@ -100,6 +112,8 @@ class ProcessorService:
             return False, "not serving"
         if not self.ingest._thread.is_alive():
             return False, "ingest writer stopped"
+        if self.pool is not None and not self.pool.alive():
+            return False, "an ingest worker stopped"
         return True, "ready"
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -114,13 +128,17 @@ class ProcessorService:
         if cfg.otlp_grpc is not None:
             warn_if_exposed("OTLP/gRPC", cfg.otlp_grpc[0], cfg.auth, cfg.tls)
             self.grpc = GrpcReceiver(self.handler, *cfg.otlp_grpc, auth=cfg.auth, tls=cfg.tls,
-                                     workers=cfg.grpc_workers)
+                                     workers=cfg.grpc_workers, reuse_port=self.pool is not None)
             self.grpc.start()
         if cfg.otlp_http is not None:
             warn_if_exposed("OTLP/HTTP", cfg.otlp_http[0], cfg.auth, cfg.tls)
             self.http = HttpReceiver(self.handler, *cfg.otlp_http, auth=cfg.auth, tls=cfg.tls,
-                                     readiness=self.readiness)
+                                     readiness=self.readiness, reuse_port=self.pool is not None)
             self.http.start()
+        if self.pool is not None:
+            # Workers bind the ports the main process resolved (port 0 becomes a real port first).
+            self.pool.start(None if self.grpc is None else (self.grpc.host, self.grpc.port),
+                            None if self.http is None else (self.http.host, self.http.port))
         if cfg.prometheus is not None:
             self.prometheus = PrometheusEndpoint(*cfg.prometheus, collect=self.points)
             self.prometheus.start()
@@ -153,6 +171,8 @@ class ProcessorService:
             self.grpc.stop(grace_s=2.0)
         if self.http is not None:
             self.http.stop()
+        if self.pool is not None:
+            self.pool.stop()
         self.ingest.stop()
         self.monitor.stop(summarise_open_runs=self.config.summary_dir is not None)
         if self.pusher is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -73,17 +74,22 @@ class ProcessorProcess:
 
     def __init__(self, folder: Path):
         self.folder = folder
-        self.grpc, self.http, self.prom = free_port(), free_port(), free_port()
         self.db = folder / "traceml.db"
         self.summary_dir = folder / "summaries"
         self.log = open(folder / "processor.log", "wb")
         env = {k: val for k, val in os.environ.items() if not k.startswith("OTEL_")}
+        # Port 0 everywhere: the processor binds free ports and names them in its ready line.
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "traceml.processor.cli", "--db", str(self.db),
-             "--otlp-grpc", f"127.0.0.1:{self.grpc}", "--otlp-http", f"127.0.0.1:{self.http}",
-             "--prometheus", f"127.0.0.1:{self.prom}", "--summary-dir", str(self.summary_dir),
+             "--otlp-grpc", "127.0.0.1:0", "--otlp-http", "127.0.0.1:0",
+             "--prometheus", "127.0.0.1:0", "--summary-dir", str(self.summary_dir),
              "--refresh-interval", "0.5", "--idle-timeout", "600"],
             stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        line = re.compile(r"traceml-processor ready grpc=(\d+) http=(\d+) prometheus=(\d+)")
+        assert wait_until(lambda: line.search(self.log_text()) or self.proc.poll() is not None, 60, 0.05)
+        match = line.search(self.log_text())
+        assert match, self.log_text()
+        self.grpc, self.http, self.prom = (int(g) for g in match.groups())
         assert wait_until(self.ready, 60, 0.1), self.log_text()
 
     def ready(self) -> bool:

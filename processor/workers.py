@@ -1,0 +1,116 @@
+"""Ingest worker processes: more cores for decode and normalisation, one port.
+
+Python holds one core per process, and decoding plus normalising a step span
+costs about 50 us of CPU, so one process tops out below 20,000 spans/s. With
+`--workers N` the main process binds its receivers with SO_REUSEPORT and starts
+N - 1 spawned workers that bind the same ports; the kernel spreads connections
+over them. A worker only receives, decodes and commits (its own `IngestQueue`
+and `StepTimeStore` on the same WAL database; SQLite serialises the short
+commits). The main process keeps everything else: the run monitor learns about
+worker commits by polling the store, and self-metric counters live in shared
+memory. Caps on runs and ranks apply per process.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import signal
+import threading
+from dataclasses import replace
+
+LOG = logging.getLogger(__name__)
+
+
+def _worker_main(config, grpc_addr, http_addr, shared_counts, ready, stop, index: int) -> None:
+    """Entry point of one spawned worker (a module-level function so spawn can import it)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process decides when workers stop
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s worker-{index} %(levelname)s %(name)s: %(message)s")
+    from traceml.processor.decode import Decoder
+    from traceml.processor.export_handler import ExportHandler
+    from traceml.processor.ingest import IngestQueue, ProcessorStats
+    from traceml.processor.receiver_grpc import GrpcReceiver
+    from traceml.processor.receiver_http import HttpReceiver
+    from traceml.processor.storage import StepTimeStore
+
+    store = StepTimeStore(config.db)
+    stats = ProcessorStats(shared=shared_counts)
+    ingest = IngestQueue(store, stats=stats, max_pending_records=config.max_pending_records)
+    handler = ExportHandler(Decoder(config.limits), ingest, stats)
+    ingest.start()
+    receivers = []
+    try:
+        if grpc_addr is not None:
+            receivers.append(GrpcReceiver(handler, *grpc_addr, auth=config.auth, tls=config.tls,
+                                          workers=config.grpc_workers, reuse_port=True))
+        if http_addr is not None:
+            receivers.append(HttpReceiver(handler, *http_addr, auth=config.auth, tls=config.tls,
+                                          reuse_port=True))
+        for receiver in receivers:
+            receiver.start()
+    except Exception:
+        LOG.exception("ingest worker %d could not start", index)
+        stop.set()
+    ready.set()
+    stop.wait()
+    for receiver in receivers:
+        receiver.stop() if isinstance(receiver, HttpReceiver) else receiver.stop(grace_s=2.0)
+    ingest.stop()
+    store.close()
+
+
+class WorkerPool:
+    """The N - 1 extra ingest processes of `--workers N`."""
+
+    def __init__(self, config, count: int):
+        self._ctx = multiprocessing.get_context("spawn")
+        self.shared_counts = None
+        self._count = count
+        self._config = replace(config, workers=1)
+        self._stop = self._ctx.Event()
+        self._procs: list = []
+        self._ready: list = []
+
+    def make_shared_counts(self, size: int):
+        self.shared_counts = self._ctx.Array("q", size)
+        return self.shared_counts
+
+    def start(self, grpc_addr, http_addr, timeout_s: float = 60.0) -> None:
+        for index in range(self._count):
+            ready = self._ctx.Event()
+            proc = self._ctx.Process(
+                target=_worker_main, name=f"traceml-ingest-worker-{index + 1}", daemon=True,
+                args=(self._config, grpc_addr, http_addr, self.shared_counts, ready,
+                      self._stop, index + 1))
+            proc.start()
+            self._procs.append(proc)
+            self._ready.append(ready)
+        for index, ready in enumerate(self._ready):
+            if not ready.wait(timeout_s):
+                raise RuntimeError(f"ingest worker {index + 1} did not start within {timeout_s} s")
+
+    def alive(self) -> bool:
+        return all(p.is_alive() for p in self._procs) and not self._stop.is_set()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self._stop.set()
+        for proc in self._procs:
+            proc.join(timeout_s)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(5)
+
+
+def watch_workers(pool: WorkerPool, on_dead, interval_s: float = 1.0) -> threading.Thread:
+    """Log once if a worker dies (the others and the main process keep serving)."""
+    def loop():
+        import time
+
+        while pool.alive():
+            time.sleep(interval_s)
+        if not pool._stop.is_set():
+            on_dead()
+
+    thread = threading.Thread(target=loop, name="traceml-worker-watch", daemon=True)
+    thread.start()
+    return thread

@@ -1,0 +1,42 @@
+"""`--workers 2`: two processes share the receiver ports; rows, duplicates, counts and run end stay right."""
+from __future__ import annotations
+
+import grpc
+from conftest import count_rows, make_service
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+from otlp_payloads import run_end_span, steps_request, trace_request
+
+from traceml.processor.ingest import wait_until
+
+
+def _own_connection(port: int):
+    # A private subchannel pool gives each channel its own TCP connection, so the
+    # kernel can hand connections to either process.
+    return grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)])
+
+
+def test_two_ingest_processes_share_the_ports(tmp_path):
+    svc = make_service(tmp_path, workers=2, prometheus=None)
+    try:
+        assert svc.pool is not None and svc.pool.alive()
+        requests = [steps_request("wk", rank, range(10)) for rank in range(8)]
+        for request in requests:
+            with _own_connection(svc.grpc_port) as channel:
+                trace_service_pb2_grpc.TraceServiceStub(channel).Export(request, timeout=30)
+        for request in requests[:4]:  # retries of the same batches, again on fresh connections
+            with _own_connection(svc.grpc_port) as channel:
+                trace_service_pb2_grpc.TraceServiceStub(channel).Export(request, timeout=30)
+        assert count_rows(svc.config.db, run_id="wk") == 80
+        counts = svc.stats.snapshot()  # shared memory: both processes' work
+        assert counts[("accepted", "traces")] == 80
+        assert counts[("duplicate", "traces")] == 40
+        for rank in range(8):
+            with _own_connection(svc.grpc_port) as channel:
+                trace_service_pb2_grpc.TraceServiceStub(channel).Export(
+                    trace_request("wk", rank, [run_end_span(rank, 10)], world_size=8), timeout=30)
+        # The main process learns of the other process's commits from the store.
+        assert wait_until(lambda: (svc.monitor.state("wk") or None) is not None
+                          and len(svc.monitor.state("wk").summary_files) == 2, 60)
+        assert svc.monitor.state("wk").ended == "markers"
+    finally:
+        svc.stop()

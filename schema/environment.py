@@ -73,6 +73,8 @@ TRACEML_PROCESSOR_MAX_RUNS = "TRACEML_PROCESSOR_MAX_RUNS"
 """Runs the processor tracks at once; data of further runs is rejected (default 1000)."""
 TRACEML_PROCESSOR_MAX_RANKS_PER_RUN = "TRACEML_PROCESSOR_MAX_RANKS_PER_RUN"
 """Ranks accepted per run; further ranks are rejected (default 16384)."""
+TRACEML_PROCESSOR_WORKERS = "TRACEML_PROCESSOR_WORKERS"
+"""Ingest processes sharing the receiver ports (default 1)."""
 OTEL_EXPORTER_OTLP_METRICS_ENDPOINT = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"
 OTEL_EXPORTER_OTLP_METRICS_PROTOCOL = "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL"
 

@@ -268,8 +268,9 @@ def complete_step_capture(capture: StepCapture | None = None) -> int | None:
         return None
     _active = None
     active.detached = True
-    _close_boundary()
-    if not _recording or active.is_empty():
+    if open_regions:
+        _close_boundary()
+    if not _recording or (not active.events and active.memory is None):
         return None
     step = _next_step
     _next_step = step + 1

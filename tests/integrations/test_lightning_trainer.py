@@ -460,6 +460,22 @@ def test_manual_callback_is_reused_not_duplicated(traced, namespace):
     assert traced.finish().ids() == [0, 1]
 
 
+def test_callback_added_without_init_starts_traceml_in_manual_mode():
+    traceml._reset_for_tests()
+    sink = ListSink()
+    traceml.register_sink(sink)
+    try:
+        t = trainer(callbacks=[tl.TraceMLCallback()], accumulate_grad_batches=2)
+        t.fit(modules("lightning.pytorch")["Regression"](), loader(4))
+        assert traceml.is_initialized() and traceml.mode() == "manual"
+        traceml.shutdown()
+        assert sink.ids() == [0, 1]
+        assert sink.counts(FWD) == [2, 2]
+    finally:
+        traceml.unregister_sink(sink)
+        traceml._reset_for_tests()
+
+
 def test_callback_goes_before_checkpoint_callbacks(traced, tmp_path):
     t = trainer(enable_checkpointing=True, default_root_dir=str(tmp_path))
     callback = tl.attach(t)
@@ -479,6 +495,21 @@ def test_disabled_launch_installs_nothing(traced, monkeypatch):
     assert traceml_callbacks(t) == []
     assert_uninstalled(t, model)
     assert traced.finish().steps == []
+
+
+def test_auto_attach_imports_no_lightning():
+    probe = textwrap.dedent("""
+        import sys
+        for name in ("torch", "lightning", "pytorch_lightning"):
+            sys.modules[name] = None  # importing any of them now fails
+        from traceml.integrations import lightning as tl
+        assert tl.auto_attach() is True
+        tl.remove_auto_attach()
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
 
 
 def test_namespace_is_taken_from_the_trainer():

@@ -305,10 +305,11 @@ def _metric(name: str, per_step: np.ndarray, values: np.ndarray, ranks: np.ndarr
 def representative_index(values: np.ndarray, ranks: np.ndarray, median: float) -> int:
     """Index of the real rank nearest the median, then lower value, then lower rank id."""
     distance = np.abs(values - median)
-    near = distance <= distance.min() + _TIE_RELATIVE * max(1.0, abs(median))
-    candidates = np.flatnonzero(near)
-    best = min(candidates.tolist(), key=lambda i: (values[i], ranks[i]))
-    return int(best)
+    candidates = np.flatnonzero(distance <= distance.min() + _TIE_RELATIVE * max(1.0, abs(median)))
+    if candidates.size == 1:
+        return int(candidates[0])
+    order = np.lexsort((ranks[candidates], values[candidates]))  # value first, then rank id
+    return int(candidates[order[0]])
 
 
 def _shares(metrics: Mapping[str, StepTimeMetric]) -> dict[str, float | None]:

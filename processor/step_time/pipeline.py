@@ -116,13 +116,13 @@ class LiveStepTimeSession:
     def __init__(self, db_path: str | Path, run_id: str, *, window: int = LIVE_WINDOW_STEPS,
                  lookback: int = DEFAULT_LOOKBACK, bridge_ttl_s: float = BRIDGE_TTL_S,
                  pipeline: StepTimePipeline | None = None, diagnose: Diagnose | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] | None = None):
         self.db_path = Path(db_path)
         self.run_id = run_id
         self.window = window
         self.bridge_ttl_s = bridge_ttl_s
         self._pipeline = pipeline or StepTimePipeline(diagnose)
-        self._clock = clock
+        self._clock = clock or time.monotonic  # never wall time: clock corrections must not move expiry
         self._lock = threading.Lock()
         self._tail = LiveTail(run_id, window, lookback)
         self._last_good: StepTimeAnalysis | None = None

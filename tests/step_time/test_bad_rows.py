@@ -163,3 +163,14 @@ def test_a_corrupt_database_file_bridges_instead_of_crashing(db, tmp_path):
     result = session.refresh()
     assert result.freshness == "bridged" and result.analysis is good.analysis
     assert "DatabaseError" in result.error
+
+
+def test_rows_of_a_rank_missing_from_the_rank_table_join_the_universe(db):
+    session, first = _live(db)
+    assert first.analysis.window.expected_ranks == (0, 1)
+    for rank in (0, 1, 5):  # rank 5 never registered through the store
+        _insert_foreign(db, rank, 11)
+    result = session.refresh()
+    assert result.freshness == "live"
+    assert result.analysis.window.expected_ranks == (0, 1, 5)
+    assert result.analysis.window.steps == (11,)

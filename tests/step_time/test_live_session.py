@@ -4,6 +4,7 @@ from __future__ import annotations
 import random
 import sqlite3
 import threading
+import time
 
 from scenarios import build_scenario, scenario_records
 from traceml.processor.diagnosis import diagnose
@@ -198,3 +199,17 @@ def test_concurrent_refreshes_while_writing_never_fail(tmp_path):
     assert not errors
     assert all(r.freshness == "live" for r in results)
     assert final.analysis.window.steps == tuple(range(1, 101))
+
+
+def test_expiry_follows_time_monotonic_not_wall_time(tmp_path, monkeypatch):
+    db = build_scenario("single_rank_cpu", tmp_path / "m.db")
+    fake_monotonic = FakeClock()
+    monkeypatch.setattr(time, "monotonic", fake_monotonic)
+    session = LiveStepTimeSession(db, "single_rank_cpu")
+    assert session.refresh().freshness == "live"
+    db.rename(tmp_path / "away.db")
+    wall = time.time()
+    monkeypatch.setattr(time, "time", lambda: wall + 3600.0)  # a wall-clock jump of an hour
+    assert session.refresh().freshness == "bridged"
+    fake_monotonic.now += 31.0
+    assert session.refresh().freshness == "expired"

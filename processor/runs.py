@@ -71,7 +71,8 @@ class RunMonitor:
     def __init__(self, db_path: Path, backend: RunBackend, *, summary_dir: Path | None,
                  refresh_interval_s: float = 0.5, idle_timeout_s: float = 300.0,
                  retain_ended_s: float = 600.0, clock: Callable[[], float] = time.monotonic,
-                 on_ended: Callable[[str], None] | None = None, poll_store: bool = False):
+                 on_ended: Callable[[str], None] | None = None, poll_store: bool = False,
+                 on_forgotten: Callable[[str], None] | None = None):
         self.db_path = Path(db_path)
         self.backend = backend
         self.summary_dir = Path(summary_dir) if summary_dir else None
@@ -80,12 +81,12 @@ class RunMonitor:
         self.retain_ended_s = retain_ended_s
         self._clock = clock
         self._on_ended = on_ended
+        self._on_forgotten = on_forgotten  # frees the run's slot under the run cap
         self._poll = poll_store  # ingest workers commit in other processes: learn from the store
         self._seen: dict[str, tuple] = {}
         self._lock = threading.Lock()
         self._runs: dict[str, RunState] = {}
         self._stop = threading.Event()
-        self._wake = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="traceml-run-monitor", daemon=True)
         self.refreshes = 0
         self.ticks = 0  # completed rounds (tests wait on it; nothing else depends on it)
@@ -113,7 +114,6 @@ class RunMonitor:
                     state.finished.add(marker.global_rank)
                     if marker.world_size:
                         state.world_size = max(state.world_size or 0, marker.world_size)
-        self._wake.set()
 
     def _state(self, run_id: str, now: float) -> RunState:
         state = self._runs.get(run_id)
@@ -127,11 +127,37 @@ class RunMonitor:
         return state
 
     def adopt(self, run_ids: Sequence[str]) -> None:
-        """Runs already in the database at start-up: watched, ended by idle if nothing comes."""
+        """At start-up: watch these runs of a reused database again, with their stored ranks
+        and end markers; every other stored run counts as already seen (not active)."""
         now = self._clock()
         with self._lock:
             for run_id in run_ids:
                 self._runs.setdefault(run_id, RunState(run_id, now, now))
+        if not self.db_path.exists():
+            return
+        conn = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True, timeout=5.0)
+        try:
+            for run_id, last_receive, _, latest_row in conn.execute(
+                    "SELECT run_id, last_receive_time, last_sample_time, latest_row_id FROM step_time_runs"):
+                self._seen[run_id] = (last_receive, latest_row)
+            for run_id in run_ids:
+                with self._lock:
+                    self._load_ranks(conn, self._runs[run_id])
+        except sqlite3.OperationalError:
+            pass
+        finally:
+            conn.close()
+
+    @staticmethod
+    def _load_ranks(conn, state: RunState) -> None:
+        for rank, world_size, finished_time in conn.execute(
+                "SELECT global_rank, world_size, finished_time FROM step_time_ranks WHERE run_id = ?",
+                (state.run_id,)):
+            state.ranks.add(rank)
+            if world_size:
+                state.world_size = max(state.world_size or 0, world_size)
+            if finished_time is not None:
+                state.finished.add(rank)
 
     # --- read by /metrics and the OTLP pusher -----------------------------------------
 
@@ -166,7 +192,6 @@ class RunMonitor:
 
     def stop(self, *, summarise_open_runs: bool = True) -> None:
         self._stop.set()
-        self._wake.set()
         self._thread.join(30)
         if summarise_open_runs:
             for run_id in self.run_ids():
@@ -175,18 +200,20 @@ class RunMonitor:
                     self._refresh(state)
                     self._end(state, END_BY_SHUTDOWN)
 
+    # Live analysis may use at most about a quarter of a core: after a round that took
+    # T seconds the next starts no sooner than 3 T later (1,000-rank runs), and no
+    # sooner than the refresh interval (small runs).
+    ANALYSIS_PACING = 3.0
+
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self._wake.wait(self.refresh_interval_s)
-            self._wake.clear()
-            if self._stop.is_set():
-                return
+            started = time.monotonic()
             try:
                 self.tick()
             except Exception:
                 LOG.exception("run monitor tick failed")
-            # Pace refreshes: at most one round per interval even under constant ingest.
-            self._stop.wait(self.refresh_interval_s)
+            spent = time.monotonic() - started
+            self._stop.wait(max(self.refresh_interval_s - spent, self.ANALYSIS_PACING * spent))
 
     def tick(self) -> None:
         """One round: refresh changed runs, end finished or idle ones, forget old ones."""
@@ -205,8 +232,11 @@ class RunMonitor:
                     self._end(state, END_BY_IDLE)
             elif now - state.last_activity >= self.retain_ended_s:
                 with self._lock:
-                    if self._runs.get(state.run_id) is state and state.ended is not None:
+                    forget = self._runs.get(state.run_id) is state and state.ended is not None
+                    if forget:
                         del self._runs[state.run_id]
+                if forget and self._on_forgotten is not None:
+                    self._on_forgotten(state.run_id)
         self.ticks += 1
 
     def poll_store(self) -> None:
@@ -223,16 +253,9 @@ class RunMonitor:
                     self._seen[run_id] = marker
                     changed.append((run_id, last_sample))
             for run_id, last_sample in changed:
-                ranks = conn.execute("SELECT global_rank, world_size, finished_time FROM step_time_ranks"
-                                     " WHERE run_id = ?", (run_id,)).fetchall()
                 with self._lock:
                     state = self._state(run_id, self._clock())
-                    for rank, world_size, finished_time in ranks:
-                        state.ranks.add(rank)
-                        if world_size:
-                            state.world_size = max(state.world_size or 0, world_size)
-                        if finished_time is not None:
-                            state.finished.add(rank)
+                    self._load_ranks(conn, state)
                     if last_sample is not None and (state.last_step_end is None or last_sample > state.last_step_end):
                         state.last_step_end = last_sample
         except sqlite3.OperationalError:

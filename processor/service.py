@@ -80,13 +80,13 @@ class ProcessorService:
             shared = self.pool.make_shared_counts(len(STAT_KEYS))
         self.stats = ProcessorStats(shared=shared)
         self.store = StepTimeStore(config.db)
-        known = self.store.runs()
+        known = self._recent_runs()
         self.admission = RunAdmission(config.limits, known)
         self.decoder = Decoder(config.limits, self.admission)
         self.monitor = RunMonitor(
             Path(config.db), backend or StepTimeBackend(), summary_dir=config.summary_dir,
             refresh_interval_s=config.refresh_interval_s, idle_timeout_s=config.idle_timeout_s,
-            poll_store=config.workers > 1)
+            poll_store=config.workers > 1, on_forgotten=self.admission.forget)
         self.monitor.adopt(known)
         self.ingest = IngestQueue(self.store, stats=self.stats, on_committed=self.monitor.observe,
                                   max_pending_records=config.max_pending_records)
@@ -97,6 +97,33 @@ class ProcessorService:
         self.pusher = None
         self._started = False
         self._stopped = threading.Event()
+
+    def _recent_runs(self) -> list[str]:
+        """Runs of a reused database that were still receiving within the idle timeout.
+
+        Only these are watched again after a restart (and ended by idle timeout if
+        nothing more comes); older runs were summarised by the previous process.
+        """
+        import time
+
+        import sqlite3
+
+        now = time.time()
+        recent = []
+        conn = sqlite3.connect(f"file:{self.config.db}?mode=ro", uri=True, timeout=5.0)
+        try:
+            for run_id, last_receive in conn.execute("SELECT run_id, last_receive_time FROM step_time_runs"):
+                if now - last_receive >= self.config.idle_timeout_s:
+                    continue
+                ranks, finished, world = conn.execute(
+                    "SELECT count(*), count(finished_time), max(world_size) FROM step_time_ranks"
+                    " WHERE run_id = ?", (run_id,)).fetchone()
+                if ranks and finished >= max(ranks, world or 0):
+                    continue  # every rank sent its end marker: that run is over
+                recent.append(run_id)
+        finally:
+            conn.close()
+        return recent
 
     # --- points for /metrics and OTLP ---------------------------------------------------
 

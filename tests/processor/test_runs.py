@@ -108,3 +108,21 @@ def test_metrics_endpoint_exposes_diagnosis_per_rank_and_self_metrics(service, t
     page.write_text(text)
     lint = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
     assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def test_restart_watches_only_runs_that_were_still_open(tmp_path):
+    first = make_service(tmp_path, prometheus=None, summary_dir=None)
+    try:
+        send_straggler_run(first.grpc_port, "finished-run")
+        send_straggler_run(first.grpc_port, "open-run", end_markers=(0,))
+    finally:
+        first.stop()
+    second = make_service(tmp_path, prometheus=None)
+    try:
+        assert second.monitor.run_ids() == ["open-run"]
+        # The adopted run still ends: its missing rank's marker arrives after the restart.
+        send_straggler_run(second.grpc_port, "open-run", end_markers=(1,))
+        assert wait_until(lambda: summary_written(second, "open-run"), 30)
+        assert second.monitor.state("open-run").ended == "markers"
+    finally:
+        second.stop()

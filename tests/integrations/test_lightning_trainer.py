@@ -352,6 +352,21 @@ def test_nested_calls_and_checkpoint_recomputation_are_not_counted_twice(traced,
         assert sink.counts(BWD) == [2, 2]
 
 
+def test_hooks_go_in_after_the_weight_averaging_copy(traced):
+    pl = _pl("lightning.pytorch")
+    averaging = pl.callbacks.WeightAveraging()
+    model = modules("lightning.pytorch")["Regression"]()
+    # TraceML's callback first: its setup() runs before the averaging copy is made
+    t = trainer(accumulate_grad_batches=2, callbacks=[tl.TraceMLCallback(), averaging])
+    t.fit(model, loader(4))
+    sink = traced.finish()
+    assert sink.counts(FWD) == [2, 2]
+    # the averaged copy was made in setup(), before the hooks: it never carried them
+    copies = list(averaging._average_model.modules())
+    assert len(copies) > 1
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in copies)
+
+
 # --- Failures, validation, resume -----------------------------------------------------------
 
 

@@ -21,7 +21,6 @@ import pathlib
 import statistics
 import subprocess
 import sys
-import threading
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

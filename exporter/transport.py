@@ -9,7 +9,6 @@ which counts them. Nothing here raises: the outcome says what happened.
 from __future__ import annotations
 
 import gzip
-import logging
 import random
 import threading
 import time
@@ -18,8 +17,6 @@ from dataclasses import dataclass
 from traceml.schema import vocabulary as v
 
 from .settings import PROTOCOL_GRPC, ExporterSettings
-
-_log = logging.getLogger("traceml.exporter")
 
 _FIRST_BACKOFF_S = 0.25
 _MAX_BACKOFF_S = 4.0

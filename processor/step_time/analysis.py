@@ -99,6 +99,50 @@ class _RankSteps(Sequence[StepTimeStepFacts]):
         return f"<{len(self)} aligned steps of one rank>"
 
 
+class _MedianSeries(Sequence[float]):
+    """Per aligned step, the median over the measured ranks; computed on first access
+    (a partition per step and metric is the largest cost of a wide window, and only
+    some surfaces draw the series)."""
+
+    __slots__ = ("_per_step", "_columns", "_values")
+
+    def __init__(self, per_step: np.ndarray, columns: np.ndarray | None):
+        self._per_step = per_step  # (steps, ranks), window-owned
+        self._columns = columns  # measured rank columns, None = all
+        self._values: tuple[float, ...] | None = None
+
+    def _tuple(self) -> tuple[float, ...]:
+        if self._values is None:
+            data = self._per_step if self._columns is None else self._per_step[:, self._columns]
+            self._values = tuple(np.median(data, axis=1).tolist()) if data.size else ()
+            self._per_step = self._columns = None
+        return self._values
+
+    def __len__(self) -> int:
+        if self._values is None:
+            return int(self._per_step.shape[0])
+        return len(self._values)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        return self._tuple()[index]
+
+    def __iter__(self):
+        return iter(self._tuple())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, _MedianSeries):
+            other = other._tuple()
+        if isinstance(other, (tuple, list)):
+            return self._tuple() == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._tuple())
+
+    def __repr__(self) -> str:
+        return repr(self._tuple())
+
+
 def grid_from_rows(snapshot: StepTimeRepositorySnapshot) -> StepTimeSourceGrid:
     """Build the columnar grid from typed rows (snapshots made without one, e.g. in tests).
 
@@ -267,10 +311,10 @@ def _window(run_id: str, universe: tuple[int, ...], identities: Mapping[int, Ran
         if name in same_as:
             continue
         if count == measured.size:
-            metrics[name] = _metric(name, table[m], averages[m], rank_array)
+            metrics[name] = _metric(name, _MedianSeries(table[m], None), averages[m], rank_array)
         else:
-            metrics[name] = _metric(name, table[m][:, measured], averages[m][measured],
-                                    rank_array[measured])
+            metrics[name] = _metric(name, _MedianSeries(table[m], np.flatnonzero(measured)),
+                                    averages[m][measured], rank_array[measured])
     for name, twin in same_as.items():
         metrics[name] = replace(metrics[twin], name=name)
     metrics = {name: metrics[name] for name in WINDOW_METRICS}
@@ -279,14 +323,16 @@ def _window(run_id: str, universe: tuple[int, ...], identities: Mapping[int, Ran
                           shares=_shares(metrics), training_strategy=strategy)
 
 
-def _metric(name: str, per_step: np.ndarray, values: np.ndarray, ranks: np.ndarray) -> StepTimeMetric:
-    """Statistics over the ranks that measured `name` (`values[i]` belongs to `ranks[i]`)."""
+def _metric(name: str, series: _MedianSeries | int, values: np.ndarray,
+            ranks: np.ndarray) -> StepTimeMetric:
+    """Statistics over the ranks that measured `name` (`values[i]` belongs to `ranks[i]`);
+    `series` is the median series, or the step count when no rank measured the metric."""
     if values.size == 0:
-        return StepTimeMetric(name=name, series=tuple(None for _ in range(per_step.shape[0])),
+        steps = series if isinstance(series, int) else len(series)
+        return StepTimeMetric(name=name, series=(None,) * steps,
                               rank_values={}, median=None, average=None, worst=None,
                               worst_rank=None, skew=None, representative_rank=None,
                               representative_value=None)
-    series = tuple(np.median(per_step, axis=1).tolist())
     median = float(np.median(values))
     average = float(values.mean())
     worst = worst_rank = skew = None
@@ -329,7 +375,7 @@ def empty_window(run_id: str, universe: Sequence[int] = (),
     """The canonical empty window: no clock, no steps, every metric unavailable."""
     identities = identities or {}
     universe = tuple(universe)
-    metrics = {name: _metric(name, np.empty((0, 0)), np.empty(0), np.empty(0, dtype=np.int64))
+    metrics = {name: _metric(name, 0, np.empty(0), np.empty(0, dtype=np.int64))
                for name in WINDOW_METRICS}
     return StepTimeWindow(
         run_id=run_id, clock=None, steps=(), expected_ranks=universe,

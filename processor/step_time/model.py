@@ -253,7 +253,7 @@ class StepTimeMetric:
     """
 
     name: str
-    series: tuple[float | None, ...]  # per aligned step: median over measured ranks
+    series: Sequence[float | None]  # per aligned step: median over measured ranks (may be built on first access)
     rank_values: Mapping[int, float]  # rank -> window average, measured ranks only
     median: float | None
     average: float | None

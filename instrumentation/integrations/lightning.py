@@ -290,12 +290,17 @@ def _ensure_recording() -> None:
 # --- One fit: the installed hooks and the open group -----------------------------------
 
 
-def _autograd_running() -> bool:
-    """True inside the autograd engine (backward recomputation of checkpointed code)."""
+def _graph_task_probe():
+    """A function returning True inside the autograd engine (where activation
+    checkpointing recomputes forward), or None when this torch has no such probe."""
     import torch
 
     task_id = getattr(torch._C, "_current_graph_task_id", None)
-    return task_id is not None and task_id() != -1
+    if task_id is None:
+        _warn_once("no_graph_task_id", "torch has no _current_graph_task_id; forward calls "
+                   "during backward are excluded only inside Lightning's backward hooks")
+        return None
+    return lambda: task_id() != -1
 
 
 _SHOULD_ACCUMULATE = "_should_accumulate"
@@ -362,6 +367,7 @@ class _TrainSession:
         self.handles: list = []
         self.patches: list = []  # (owner, name, had_own, previous, replacement)
         self.should_accumulate = self._accumulation_rule()
+        self.in_autograd = _graph_task_probe() or (lambda: False)
 
     # -- regions -------------------------------------------------------------------------
 
@@ -566,7 +572,7 @@ class _TrainSession:
     def _forward_pre(self, module, args):
         if not self._on_training_thread():
             return None
-        counted = self.armed > 0 and not self.in_backward and not _autograd_running()
+        counted = self.armed > 0 and not self.in_backward and not self.in_autograd()
         self.forward_stack.append(counted)
         if counted:
             if self.forward_depth == 0:

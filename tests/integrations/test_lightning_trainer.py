@@ -93,6 +93,18 @@ def _pl(namespace: str):
     return importlib.import_module(namespace)
 
 
+class FailingBackward(torch.autograd.Function):
+    """Identity forward; its backward raises (a failure in the middle of a backward)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("boom in backward")
+
+
 class Block(torch.nn.Module):
     """Counts its own forward executions (real calls plus checkpoint recomputation)."""
 
@@ -118,21 +130,25 @@ def modules(namespace: str) -> dict[str, type]:
     class Regression(pl.LightningModule):
         """Automatic optimisation: training_step calls self(x) once."""
 
-        def __init__(self, fail_at: int | None = None) -> None:
+        def __init__(self, fail_at: int | None = None, fail_in: str = "training_step") -> None:
             super().__init__()
             self.net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
             self.fail_at = fail_at
+            self.fail_in = fail_in
             self.global_steps_seen: list[int] = []
 
         def forward(self, x):
             return self.net(x)
 
         def training_step(self, batch, batch_idx):
-            if batch_idx == self.fail_at:
+            if batch_idx == self.fail_at and self.fail_in == "training_step":
                 raise RuntimeError("boom in training_step")
             self.global_steps_seen.append(self.trainer.global_step)
             x, y = batch
-            return torch.nn.functional.mse_loss(self(x), y)
+            out = self(x)
+            if batch_idx == self.fail_at and self.fail_in == "backward":
+                out = FailingBackward.apply(out)
+            return torch.nn.functional.mse_loss(out, y)
 
         def validation_step(self, batch, batch_idx):
             x, y = batch
@@ -272,6 +288,7 @@ def test_ten_batches_accumulating_four_publish_groups_of_four_four_two(traced, n
             assert any(r.start_time_ns <= h2d.start_time_ns and h2d.end_time_ns <= r.end_time_ns
                        for r in regions)
     assert_uninstalled(t, model)
+    assert traceml.misuse_counts() == {}
 
 
 def test_fallback_rule_when_should_accumulate_is_missing(traced, monkeypatch):
@@ -375,11 +392,12 @@ def test_hooks_go_in_after_the_weight_averaging_copy(traced):
 # --- Failures, validation, resume -----------------------------------------------------------
 
 
-def test_exception_mid_group_aborts_the_whole_group(traced):
+@pytest.mark.parametrize("fail_in", ["training_step", "backward"])
+def test_exception_mid_group_aborts_the_whole_group(traced, fail_in):
     module_cls = modules("lightning.pytorch")["Regression"]
-    model = module_cls(fail_at=6)  # third micro-batch of the second group
+    model = module_cls(fail_at=6, fail_in=fail_in)  # third micro-batch of the second group
     t = trainer(accumulate_grad_batches=4)
-    with pytest.raises(RuntimeError, match="boom in training_step"):
+    with pytest.raises(RuntimeError, match=f"boom in {fail_in}"):
         t.fit(model, loader(10))
     assert_uninstalled(t, model)
     assert traceml.steps_completed() == 1
@@ -394,6 +412,8 @@ def test_exception_mid_group_aborts_the_whole_group(traced):
     assert sink.counts(FWD) == [4, 4]
     assert sink.counts(FETCH) == [4, 4]
     assert sink.counts(BWD) == [4, 4]
+    # every region the failure left open was closed before the abort, none spanned it
+    assert traceml.misuse_counts() == {}
 
 
 def test_validation_between_and_inside_groups_never_leaks(traced):

@@ -106,8 +106,9 @@ class LiveMonitor:
             from rich.text import Text
 
             console = Console(file=self.out)
+            # Redrawn only when a refresh produced a frame (no idle 4 Hz redraws on busy cores).
             self._live = Live(Text("[traceml] waiting for the first steps ..."), console=console,
-                              refresh_per_second=4, transient=False, redirect_stdout=False,
+                              auto_refresh=False, transient=False, redirect_stdout=False,
                               redirect_stderr=False)
             self._live.start()
         self._thread = threading.Thread(target=self._loop, name="traceml-live", daemon=True)

@@ -248,6 +248,11 @@ def launch(args: argparse.Namespace, options: RunOptions, *, out: TextIO | None 
                 if options.live and endpoints is not None:
                     if _redirect_rank_output(args, run_path):
                         _say(out, f"rank output goes to {args.log_dir}")
+                    # torchrun's own default for several local ranks, set quietly so its
+                    # warning banner does not tear through the live display.
+                    if "OMP_NUM_THREADS" not in os.environ and str(args.nproc_per_node).isdigit() \
+                            and int(args.nproc_per_node) > 1:
+                        rank_env["OMP_NUM_THREADS"] = "1"
                     from traceml.launcher.live import LiveMonitor
 
                     monitor = LiveMonitor(run_path / rd.DB_FILENAME, resolved.run_id,

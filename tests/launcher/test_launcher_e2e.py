@@ -47,6 +47,32 @@ def test_a_crashing_rank_forwards_its_exit_code_and_the_run_is_still_summarised(
     assert processors_using(run.run_dir) == []
 
 
+def _watch_with_top(db):
+    """`traceml top` on the live database prints progress lines whose step advances."""
+    import re
+    import selectors
+
+    top = subprocess.Popen([str(TRACEML), "top", "--db", str(db), "--refresh", "0.5"],
+                           env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    steps: list[int] = []
+    try:
+        selector = selectors.DefaultSelector()
+        selector.register(top.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + 60
+        while len(set(steps)) < 2 and time.monotonic() < deadline:
+            if selector.select(timeout=1.0):
+                line = top.stdout.readline()
+                match = re.match(r"\[traceml\] step (\d+) \[live\]", line)
+                if match:
+                    steps.append(int(match.group(1)))
+        top.send_signal(signal.SIGINT)
+        assert top.wait(timeout=30) == 0
+    finally:
+        if top.poll() is None:
+            top.kill()
+    assert len(set(steps)) >= 2 and steps == sorted(steps), steps
+
+
 def test_sigterm_reaches_the_ranks_and_the_run_is_still_summarised(workdir):
     proc = subprocess.Popen(
         [str(TRACEML), "run", "--nproc-per-node", "2", "--run-id", "sigterm-run",
@@ -59,6 +85,7 @@ def test_sigterm_reaches_the_ranks_and_the_run_is_still_summarised(workdir):
             assert proc.poll() is None, proc.stdout.read()[-3000:]
             assert time.monotonic() < deadline, "no steps arrived"
             time.sleep(0.5)
+        _watch_with_top(db)  # while the run is going: `traceml top` from another "terminal"
         proc.send_signal(signal.SIGTERM)
         output, _ = proc.communicate(timeout=120)
     finally:

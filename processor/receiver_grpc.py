@@ -70,7 +70,8 @@ class GrpcReceiver:
                 ("grpc.max_send_message_length", 4 * 1024 * 1024),
                 ("grpc.so_reuseport", 1 if reuse_port else 0),  # shared by ingest workers only
             ],
-            maximum_concurrent_rpcs=workers * 4,
+            # Beyond this, RESOURCE_EXHAUSTED (retryable): bounds memory held by queued requests.
+            maximum_concurrent_rpcs=workers * 16,
         )
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(handler, auth), self._server)
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(_MetricsService(handler, auth), self._server)

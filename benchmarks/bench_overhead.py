@@ -204,7 +204,7 @@ def measure(quick: bool) -> dict:
     plain, manual, auto = _Job(896, 128, 32), _ManualJob(896, 128, 32), _Job(896, 128, 32)
     for job in (plain, manual, auto):
         _block_plain(job, 3, wall, [])
-    big = _rounds(8 if quick else 20, 5, wall, {
+    big = _rounds(8 if quick else 40, 5, wall, {
         "off": lambda n, c, o: _block_plain(plain, n, c, o),
         "manual": lambda n, c, o: _block_traced(manual, n, c, o, manual=True),
         "auto": _auto(auto),

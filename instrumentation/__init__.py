@@ -206,6 +206,7 @@ def _shutdown_at_exit() -> None:
 # --- trace_step ---------------------------------------------------------------------
 
 _tracker_cache: list = [None, None]  # [model, tracker]: the last model's tracker
+_step_region = timed_region(RAW_STEP_TIME)
 
 
 def _tracker_for(model) -> StepMemoryTracker:
@@ -240,7 +241,7 @@ class trace_step:
     (A class rather than a function returning one: one call less per step.)
     """
 
-    __slots__ = ("_model", "_capture", "_region", "_tracker", "_active")
+    __slots__ = ("_model", "_capture", "_tracker", "_active")
 
     def __init__(self, model=None) -> None:
         self._model = model
@@ -270,8 +271,13 @@ class trace_step:
         self._tracker = tracker
         capture = se._active
         self._capture = capture if capture is not None else se.current_capture()
-        tracker.reset()
-        self._region = timed_region(RAW_STEP_TIME).__enter__()
+        if tracker._cuda:
+            tracker.reset()
+        region = _step_region  # reused: trace_step never nests
+        region._state = 0
+        region._g0 = None
+        region._gpu = _timing._gpu_default
+        region.__enter__()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -280,7 +286,7 @@ class trace_step:
             return False
         self._active = False
         _in_step = False
-        self._region.__exit__(exc_type, exc, tb)
+        _step_region.__exit__(exc_type, exc, tb)
         if exc_type is not None:
             abort_step_capture(self._capture)
             return False

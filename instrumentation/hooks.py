@@ -22,45 +22,51 @@ from .timing import timed_region
 class HookRegionTimer:
     """Opens a region in a pre-hook and closes it in the matching post-hook.
 
-    A stack handles re-entrant calls (the inner region of the same name is inert);
-    entries whose step already ended (a post-hook that never ran because the call
-    raised) are dropped at the next pre-hook instead of leaking.
+    `pre`/`post` are registered as the hooks themselves and reuse one region object,
+    so a hook pair costs two Python calls plus the region's own work. Re-entrant
+    calls only count depth (the outermost call is the one timed). A pre-hook that
+    finds a region left open by a call that raised before its post-hook (its step
+    has since ended) starts afresh instead of leaking.
     """
 
-    __slots__ = ("raw_event", "_stack")
+    __slots__ = ("raw_event", "_region", "_depth", "handles")
 
     def __init__(self, raw_event: str) -> None:
         self.raw_event = raw_event
-        self._stack: list = []
+        self._region = timed_region(raw_event)
+        self._depth = 0
+        self.handles: list = []
 
     def pre(self, *_args, **_kwargs) -> None:
         if not _se._recording:
-            return
-        stack = self._stack
-        while stack and stack[-1]._state == 3:
-            stack.pop()
-        if stack and stack[-1]._capture is not None and stack[-1]._capture.detached:
-            stack.clear()
-        stack.append(timed_region(self.raw_event).start())
+            return None
+        region = self._region
+        if self._depth:
+            if region._state == 1 and region._capture is _se._active:
+                self._depth += 1
+                return None
+            region.discard()  # stale: its post-hook never ran
+        self._depth = 1
+        region._state = 0
+        region._g0 = None
+        region._gpu = _timing._gpu_default
+        region.__enter__()
+        return None
 
     def post(self, *_args, **_kwargs) -> None:
-        stack = self._stack
-        if stack:
-            stack.pop().stop()
+        depth = self._depth
+        if depth > 1:
+            self._depth = depth - 1
+        elif depth == 1:
+            self._depth = 0
+            self._region.__exit__()
 
 
 class ForwardTimer(HookRegionTimer):
-    __slots__ = ("handles",)
+    __slots__ = ()
 
     def __init__(self) -> None:
         super().__init__(RAW_FORWARD)
-        self.handles: list = []
-
-    def forward_pre(self, module, args):
-        self.pre()
-
-    def forward_post(self, module, args, output):
-        self.post()
 
 
 _FORWARD_ATTR = "_traceml_forward_timer"
@@ -72,9 +78,9 @@ def instrument_forward(module) -> ForwardTimer:
     if timer is not None and timer.handles:
         return timer
     timer = ForwardTimer()
-    timer.handles.append(module.register_forward_pre_hook(timer.forward_pre))
+    timer.handles.append(module.register_forward_pre_hook(timer.pre))
     # always_call: the closing hook runs even when forward raises, so nothing leaks.
-    timer.handles.append(module.register_forward_hook(timer.forward_post, always_call=True))
+    timer.handles.append(module.register_forward_hook(timer.post, always_call=True))
     object.__setattr__(module, _FORWARD_ATTR, timer)
     return timer
 
@@ -93,18 +99,10 @@ def remove_forward_instrumentation(module) -> None:
 
 
 class OptimizerTimer(HookRegionTimer):
-    __slots__ = ("handles",)
+    __slots__ = ()
 
     def __init__(self) -> None:
         super().__init__(RAW_OPTIMIZER_STEP)
-        self.handles: list = []
-
-    def step_pre(self, optimizer, args, kwargs):
-        self.pre()
-        return None
-
-    def step_post(self, optimizer, args, kwargs):
-        self.post()
 
 
 _OPTIMIZER_ATTR = "_traceml_optimizer_timer"
@@ -116,8 +114,8 @@ def instrument_optimizer(optimizer) -> OptimizerTimer:
     if timer is not None and timer.handles:
         return timer
     timer = OptimizerTimer()
-    timer.handles.append(optimizer.register_step_pre_hook(timer.step_pre))
-    timer.handles.append(optimizer.register_step_post_hook(timer.step_post))
+    timer.handles.append(optimizer.register_step_pre_hook(timer.pre))
+    timer.handles.append(optimizer.register_step_post_hook(timer.post))
     setattr(optimizer, _OPTIMIZER_ATTR, timer)
     return timer
 
@@ -156,16 +154,31 @@ class TimedIterable:
 
 
 class _TimedIterator:
-    __slots__ = ("_it",)
+    __slots__ = ("_it", "_region")
 
     def __init__(self, it) -> None:
         self._it = it
+        self._region = timed_region(RAW_DATALOADER_NEXT, device="cpu")
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        return timed_next(next, self._it)
+        if not _timing._dataloader_timing or not _se._recording:
+            return next(self._it)
+        region = self._region  # reused: one `next()` is open at a time
+        region._state = 0
+        region.__enter__()
+        try:
+            item = next(self._it)
+        except StopIteration:
+            region.discard()
+            raise
+        except BaseException:
+            region.__exit__()
+            raise
+        region.__exit__()
+        return item
 
 
 def timed_backward() -> timed_region:

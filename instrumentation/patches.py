@@ -100,8 +100,8 @@ def install() -> bool:
         )
 
         timer = _optimizer_timer = _hooks.OptimizerTimer()
-        _handles.append(register_optimizer_step_pre_hook(timer.step_pre))
-        _handles.append(register_optimizer_step_post_hook(timer.step_post))
+        _handles.append(register_optimizer_step_pre_hook(timer.pre))
+        _handles.append(register_optimizer_step_post_hook(timer.post))
         _installed = True
         return True
 

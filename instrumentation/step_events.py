@@ -274,8 +274,13 @@ def complete_step_capture(capture: StepCapture | None = None) -> int | None:
         return None
     step = _next_step
     _next_step = step + 1
-    if active.events:
-        _timing_queue.put(StepTimeBatch(step, active.events))
+    events = active.events
+    if events:
+        queue = _timing_queue
+        if len(queue._items) < queue.capacity:  # BoundedDropQueue.put, inlined
+            queue._items.append(StepTimeBatch(step, events))
+        else:
+            queue.dropped += 1
     reading = active.memory
     if reading is not None:
         _memory_queue.put((step, reading))  # the snapshot is built when drained

@@ -218,3 +218,68 @@ def test_trace_step_mode_from_environment(monkeypatch):
     monkeypatch.setenv("TRACEML_MODE", "manual")
     traceml.init()
     assert traceml.mode() == "manual"
+
+
+def test_optimizer_step_that_raises_does_not_leak_into_later_steps(sink):
+    traceml.init(mode="manual")
+    model = torch.nn.Linear(2, 1)
+    opt = traceml.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+
+    def failing_closure():
+        raise RuntimeError("closure failed")
+
+    with pytest.raises(RuntimeError):
+        with traceml.trace_step(model):
+            opt.step(failing_closure)  # the pre-hook ran, the post-hook never will
+    for _ in range(2):
+        with traceml.trace_step(model):
+            model(torch.ones(1, 2)).sum().backward()
+            opt.step()
+    traceml.shutdown()
+    _flush()
+    assert [r.step for r in sink.steps] == [0, 1]
+    assert all(r.events[RAW_OPTIMIZER_STEP].count == 1 for r in sink.steps)
+
+
+def test_reentrant_forward_of_the_outermost_module_is_timed_once(sink):
+    class Recursive(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 2)
+
+        def forward(self, x, depth=2):
+            return self.lin(x) if depth == 0 else self(x, depth - 1)
+
+    traceml.init(mode="manual")
+    model = traceml.wrap_forward(Recursive())
+    for _ in range(2):
+        with traceml.trace_step(model):
+            model(torch.ones(1, 2))
+    traceml.shutdown()
+    _flush()
+    assert [r.events[RAW_FORWARD].count for r in sink.steps] == [1, 1]
+
+
+def test_a_failing_exporter_start_never_breaks_training(sink, caplog):
+    traceml.init(mode="manual", endpoint="ftp://not-an-otlp-endpoint")  # rejected by the exporter
+    assert traceml.is_initialized()
+    model = torch.nn.Linear(2, 1)
+    with traceml.trace_step(model):
+        model(torch.ones(1, 2))
+    traceml.shutdown()
+    _flush()
+    assert [r.step for r in sink.steps] == [0]
+    from traceml import samplers
+    assert samplers.registered_sinks() == (sink,)  # no half-started exporter left registered
+
+
+def test_shutdown_drains_both_samplers_and_is_idempotent(sink):
+    traceml.init(mode="manual")
+    for _ in range(5):
+        with traceml.trace_step():
+            pass
+    traceml.shutdown()  # no _flush(): shutdown itself must have delivered everything
+    assert [r.step for r in sink.steps] == [0, 1, 2, 3, 4]
+    assert [m.step for m in sink.memory] == [0, 1, 2, 3, 4]
+    traceml.shutdown()
+    assert not traceml.is_initialized()

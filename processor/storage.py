@@ -281,12 +281,14 @@ def _clean_count(value: object, issues: Counter) -> int | None:
 
 def _json_number(value: object) -> object:
     """Keep the raw payload valid JSON even when a value was NaN/inf (audit only)."""
-    if value.__class__ is float and (value != value or value in (math.inf, -math.inf)):
+    if isinstance(value, float) and not math.isfinite(value):
         return repr(value)
     return value
 
 
 def _optional_int(value: object) -> int | None:
+    if value.__class__ is int:
+        return value if value >= 0 else None
     return int(value) if _is_int(value) and value >= 0 else None
 
 
@@ -303,7 +305,8 @@ def normalise_step_record(
     if not _is_int(record.step) or record.step < 0:
         return REJECT_BAD_STEP
     for stamp in (record.start_time, record.sample_time):
-        if stamp is not None and not _is_finite_number(stamp):
+        if stamp is not None and not (stamp.__class__ is float and stamp - stamp == 0.0) \
+                and not _is_finite_number(stamp):
             return REJECT_BAD_TIME
     if not isinstance(record.events, Mapping):
         return REJECT_BAD_EVENTS
@@ -316,7 +319,7 @@ def normalise_step_record(
         cpu = getattr(raw, "cpu_ms", None)
         gpu = getattr(raw, "gpu_ms", None)
         count = getattr(raw, "count", None)
-        payload[raw_name] = [_json_number(cpu), _json_number(gpu), _json_number(count)]
+        payload[raw_name] = [cpu, gpu, count]
         k = _RAW_EVENT_SLOT.get(raw_name)
         if k is None:
             issues[VALUE_UNKNOWN_EVENT] += 1
@@ -325,7 +328,11 @@ def normalise_step_record(
         flat[k + 1] = _clean_ms(gpu, issues)
         flat[k + 2] = _clean_count(count, issues)
 
-    payload_text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    try:
+        payload_text = json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError):  # NaN/inf or a non-number: keep the audit copy strict JSON
+        payload_text = json.dumps({k: [_json_number(x) for x in v] for k, v in payload.items()},
+                                  sort_keys=True, separators=(",", ":"), default=repr)
     strategy = record.training_strategy if isinstance(record.training_strategy, str) else None
     hostname = identity.hostname if isinstance(identity.hostname, str) else None
     head = (

@@ -132,6 +132,8 @@ def exit_code_of(exc: BaseException) -> int:
     if isinstance(exc, KeyboardInterrupt):
         return 128 + int(signal.SIGINT)
     if isinstance(exc, SystemExit):
+        if exc.code is None:
+            return 0
         return exc.code if isinstance(exc.code, int) else 1
     return 1
 

@@ -213,3 +213,39 @@ def test_expiry_follows_time_monotonic_not_wall_time(tmp_path, monkeypatch):
     assert session.refresh().freshness == "bridged"
     fake_monotonic.now += 31.0
     assert session.refresh().freshness == "expired"
+
+
+def test_a_refresh_is_one_read_transaction_of_two_index_bounded_statements(tmp_path, monkeypatch):
+    import traceml.processor.step_time.sqlite as repo
+
+    db = build_scenario("complete_gpu", tmp_path / "t.db")
+    statements: list[str] = []
+    plans: list[str] = []
+    real_connect = repo.connect_reader
+
+    def traced_connect(path):
+        conn = real_connect(path)
+        conn.set_trace_callback(statements.append)
+        return conn
+
+    monkeypatch.setattr(repo, "connect_reader", traced_connect)
+    session = LiveStepTimeSession(db, "complete_gpu")
+    session.refresh()  # cold: header, rank universe (first time), tail
+    with StepTimeStore(db) as store:
+        store.write([r for r in scenario_records("complete_gpu")][:2])  # a resend: no new ids
+        store.write([_record(0, 101, run="complete_gpu"), _record(1, 101, run="complete_gpu")])
+    statements.clear()
+    session.refresh()
+    selects = [s for s in statements if s.lstrip().upper().startswith("SELECT")]
+    assert statements[0] == "BEGIN" and statements[-1] == "COMMIT"
+    assert len(selects) == 2  # header, then only the rows newer than the cursor
+    statements.clear()
+    session.refresh()
+    assert [s for s in statements if s.lstrip().upper().startswith("SELECT")] == selects[:1]
+
+    conn = sqlite3.connect(db)
+    for sql, args in ((repo._HEADER_SQL, ("complete_gpu",)), (repo._NEW_ROWS_SQL, ("complete_gpu", 5, 3)),
+                      (repo._TAIL_SQL, ("complete_gpu", 3))):
+        plans += [row[-1] for row in conn.execute("EXPLAIN QUERY PLAN " + sql, args)]
+    conn.close()
+    assert not [p for p in plans if p.startswith("SCAN step_time_samples")], plans

@@ -667,6 +667,8 @@ class StepTimeStore:
 
 
 __all__ = [
-    "ABSURD_MS", "METRIC_VALUE_COLUMNS", "NEGATIVE_FLOOR_MS", "RawEventValue", "RunRecord",
-    "StepTimeStore", "WriteResult", "ensure_schema", "metric_columns", "open_connection",
+    "ABSURD_MS", "METRIC_VALUE_COLUMNS", "NEGATIVE_FLOOR_MS", "PACKED_FIELDS", "PACKED_FORMAT",
+    "PACKED_METRICS", "PACKED_RANK", "PACKED_SAMPLE_TIME", "PACKED_STEP", "PACKED_VALUES",
+    "RunRecord", "SAMPLE_COLUMNS", "StepTimeStore", "WriteResult", "ensure_schema",
+    "metric_columns", "normalise_step_record", "open_connection", "pack_values",
 ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 
 _get_ident = threading.get_ident
@@ -50,7 +51,7 @@ from .step_events import (
 from .timing import dataloader_timing_scope, timed_region
 
 __all__ = [
-    "init", "shutdown", "trace_step", "is_initialized",
+    "init", "shutdown", "trace_step", "is_initialized", "mode",
     "wrap_dataloader", "wrap_forward", "wrap_optimizer", "timed_region", "timed_forward",
     "timed_backward", "timed_h2d", "timed_optimizer_step", "dataloader_timing_scope",
     "register_sink", "unregister_sink", "dropped_counts", "misuse_counts", "steps_completed",
@@ -112,6 +113,8 @@ def init(mode: str | None = None, *, endpoint: str | None = None, protocol: str 
                                          strategy=strategy, phase_spans=phase_spans)
         if not _atexit_registered:
             atexit.register(_shutdown_at_exit)
+            if hasattr(os, "register_at_fork"):
+                os.register_at_fork(after_in_child=_after_fork_in_child)
             _atexit_registered = True
         _mode = config.mode
         _initialized = True
@@ -194,6 +197,18 @@ def shutdown(timeout_s: float = 5.0) -> None:
         _time_sampler = _memory_sampler = _exporter_sink = None
         _initialized = False
         _mode = None
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (a DataLoader worker) is not the training process: it records nothing.
+
+    Its copies of the sampler threads do not exist after fork; queues and captures
+    inherited from the parent are left alone and never published.
+    """
+    global _initialized, _time_sampler, _memory_sampler, _exporter_sink
+    _se.set_recording(False)
+    _initialized = False
+    _time_sampler = _memory_sampler = _exporter_sink = None
 
 
 def _shutdown_at_exit() -> None:

@@ -17,6 +17,8 @@ def _device_label(device) -> tuple[str, bool, int | None]:
     """(label, is_cuda, cuda index) without importing torch for CPU devices."""
     if device is None:
         return "cpu", False, None
+    if isinstance(device, int) and not isinstance(device, bool):
+        device = f"cuda:{device}"  # a bare ordinal names a CUDA device, as in torch
     kind = getattr(device, "type", None)
     index = getattr(device, "index", None)
     if kind is None:

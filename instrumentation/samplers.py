@@ -199,6 +199,7 @@ class StepTimeSampler(_Sampler):
         """
         with self._lock:
             self.pending.extend(self._drain())
+            self._offset_ns = _se.wall_offset_ns()  # follows wall-clock adjustments
             done = 0
             pending = self.pending
             sinks = self.sinks()

@@ -283,3 +283,26 @@ def test_shutdown_drains_both_samplers_and_is_idempotent(sink):
     assert [m.step for m in sink.memory] == [0, 1, 2, 3, 4]
     traceml.shutdown()
     assert not traceml.is_initialized()
+
+
+def test_dataloader_workers_forked_from_the_training_process_record_nothing(sink):
+    """Worker processes inherit the patches; the at-fork hook keeps them from recording."""
+
+    class Probe(torch.utils.data.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            from traceml import step_events
+            return torch.tensor([float(step_events.is_recording())])
+
+    traceml.init(mode="auto")
+    loader = torch.utils.data.DataLoader(Probe(), batch_size=2, num_workers=1,
+                                         multiprocessing_context="fork")
+    seen = torch.cat([b for b in loader]).flatten().tolist()
+    with traceml.trace_step():
+        pass
+    traceml.shutdown()
+    _flush()
+    assert seen == [0.0, 0.0, 0.0, 0.0]  # inside the worker recording was off
+    assert sink.steps[0].events[RAW_DATALOADER_NEXT].count == 2  # the parent still timed its waits

@@ -1,0 +1,294 @@
+"""Shared pieces of the reliability tests and benchmarks.
+
+Deterministic OTLP builders (span and trace ids derive from run/rank/step, so a
+re-sent request is byte-identical, as a client retry is), a processor started as
+a real `traceml-processor` subprocess on fixed ports (so it can be killed and
+restarted on the same address and database), and SQLite read-backs.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Iterable, Mapping
+
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metrics_svc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_svc
+from opentelemetry.proto.common.v1 import common_pb2
+from opentelemetry.proto.metrics.v1 import metrics_pb2 as metric_data
+from opentelemetry.proto.resource.v1 import resource_pb2
+from opentelemetry.proto.trace.v1 import trace_pb2 as span_data
+
+from traceml.schema import vocabulary as v
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Milliseconds per step and event, as the exporter puts them on the wire.
+EVENTS_MS: Mapping[str, float] = {
+    v.RAW_DATALOADER_NEXT: 4.0,
+    v.RAW_FORWARD: 30.0,
+    v.RAW_BACKWARD: 45.0,
+    v.RAW_OPTIMIZER_STEP: 10.0,
+    v.RAW_STEP_TIME: 95.0,
+}
+BASE_TIME_S = 1_790_000_000.0  # fixed, so spans are reproducible byte for byte
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def any_value(value) -> common_pb2.AnyValue:
+    if isinstance(value, common_pb2.AnyValue):
+        return value
+    if isinstance(value, bool):
+        return common_pb2.AnyValue(bool_value=value)
+    if isinstance(value, int):
+        return common_pb2.AnyValue(int_value=value)
+    if isinstance(value, float):
+        return common_pb2.AnyValue(double_value=value)
+    if isinstance(value, str):
+        return common_pb2.AnyValue(string_value=value)
+    if value is None:
+        return common_pb2.AnyValue()
+    raise TypeError(value)
+
+
+def kvs(attrs: Mapping[str, object]) -> list[common_pb2.KeyValue]:
+    return [common_pb2.KeyValue(key=k, value=any_value(val)) for k, val in attrs.items()]
+
+
+def resource_attrs(run_id: str | None, rank: int | None, world_size: int | None = None) -> dict:
+    attrs: dict = {v.RES_SERVICE_NAME: v.DEFAULT_SERVICE_NAME, v.RES_HOST_NAME: "node-0",
+                   v.ATTR_TRAINING_STRATEGY: v.STRATEGY_DDP}
+    if run_id is not None:
+        attrs[v.ATTR_RUN_ID] = run_id
+    if rank is not None:
+        attrs[v.ATTR_RANK] = rank
+        attrs[v.ATTR_LOCAL_RANK] = rank % 8
+        attrs[v.ATTR_NODE_RANK] = rank // 8
+    if world_size is not None:
+        attrs[v.ATTR_WORLD_SIZE] = world_size
+    return attrs
+
+
+def _ids(*parts) -> tuple[bytes, bytes]:
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=24).digest()
+    return digest[:16], digest[16:]
+
+
+def step_attrs(step: int, rank: int, events_ms: Mapping[str, float] | None = None) -> dict:
+    attrs: dict = {v.ATTR_STEP: step, v.ATTR_RANK: rank}
+    for raw, ms in (EVENTS_MS if events_ms is None else events_ms).items():
+        attrs[v.event_attribute(raw, v.EVENT_FIELD_CPU_MS)] = float(ms)
+        attrs[v.event_attribute(raw, v.EVENT_FIELD_COUNT)] = 1
+    return attrs
+
+
+def step_span(run_id: str, rank: int, step: int, events_ms: Mapping[str, float] | None = None, *,
+              attrs: Mapping[str, object] | None = None, end_s: float | None = None,
+              start_ns: int | None = None, end_ns: int | None = None) -> span_data.Span:
+    """One `traceml.step` span; `attrs` replaces the attribute list when given."""
+    events = EVENTS_MS if events_ms is None else events_ms
+    end_s = BASE_TIME_S + (step % 10**6) * 0.1 if end_s is None else end_s
+    end = int(end_s * 1e9) if end_ns is None else end_ns
+    start = end - int(events.get(v.RAW_STEP_TIME, 100.0) * 1e6) if start_ns is None else start_ns
+    trace_id, span_id = _ids(run_id, rank, step)
+    body = step_attrs(step, rank, events) if attrs is None else attrs
+    return span_data.Span(trace_id=trace_id, span_id=span_id, name=v.SPAN_STEP,
+                          kind=span_data.Span.SPAN_KIND_INTERNAL, start_time_unix_nano=start,
+                          end_time_unix_nano=end,
+                          attributes=[common_pb2.KeyValue(key=k, value=any_value(val)) for k, val in body.items()])
+
+
+def run_end_span(rank: int, steps_completed: int, extra: Mapping[str, int] | None = None) -> span_data.Span:
+    now = time.time_ns()
+    trace_id, span_id = _ids("end", rank, steps_completed)
+    attrs = {v.ATTR_RANK: rank, v.ATTR_STEPS_COMPLETED: steps_completed, **(extra or {})}
+    return span_data.Span(trace_id=trace_id, span_id=span_id, name=v.SPAN_RUN_END,
+                          start_time_unix_nano=now, end_time_unix_nano=now, attributes=kvs(attrs))
+
+
+def resource_spans(resource: Mapping[str, object], spans: Iterable[span_data.Span],
+                   scope: str = v.INSTRUMENTATION_SCOPE) -> span_data.ResourceSpans:
+    return span_data.ResourceSpans(
+        resource=resource_pb2.Resource(attributes=kvs(resource)),
+        scope_spans=[span_data.ScopeSpans(scope=common_pb2.InstrumentationScope(name=scope), spans=list(spans))])
+
+
+def trace_request(groups: Iterable[span_data.ResourceSpans]) -> trace_svc.ExportTraceServiceRequest:
+    return trace_svc.ExportTraceServiceRequest(resource_spans=list(groups))
+
+
+def steps_request(run_id: str, rank: int, steps: Iterable[int], events_ms=None, *,
+                  world_size: int | None = None, end_s_of=None) -> trace_svc.ExportTraceServiceRequest:
+    spans = [step_span(run_id, rank, s, events_ms, end_s=None if end_s_of is None else end_s_of(s))
+             for s in steps]
+    return trace_request([resource_spans(resource_attrs(run_id, rank, world_size), spans)])
+
+
+def memory_metric(name: str, points: Iterable[metric_data.NumberDataPoint], kind: str = "gauge"):
+    metric = metric_data.Metric(name=name, unit="By", description="peak")
+    if kind == "gauge":
+        metric.gauge.CopyFrom(metric_data.Gauge(data_points=list(points)))
+    elif kind == "sum":
+        metric.sum.CopyFrom(metric_data.Sum(data_points=list(points), is_monotonic=True,
+                                            aggregation_temporality=metric_data.AGGREGATION_TEMPORALITY_CUMULATIVE))
+    else:  # a histogram: a data type TraceML never sends for memory
+        metric.histogram.CopyFrom(metric_data.Histogram(data_points=[
+            metric_data.HistogramDataPoint(time_unix_nano=1, count=1) for _ in points]))
+    return metric
+
+
+def metrics_request(resource: Mapping[str, object], metrics: Iterable) -> metrics_svc.ExportMetricsServiceRequest:
+    return metrics_svc.ExportMetricsServiceRequest(resource_metrics=[metric_data.ResourceMetrics(
+        resource=resource_pb2.Resource(attributes=kvs(resource)),
+        scope_metrics=[metric_data.ScopeMetrics(scope=common_pb2.InstrumentationScope(name="traceml"),
+                                                metrics=list(metrics))])])
+
+
+# --- SQLite read-backs ---------------------------------------------------------------------------
+
+def _ro(db: Path) -> sqlite3.Connection:
+    return sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+
+
+def stored_step_keys(db: Path, run_id: str | None = None) -> set[tuple[str, int, int]]:
+    conn = _ro(db)
+    try:
+        sql = "SELECT run_id, global_rank, step FROM step_time_samples"
+        rows = conn.execute(sql + (" WHERE run_id = ?" if run_id else ""), (run_id,) if run_id else ()).fetchall()
+        return {(r, int(k), int(s)) for r, k, s in rows}
+    finally:
+        conn.close()
+
+
+def stored_memory_keys(db: Path) -> set[tuple[str, int, int, str]]:
+    conn = _ro(db)
+    try:
+        return {(r, int(k), int(s), d) for r, k, s, d in conn.execute(
+            "SELECT run_id, global_rank, step, device FROM step_memory_samples")}
+    finally:
+        conn.close()
+
+
+def count_rows(db: Path, table: str = "step_time_samples") -> int:
+    assert re.fullmatch(r"[a-z_]+", table)
+    conn = _ro(db)
+    try:
+        return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+    finally:
+        conn.close()
+
+
+def integrity_ok(db: Path) -> bool:
+    conn = _ro(db)
+    try:
+        return conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    finally:
+        conn.close()
+
+
+# --- a processor as a real subprocess ----------------------------------------------------------
+
+READY = re.compile(r"traceml-processor ready grpc=(\d+) http=(\d+) prometheus=(\S+)")
+
+
+def wait_until(predicate, timeout_s: float, interval_s: float = 0.05) -> bool:
+    """Poll `predicate` ("did not hang" bound, never a performance claim)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return bool(predicate())
+
+
+class ProcessorProcess:
+    """`python -m traceml.processor.cli` on fixed loopback ports (restartable on the same address)."""
+
+    def __init__(self, folder: Path, *, grpc_port: int | None = None, http_port: int | None = None,
+                 prometheus_port: int | None = None, extra_args: Iterable[str] = (),
+                 env: Mapping[str, str] | None = None):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.db = self.folder / "traceml.db"
+        self.summary_dir = self.folder / "summaries"
+        self.grpc = grpc_port or free_port()
+        self.http = http_port or free_port()
+        self.prom = prometheus_port or free_port()
+        self.extra_args = list(extra_args)
+        self.env = dict(env or {})
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    @property
+    def log_path(self) -> Path:
+        return self.folder / f"processor-{self.starts}.log"
+
+    def start(self, timeout_s: float = 60.0) -> "ProcessorProcess":
+        self.starts += 1
+        env = {k: val for k, val in os.environ.items() if not k.startswith(("OTEL_", "TRACEML_"))}
+        env.update(self.env)
+        cmd = [sys.executable, "-m", "traceml.processor.cli", "--db", str(self.db),
+               "--otlp-grpc", f"127.0.0.1:{self.grpc}", "--otlp-http", f"127.0.0.1:{self.http}",
+               "--prometheus", f"127.0.0.1:{self.prom}", "--summary-dir", str(self.summary_dir),
+               "--export-endpoint", "off", *self.extra_args]
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=self.folder)
+        ok = wait_until(lambda: READY.search(self.log_text()) or self.proc.poll() is not None, timeout_s)
+        if not (ok and READY.search(self.log_text())):
+            # A port can be briefly held after a kill -9; one more try on the same address.
+            raise RuntimeError(f"processor did not start: {self.log_text()}")
+        return self
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def metrics_text(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.prom}/metrics", timeout=10) as r:
+            return r.read().decode()
+
+    def rss_bytes(self) -> int:
+        import psutil
+
+        return psutil.Process(self.proc.pid).memory_info().rss
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+        self._log.close()
+
+    def stop(self) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait(10)
+        self._log.close()
+        return code
+
+
+def prometheus_samples(text: str, name: str) -> list[tuple[dict, float]]:
+    """(labels, value) of every sample of metric `name` in Prometheus text format."""
+    out = []
+    pattern = re.compile(r"^" + re.escape(name) + r"(?:\{(.*)\})?\s+(\S+)$")
+    for line in text.splitlines():
+        m = pattern.match(line)
+        if m:
+            labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(1) or ""))
+            out.append((labels, float(m.group(2))))
+    return out

@@ -217,49 +217,12 @@ def launch(args: argparse.Namespace, options: RunOptions, *, out: TextIO | None 
     with _sigterm_raises():
         try:
             if endpoint:
-                rank_env[env.OTEL_EXPORTER_OTLP_ENDPOINT] = endpoint
-                if options.protocol:
-                    rank_env[env.OTEL_EXPORTER_OTLP_PROTOCOL] = options.protocol
-                if options.live:
-                    _say(out, "--live needs the embedded processor; with an endpoint, watch the "
-                              "processor instead (traceml top --db PATH)")
-                _say(out, f"run {resolved.run_id}: exporting OTLP to {endpoint}")
+                _export_only(endpoint, options, rank_env, resolved.run_id, out)
             else:
                 run_path = rd.run_directory(options.runs_dir, resolved.run_id)
-                processor = EmbeddedProcessor(
-                    db_path=run_path / rd.DB_FILENAME,
-                    summary_dir=Path(options.runs_dir),
-                    log_path=run_path / "processor.log",
-                )
-                try:
-                    run_path.mkdir(parents=True, exist_ok=True)
-                    endpoints = processor.start()
-                except (EmbeddedProcessorError, OSError) as exc:
-                    # Telemetry must not stop training: run the job, just without collection.
-                    _say(out, f"warning: {exc}; the script runs without telemetry collection")
-                    processor, endpoints = None, None
-                if endpoints is not None:
-                    rank_env[env.OTEL_EXPORTER_OTLP_ENDPOINT] = endpoints.otlp_grpc_endpoint
-                    rank_env[env.OTEL_EXPORTER_OTLP_PROTOCOL] = "grpc"
-                    _say(out, f"run {resolved.run_id}: embedded processor on 127.0.0.1:"
-                              f"{endpoints.grpc_port} (OTLP gRPC), data in {run_path}")
-                    if _is_multi_node(args.nnodes):
-                        _say(out, "warning: each node starts its own embedded processor and sees only "
-                                  "its own ranks; for one diagnosis of all nodes, run traceml-processor "
-                                  "once and pass --endpoint")
-                if options.live and endpoints is not None:
-                    if _redirect_rank_output(args, run_path):
-                        _say(out, f"rank output goes to {args.log_dir}")
-                    # torchrun's own default for several local ranks, set quietly so its
-                    # warning banner does not tear through the live display.
-                    if "OMP_NUM_THREADS" not in os.environ and str(args.nproc_per_node).isdigit() \
-                            and int(args.nproc_per_node) > 1:
-                        rank_env["OMP_NUM_THREADS"] = "1"
-                    from traceml.launcher.live import LiveMonitor
-
-                    monitor = LiveMonitor(run_path / rd.DB_FILENAME, resolved.run_id,
-                                          refresh_s=options.refresh_s, out=out)
-                    monitor.start()
+                processor = _start_embedded(args, options, run_path, rank_env, resolved.run_id, out)
+                if options.live and processor is not None:
+                    monitor = _start_live(args, options, run_path, rank_env, resolved.run_id, out)
             with _patched_environ(rank_env):
                 torch_run(args)
         except _TerminatedBeforeLaunch as exc:
@@ -278,6 +241,55 @@ def launch(args: argparse.Namespace, options: RunOptions, *, out: TextIO | None 
                     report = finalize_run(run_path, resolved.run_id, out=out,
                                           print_card=options.print_summary, exit_code=exit_code)
     return LaunchResult(exit_code, resolved.run_id, run_path, report)
+
+
+def _export_only(endpoint: str, options: RunOptions, rank_env: dict[str, str], run_id: str,
+                 out: TextIO) -> None:
+    rank_env[env.OTEL_EXPORTER_OTLP_ENDPOINT] = endpoint
+    if options.protocol:
+        rank_env[env.OTEL_EXPORTER_OTLP_PROTOCOL] = options.protocol
+    if options.live:
+        _say(out, "--live needs the embedded processor; with an endpoint, watch the "
+                  "processor instead (traceml top --db PATH)")
+    _say(out, f"run {run_id}: exporting OTLP to {endpoint}")
+
+
+def _start_embedded(args: argparse.Namespace, options: RunOptions, run_path: Path,
+                    rank_env: dict[str, str], run_id: str, out: TextIO) -> EmbeddedProcessor | None:
+    """Start the processor and point the ranks at it; None (training goes on) if it cannot start."""
+    processor = EmbeddedProcessor(db_path=run_path / rd.DB_FILENAME, summary_dir=Path(options.runs_dir),
+                                  log_path=run_path / "processor.log")
+    try:
+        run_path.mkdir(parents=True, exist_ok=True)
+        endpoints = processor.start()
+    except (EmbeddedProcessorError, OSError) as exc:
+        # Telemetry must not stop training: run the job, just without collection.
+        _say(out, f"warning: {exc}; the script runs without telemetry collection")
+        return None
+    rank_env[env.OTEL_EXPORTER_OTLP_ENDPOINT] = endpoints.otlp_grpc_endpoint
+    rank_env[env.OTEL_EXPORTER_OTLP_PROTOCOL] = "grpc"
+    _say(out, f"run {run_id}: embedded processor on 127.0.0.1:{endpoints.grpc_port} (OTLP gRPC), "
+              f"data in {run_path}")
+    if _is_multi_node(args.nnodes):
+        _say(out, "warning: each node starts its own embedded processor and sees only its own "
+                  "ranks; for one diagnosis of all nodes, run traceml-processor once and pass --endpoint")
+    return processor
+
+
+def _start_live(args: argparse.Namespace, options: RunOptions, run_path: Path,
+                rank_env: dict[str, str], run_id: str, out: TextIO):
+    from traceml.launcher.live import LiveMonitor
+
+    if _redirect_rank_output(args, run_path):
+        _say(out, f"rank output goes to {args.log_dir}")
+    # torchrun's own default for several local ranks, set quietly so its warning
+    # banner does not tear through the live display.
+    nproc = str(args.nproc_per_node)
+    if "OMP_NUM_THREADS" not in os.environ and nproc.isdigit() and int(nproc) > 1:
+        rank_env["OMP_NUM_THREADS"] = "1"
+    monitor = LiveMonitor(run_path / rd.DB_FILENAME, run_id, refresh_s=options.refresh_s, out=out)
+    monitor.start()
+    return monitor
 
 
 def _is_multi_node(nnodes: str) -> bool:

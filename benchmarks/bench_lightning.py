@@ -23,6 +23,8 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--accumulate", type=int, default=4)
+    parser.add_argument("--mode", default="auto", choices=("auto", "manual"),
+                        help="traceml.init mode of the traced arm (auto = what traceml run does)")
     parser.add_argument("--profile", type=int, default=0,
                         help="instead: cProfile one traced fit, print the top N functions")
     args = parser.parse_args()
@@ -81,7 +83,7 @@ def main() -> None:
         import cProfile
         import pstats
 
-        traceml.init(mode="auto")
+        traceml.init(mode=args.mode)
         tl.auto_attach()
         profiler = cProfile.Profile()
         profiler.enable()
@@ -94,7 +96,7 @@ def main() -> None:
     plain, traced = [], []
     for _ in range(args.trials):
         plain.append(one_fit())
-        traceml.init(mode="auto")
+        traceml.init(mode=args.mode)
         tl.auto_attach()
         before = traceml.steps_completed()
         traced.append(one_fit())
@@ -102,7 +104,7 @@ def main() -> None:
         tl.remove_auto_attach()
         traceml.shutdown()
     p, t = statistics.median(plain), statistics.median(traced)
-    print(f"device={args.device} batches={args.batches} accumulate={args.accumulate} "
+    print(f"device={args.device} mode={args.mode} batches={args.batches} accumulate={args.accumulate} "
           f"trials={args.trials} (medians)")
     print(f"plain   {p * 1e3:8.3f} ms/batch")
     print(f"traced  {t * 1e3:8.3f} ms/batch  ({steps} TraceML steps in the last traced fit)")

@@ -199,6 +199,10 @@ def launch(args: argparse.Namespace, options: RunOptions, *, out: TextIO | None 
     out = out or sys.stdout
     user_rdzv_id = args.rdzv_id if not args.standalone else None
     resolved = rd.resolve_run_id(options.run_id, user_rdzv_id)
+    if not (args.module or args.no_python) and not os.path.isfile(args.training_script):
+        # What `python missing.py` answers, before any processor or rank starts.
+        _say(out, f"error: can't open file {args.training_script!r}: no such file")
+        return LaunchResult(2, resolved.run_id, None)
     endpoint = options.endpoint or os.environ.get(env.OTEL_EXPORTER_OTLP_ENDPOINT) or None
     if resolved.source == "generated" and _is_multi_node(args.nnodes):
         _say(out, "warning: multi-node launch without --run-id, --rdzv-id or $TRACEML_RUN_ID: "

@@ -139,3 +139,10 @@ def test_training_still_runs_when_the_embedded_processor_cannot_start(workdir):
     assert "the script runs without telemetry collection" in run.output
     assert "rank 1: __name__=__main__" in run.output
     assert not (workdir / "traceml_runs" / "blocked" / "final_summary.json").exists()
+
+
+def test_a_missing_script_is_refused_before_anything_starts(workdir):
+    run = traceml(["run", "--nproc-per-node", "2", "no_such_script.py"], workdir)
+    assert run.returncode == 2
+    assert "can't open file 'no_such_script.py'" in run.output
+    assert not (workdir / "traceml_runs").exists()

@@ -311,6 +311,7 @@ _IDENTITY_KEYS = frozenset({v.ATTR_STEP, v.ATTR_RANK, v.ATTR_RUN_ID})
 _SLOT = {v.EVENT_FIELD_CPU_MS: 0, v.EVENT_FIELD_GPU_MS: 1, v.EVENT_FIELD_COUNT: 2}
 _EVENT_KEY_CACHE: dict[str, tuple[str, int] | None] = {}
 _EVENT_KEY_CACHE_MAX = 4096
+_MISS = object()
 
 
 def _event_key(key: str) -> tuple[str, int] | None:
@@ -400,6 +401,8 @@ class Decoder:
             raise _Reject(TOO_MANY_ATTRIBUTES, f"{len(kvs)} attributes (cap {limits.max_attributes})")
         ident: dict = {}
         fields: dict[str, list] = {}  # raw event -> [cpu, gpu, count]
+        cached = _EVENT_KEY_CACHE.get
+        max_ms, max_count, max_bytes = limits.max_event_ms, limits.max_event_count, limits.max_attribute_bytes
         for kv in kvs:
             key = kv.key
             value = kv.value
@@ -410,33 +413,32 @@ class Decoder:
                 val = value.int_value
             elif kind == "string_value":
                 val = value.string_value
-                if len(val) > limits.max_attribute_bytes:
-                    raise _Reject(ATTRIBUTE_TOO_LARGE, f"{key} is {len(val)} characters "
-                                                       f"(cap {limits.max_attribute_bytes})")
+                if len(val) > max_bytes:
+                    raise _Reject(ATTRIBUTE_TOO_LARGE, f"{key} is {len(val)} characters (cap {max_bytes})")
             elif kind == "bool_value":
                 val = value.bool_value
             elif kind is None:
                 val = None
             else:
                 val = _Unsupported(kind)
-            parsed = _event_key(key)
+            parsed = cached(key, _MISS)
+            if parsed is _MISS:
+                parsed = _event_key(key)
             if parsed is None:
                 if key in _IDENTITY_KEYS:
                     ident[key] = val
-                elif len(key) > limits.max_attribute_bytes:
+                elif len(key) > max_bytes:
                     raise _Reject(ATTRIBUTE_TOO_LARGE, f"attribute key of {len(key)} characters")
                 continue
             raw_event, slot = parsed
             if slot == 2:
-                if type(val) is not int or not (0 <= val <= limits.max_event_count):
-                    val = _int_attr({key: val}, key, allow_string=False, minimum=0,
-                                    maximum=limits.max_event_count)
-            else:
-                if type(val) is not float or not (0.0 <= val <= limits.max_event_ms):
-                    val = _ms_value(val, key, limits)  # raises with the precise reason
+                if type(val) is not int or not (0 <= val <= max_count):
+                    val = _int_attr({key: val}, key, allow_string=False, minimum=0, maximum=max_count)
+            elif type(val) is not float or not (0.0 <= val <= max_ms):
+                val = _ms_value(val, key, limits)  # raises with the precise reason
             entry = fields.get(raw_event)
             if entry is None:
-                entry = fields[raw_event] = [None, None, None]
+                fields[raw_event] = entry = [None, None, None]
             entry[slot] = val
         run_id, identity = self._span_identity(ident, res)
         step = _int_attr(ident, v.ATTR_STEP, allow_string=False, minimum=0, maximum=limits.max_step)
@@ -447,7 +449,7 @@ class Decoder:
             raise _Reject(MISSING_TIMESTAMP, "start or end time is zero")
         if end_ns < start_ns:
             raise _Reject(NEGATIVE, "end time before start time")
-        events = {raw: RawEventValue(cpu_ms=e[0], gpu_ms=e[1], count=e[2])
+        events = {raw: RawEventValue(e[0], e[1], e[2])
                   for raw, e in fields.items() if e[0] is not None or e[1] is not None}
         if not events:
             raise _Reject(NO_EVENTS, f"step {step} carries no {v.EVENT_ATTR_PREFIX}* timing attributes")

@@ -70,7 +70,7 @@ _memory_sampler: StepMemorySampler | None = None
 _exporter_sink = None
 _atexit_registered = False
 _default_device = None
-_in_step = False
+_open_step = None  # the trace_step currently open (never nested)
 _exporter_failure_logged = False
 
 
@@ -263,21 +263,29 @@ class trace_step:
         self._active = False
 
     def __enter__(self):
-        global _in_step
+        global _open_step
         if _disabled:
             return self
         if not _initialized:
             _se.warn_once("trace_step_without_init", "trace_step() was called before "
                           "traceml.init(); the step runs untraced")
             return self
-        if _in_step:
-            _se.warn_once("nested_trace_step", "trace_step() was nested inside another "
-                          "trace_step(); the inner one is ignored and the outer step is kept")
-            return self
         se = _se
+        outer = _open_step
+        if outer is not None:
+            if outer._capture is se._active and se._recording:
+                _se.warn_once("nested_trace_step", "trace_step() was nested inside another "
+                              "trace_step(); the inner one is ignored and the outer step is kept")
+                return self
+            # The open step's capture was completed, aborted or discarded elsewhere
+            # (its __exit__ never ran, e.g. a framework skipped its end callback):
+            # it is superseded; its late __exit__, if any, will do nothing.
+            _se.warn_once("superseded_trace_step", "a trace_step() was never exited and its "
+                          "capture has ended; it is superseded by the new step")
+            _open_step = None
         if not (se._recording and _get_ident() == se._owner) and not se.recording_allowed():
             return self  # recording off (e.g. an integration skipping a group) or another thread
-        _in_step = True
+        _open_step = self
         self._active = True
         model = self._model
         tracker = _tracker_cache[1]
@@ -296,11 +304,13 @@ class trace_step:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        global _in_step
+        global _open_step
         if not self._active:
             return False
         self._active = False
-        _in_step = False
+        if _open_step is not self:
+            return False  # superseded (see __enter__): its capture already ended
+        _open_step = None
         _step_region.__exit__(exc_type, exc, tb)
         if exc_type is not None:
             abort_step_capture(self._capture)
@@ -354,11 +364,11 @@ def timed_optimizer_step() -> timed_region:
 
 def _reset_for_tests() -> None:
     """Shut down and forget all process state (tests only)."""
-    global _disabled, _in_step, _default_device
+    global _disabled, _open_step, _default_device
     shutdown(timeout_s=1.0)
     _se._reset_for_tests()
     _timing._reset_for_tests()
     _tracker_cache[0] = _tracker_cache[1] = None
     _disabled = _settings.kill_switch()
-    _in_step = False
+    _open_step = None
     _default_device = None

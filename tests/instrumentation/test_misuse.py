@@ -199,3 +199,16 @@ def test_kill_switch_accepts_the_documented_spellings(monkeypatch):
         assert kill_switch({"TRACEML_DISABLE": value})
     for value in ("", "0", "false", "off"):
         assert not kill_switch({"TRACEML_DISABLE": value})
+
+
+def test_a_trace_step_never_exited_is_superseded_once_its_capture_ends(manual):
+    stuck = traceml.trace_step(manual)
+    stuck.__enter__()  # e.g. a framework's end-of-step callback never ran
+    traceml.abort_step_capture()  # ... and the integration discarded the group
+    with pytest.warns(RuntimeWarning, match="never exited"):
+        _clean_step(manual)
+    stuck.__exit__(None, None, None)  # a late exit must not touch the newer steps
+    _clean_step(manual)
+    records = _delivered()
+    assert [r.step for r in records] == [0, 1]
+    assert all(_counts(r) == CLEAN for r in records)

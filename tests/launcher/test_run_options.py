@@ -84,3 +84,24 @@ def test_exit_codes_are_forwarded_like_a_shell_would():
     assert run.exit_code_of(killed) == 128 + int(signal.SIGKILL)
     assert run.exit_code_of(SignalException("term", signal.SIGTERM)) == 128 + int(signal.SIGTERM)
     assert run.exit_code_of(KeyboardInterrupt()) == 130
+
+
+_NO_TORCH_CLI = """
+import sys
+for name in ("torch", "transformers", "lightning", "pytorch_lightning"):
+    sys.modules[name] = None
+from traceml.launcher.cli import main
+assert main(["--help"]) == 0
+assert main(["compare", "missing_a.json", "missing_b.json"]) == 2
+assert main(["summary", "missing_dir"]) == 2
+print("ok")
+"""
+
+
+def test_help_compare_and_summary_work_without_torch():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _NO_TORCH_CLI], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("ok")

@@ -561,6 +561,16 @@ def test_namespace_is_taken_from_the_trainer():
         tl.callback_class("lightning")
 
 
+@pytest.mark.parametrize("namespace", NAMESPACES)
+def test_callback_survives_pickling_for_spawned_processes(namespace):
+    import pickle
+
+    callback = pickle.loads(pickle.dumps(tl.TraceMLCallback(namespace=namespace)))
+    assert isinstance(callback, tl.TraceMLCallback)
+    assert isinstance(callback, _pl(namespace).Callback)
+    assert type(callback).namespace == namespace
+
+
 # --- CUDA: event timing and the group-wide peak-memory window ------------------------------
 
 

@@ -1,7 +1,7 @@
-"""Shared set-up: a real processor on free loopback ports with a real SQLite file."""
+"""Processor tests: helpers live in `processor_harness` (a unique module name: several
+test folders have a conftest.py, so `import conftest` would be ambiguous)."""
 from __future__ import annotations
 
-import sqlite3
 import sys
 from pathlib import Path
 
@@ -9,16 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from traceml.processor.service import ProcessorConfig, ProcessorService  # noqa: E402
-
-
-def make_service(tmp_path: Path, **overrides) -> ProcessorService:
-    config = ProcessorConfig(db=tmp_path / "traceml.db", otlp_grpc=("127.0.0.1", 0),
-                             otlp_http=("127.0.0.1", 0), prometheus=("127.0.0.1", 0),
-                             summary_dir=tmp_path / "summaries", refresh_interval_s=0.2)
-    for key, value in overrides.items():
-        setattr(config, key, value)
-    return ProcessorService(config).start()
+from processor_harness import make_service  # noqa: E402
 
 
 @pytest.fixture
@@ -26,13 +17,3 @@ def service(tmp_path):
     svc = make_service(tmp_path)
     yield svc
     svc.stop()
-
-
-def count_rows(db: Path, table: str = "step_time_samples", run_id: str | None = None) -> int:
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        if run_id is None:
-            return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
-        return conn.execute(f"SELECT count(*) FROM {table} WHERE run_id = ?", (run_id,)).fetchone()[0]
-    finally:
-        conn.close()

@@ -6,7 +6,7 @@ import threading
 
 import grpc
 import pytest
-from conftest import count_rows, make_service
+from processor_harness import count_rows, make_service
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc

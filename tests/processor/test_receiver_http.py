@@ -7,7 +7,7 @@ import json
 import sqlite3
 import threading
 
-from conftest import count_rows, make_service
+from processor_harness import count_rows, make_service
 from google.protobuf import json_format
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metrics_pb2

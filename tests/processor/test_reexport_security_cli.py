@@ -9,7 +9,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import count_rows, make_service
+from processor_harness import count_rows, make_service
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from otlp_payloads import steps_request
 from test_runs import send_straggler_run

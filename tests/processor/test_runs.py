@@ -6,7 +6,7 @@ import subprocess
 import urllib.request
 
 import grpc
-from conftest import make_service
+from processor_harness import make_service
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from otlp_payloads import memory_request, run_end_span, steps_request, trace_request

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import grpc
-from conftest import count_rows, make_service
+from processor_harness import count_rows, make_service
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from otlp_payloads import run_end_span, steps_request, trace_request
 

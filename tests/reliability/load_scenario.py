@@ -1,0 +1,102 @@
+"""Many simulated ranks against one processor: memory, lag, ingest and diagnosis under load.
+
+Shared by tests/reliability/test_load.py (CI size) and benchmarks/bench_load.py.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import reliability_helpers as h
+
+LOAD_SENDER = Path(__file__).resolve().parent / "load_sender.py"
+
+
+@dataclass
+class LoadResult:
+    ranks: int
+    steps_per_s: float
+    duration_s: float
+    spans_sent: int = 0
+    rows_stored: int = 0
+    sender_retries: int = 0
+    late_ticks: int = 0
+    rss_start_mib: float = 0.0
+    rss_max_mib: float = 0.0
+    lag_max_s: float = 0.0
+    lag_samples: list = field(default_factory=list)
+    diagnosis: list = field(default_factory=list)  # (kind, culprit_rank, score) active at the end
+    culprit_found: bool = False
+    ingest_spans_per_s: float = 0.0
+    wall_s: float = 0.0
+
+    def line(self) -> str:
+        return (f"ranks={self.ranks} rate={self.steps_per_s}/s/rank duration={self.duration_s}s "
+                f"sent={self.spans_sent} stored={self.rows_stored} ingest={self.ingest_spans_per_s:.0f} spans/s "
+                f"rss start={self.rss_start_mib:.0f} MiB max={self.rss_max_mib:.0f} MiB "
+                f"lag max={self.lag_max_s:.2f} s retries={self.sender_retries} late_ticks={self.late_ticks} "
+                f"diagnosis={self.diagnosis} culprit_found={self.culprit_found}")
+
+
+def _labels_value(text: str, name: str, run: str) -> list[tuple[dict, float]]:
+    return [(labels, val) for labels, val in h.prometheus_samples(text, name)
+            if any(val_ == run for key, val_ in labels.items() if key.endswith("run_id"))]
+
+
+def run_load(folder: Path, *, ranks: int, steps_per_s: float, duration_s: float, straggler: int,
+             senders: int = 2, interval_s: float = 1.0, run: str = "load-run",
+             refresh_interval_s: float = 1.0) -> LoadResult:
+    result = LoadResult(ranks, steps_per_s, duration_s)
+    proc = h.ProcessorProcess(folder, extra_args=["--refresh-interval", str(refresh_interval_s)]).start()
+    try:
+        result.rss_start_mib = proc.rss_bytes() / 2**20
+        per = ranks // senders
+        procs = []
+        began = time.monotonic()
+        for i in range(senders):
+            last = ranks - 1 if i == senders - 1 else (i + 1) * per - 1
+            procs.append(subprocess.Popen(
+                [sys.executable, str(LOAD_SENDER), "--grpc", str(proc.grpc), "--run", run,
+                 "--ranks", f"{i * per}-{last}", "--world-size", str(ranks),
+                 "--steps-per-s", str(steps_per_s), "--duration", str(duration_s),
+                 "--interval", str(interval_s), "--straggler", str(straggler)],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        while any(p.poll() is None for p in procs):
+            result.rss_max_mib = max(result.rss_max_mib, proc.rss_bytes() / 2**20)
+            try:
+                lags = _labels_value(proc.metrics_text(), "traceml_processor_run_lag_seconds", run)
+            except OSError:
+                lags = []
+            if lags:
+                result.lag_samples.append(lags[0][1])
+            time.sleep(1.0)
+        for p in procs:
+            out, _ = p.communicate(timeout=60)
+            assert p.returncode == 0, out
+            counts = json.loads(out.strip().splitlines()[-1])
+            result.spans_sent += counts["spans"]
+            result.sender_retries += counts["retries"]
+            result.late_ticks += counts["late_ticks"]
+        result.wall_s = time.monotonic() - began
+        result.rows_stored = h.count_rows(proc.db)
+        result.ingest_spans_per_s = result.rows_stored / result.wall_s
+        result.lag_max_s = max(result.lag_samples, default=float("nan"))
+        result.rss_max_mib = max(result.rss_max_mib, proc.rss_bytes() / 2**20)
+
+        def diagnosis():
+            found = _labels_value(proc.metrics_text(), "traceml_diagnosis_active_ratio", run)
+            result.diagnosis = sorted(
+                (next((val for key, val in labels.items() if key.endswith("kind")), ""),
+                 next((val for key, val in labels.items() if key.endswith("culprit_rank")), ""), round(score, 3))
+                for labels, score in found)
+            return any(culprit == str(straggler) for _, culprit, _ in result.diagnosis)
+
+        result.culprit_found = h.wait_until(diagnosis, 60, 0.5)
+    finally:
+        code = proc.stop()
+    assert code == 0, proc.log_text()[-3000:]
+    return result

@@ -1,0 +1,25 @@
+"""256 simulated ranks against one processor for ~20 s: memory and lag stay bounded,
+every step is stored, and the diagnosis names the one straggler rank.
+
+The bounds are generous "stays bounded" limits, not performance claims (the
+figures themselves come from benchmarks/bench_load.py).
+"""
+from __future__ import annotations
+
+from load_scenario import run_load
+
+RSS_BOUND_MIB = 500  # issue 5: under 500 MiB with 1,024 ranks
+LAG_BOUND_S = 30.0  # "did not fall behind without bound" on a shared 2-core machine
+STRAGGLER = 137
+
+
+def test_256_ranks_memory_and_lag_bounded_and_the_straggler_named(tmp_path):
+    result = run_load(tmp_path, ranks=256, steps_per_s=2.0, duration_s=20.0, straggler=STRAGGLER)
+    print("\n" + result.line())
+    assert result.rows_stored == result.spans_sent  # every acknowledged step stored, nothing extra
+    assert result.rss_max_mib < RSS_BOUND_MIB
+    assert result.lag_samples and result.lag_max_s < LAG_BOUND_S
+    assert result.culprit_found, result.diagnosis
+    kinds = {kind for kind, culprit, _ in result.diagnosis if culprit == str(STRAGGLER)}
+    assert "INPUT_STRAGGLER" in kinds, result.diagnosis
+    assert {culprit for _, culprit, _ in result.diagnosis if culprit} == {str(STRAGGLER)}  # no false culprit

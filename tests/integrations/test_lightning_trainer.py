@@ -257,22 +257,23 @@ def assert_uninstalled(t, module) -> None:
 @pytest.mark.parametrize("namespace", NAMESPACES)
 def test_ten_batches_accumulating_four_publish_groups_of_four_four_two(traced, namespace):
     model = modules(namespace)["Regression"]()
-    t = trainer(namespace, accumulate_grad_batches=4)
+    t = trainer(namespace, accumulate_grad_batches=4, max_epochs=2)
     t.fit(model, loader(10))
     sink = traced.finish()
 
-    assert t.global_step == 3
+    assert t.global_step == 6
     assert len(traceml_callbacks(t)) == 1
     assert type(traceml_callbacks(t)[0]).namespace == namespace
-    assert sink.ids() == [0, 1, 2]
-    assert sink.counts(FETCH) == [4, 4, 2]
-    assert sink.counts(H2D) == [4, 4, 2]
-    assert sink.counts(FWD) == [4, 4, 2]
-    assert sink.counts(BWD) == [4, 4, 2]
-    assert sink.counts(OPT) == [1, 1, 1]
+    assert sink.ids() == [0, 1, 2, 3, 4, 5]
+    per_epoch = [4, 4, 2]
+    assert sink.counts(FETCH) == per_epoch * 2
+    assert sink.counts(H2D) == per_epoch * 2
+    assert sink.counts(FWD) == per_epoch * 2
+    assert sink.counts(BWD) == per_epoch * 2
+    assert sink.counts(OPT) == [1] * 6
     # each micro-batch opens and closes its own traced region
-    assert sink.counts(STEP) == [4, 4, 2]
-    assert [m.step for m in sink.memory] == [0, 1, 2]
+    assert sink.counts(STEP) == per_epoch * 2
+    assert [m.step for m in sink.memory] == [0, 1, 2, 3, 4, 5]
     assert all(m.device == "cpu" and m.peak_allocated_bytes is None for m in sink.memory)
     for record in sink.steps:
         assert record.start_time_ns <= record.end_time_ns

@@ -13,7 +13,7 @@ real background samplers, delivered to a sink):
 - peak memory: a step that allocates N bytes reports a peak of N above the baseline,
   and the next step's smaller allocation shows the counters were reset;
 - automatic mode on a real CUDA training step: every region is seen once per step,
-  H2D only for real host-to-device copies, GPU times on all but input wait;
+  H2D only for real host-to-device copies, GPU times on every phase;
 - CUDA events return to the pool (no growth over many steps);
 - GPU step overhead: wall time of a small CUDA training loop with and without
   automatic instrumentation (alternating blocks).
@@ -238,10 +238,10 @@ def check_auto_mode(torch) -> None:
            for r in sink.steps if {k: v.count for k, v in r.events.items()} != expected]
     check("auto.counts", not bad, f"every step: {dict((k.split(':')[1], n) for k, n in expected.items())}; "
           f"differing steps: {bad[:3]}")
-    gpu_ok = all(r.events[k].gpu_ms is not None for r in sink.steps for k in expected if k != RAW_DATALOADER_NEXT)
-    input_cpu_only = all(r.events[RAW_DATALOADER_NEXT].gpu_ms is None for r in sink.steps)
-    check("auto.gpu_times", gpu_ok and input_cpu_only,
-          "GPU times on h2d/forward/backward/optimizer/step, input wait on the CPU clock only")
+    missing = sorted({k.split(":")[1] for r in sink.steps for k in expected if r.events[k].gpu_ms is None})
+    check("auto.gpu_times", not missing,
+          "GPU times on every phase of every step, step 0's input wait included (the processor "
+          f"selects the GPU clock only when all are present); missing: {missing}")
     per_epoch = (steps // 2) * 12
     check("auto.event_pool_reused", None not in created and created[1] <= per_epoch + 12,
           f"CUDA events created: {created[0]} in epoch 1, {created[1] - created[0]} more in epoch 2 "

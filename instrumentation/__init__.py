@@ -101,6 +101,11 @@ def init(mode: str | None = None, *, endpoint: str | None = None, protocol: str 
         if config.disabled or _initialized:
             return
         _default_device = _detect_default_device()
+        if _default_device is not None:
+            # Regions before the first step (input wait) get CUDA events too once the
+            # job uses CUDA, so step 0 has GPU times for every phase; the first
+            # trace_step(model) then decides from the model's device.
+            _timing.prepare_gpu_timing()
         if config.mode == _settings.MODE_AUTO:
             from . import patches
 
@@ -123,14 +128,19 @@ def init(mode: str | None = None, *, endpoint: str | None = None, protocol: str 
 
 
 def _detect_default_device():
-    """The CUDA current device when torch is importable and CUDA is available, else None (CPU)."""
+    """`cuda` (no index) when torch is importable and CUDA is available, else None (CPU).
+
+    No index and no CUDA call that creates a context: under torchrun each rank
+    selects its device after `init()`; the index is resolved when first needed
+    (the first event or the first step's tracker), on the rank's current device.
+    """
     try:
         import torch
     except ImportError:
         return None
     try:
         if torch.cuda.is_available():
-            return torch.device("cuda", torch.cuda.current_device())
+            return torch.device("cuda")
     except Exception:
         pass
     return None
@@ -228,7 +238,9 @@ def _tracker_for(model) -> StepMemoryTracker:
     cached_model, tracker = _tracker_cache
     if tracker is not None and cached_model is model:
         return tracker
-    device = _default_device
+    # Without a model (or one without parameters) the step runs on CUDA only once the
+    # job itself initialised CUDA: a CPU job on a GPU machine gets no CUDA context.
+    device = _default_device if _timing._cuda_ready() else None
     if model is not None:
         try:
             device = next(model.parameters()).device
@@ -240,8 +252,10 @@ def _tracker_for(model) -> StepMemoryTracker:
         from . import patches
 
         patches.instrument_model(model)
-    _tracker_cache[0] = model
-    _tracker_cache[1] = tracker
+    if tracker.is_cuda or _default_device is None or model is not None:
+        _tracker_cache[0] = model
+        _tracker_cache[1] = tracker
+    # else: decided "CPU" only because CUDA is not in use yet; ask again next step.
     return tracker
 
 

@@ -49,7 +49,7 @@ class HookRegionTimer:
         self._depth = 1
         region._state = 0
         region._g0 = None
-        region._gpu = _timing._gpu_default
+        region._gpu = _timing._gpu_default if not _timing._gpu_undecided else _timing._cuda_ready()
         region.__enter__()
         return None
 
@@ -121,10 +121,15 @@ def instrument_optimizer(optimizer) -> OptimizerTimer:
 
 
 def timed_next(next_fn, *args):
-    """Call `next_fn(*args)` as one input-wait region (CPU clock); epoch-end StopIteration is not recorded."""
+    """Call `next_fn(*args)` as one input-wait region; epoch-end StopIteration is not recorded.
+
+    On CUDA the region also gets an event pair: the GPU time between them is how
+    long the stream sat idle waiting for the batch (the processor's GPU-clock Input
+    Wait); the CPU time is the host's fetch time.
+    """
     if not _timing._dataloader_timing or not _se._recording:
         return next_fn(*args)
-    region = timed_region(RAW_DATALOADER_NEXT, device="cpu").start()
+    region = timed_region(RAW_DATALOADER_NEXT).start()
     try:
         item = next_fn(*args)
     except StopIteration:
@@ -158,7 +163,7 @@ class _TimedIterator:
 
     def __init__(self, it) -> None:
         self._it = it
-        self._region = timed_region(RAW_DATALOADER_NEXT, device="cpu")
+        self._region = timed_region(RAW_DATALOADER_NEXT)
 
     def __iter__(self):
         return self
@@ -168,6 +173,8 @@ class _TimedIterator:
             return next(self._it)
         region = self._region  # reused: one `next()` is open at a time
         region._state = 0
+        region._g0 = None
+        region._gpu = _timing._gpu_default if not _timing._gpu_undecided else _timing._cuda_ready()
         region.__enter__()
         try:
             item = next(self._it)

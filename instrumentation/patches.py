@@ -1,8 +1,8 @@
 """Automatic mode: reversible patches that time the five regions without code changes.
 
 Installed once per process by `traceml.init(mode="auto")`, removed by `uninstall()`:
-- DataLoader iteration: `_BaseDataLoaderIter.__next__` (input wait, CPU clock,
-  honouring `dataloader_timing_scope`);
+- DataLoader iteration: `_BaseDataLoaderIter.__next__` (input wait,
+  honouring `dataloader_timing_scope`; CUDA events too on CUDA runs);
 - backward: `torch.Tensor.backward`;
 - host-to-device copies: `torch.Tensor.to` / `torch.Tensor.cuda`, counted only when a
   CPU tensor really goes to a CUDA device (never on CPU-only runs);

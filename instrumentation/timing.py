@@ -11,10 +11,9 @@ work never count it twice.
 """
 from __future__ import annotations
 
+import sys
 import threading
 import time
-
-from traceml.schema.vocabulary import RAW_DATALOADER_NEXT as _RAW_DATALOADER_NEXT
 
 from . import step_events as _se
 
@@ -73,19 +72,45 @@ def _cuda_event_factory(device_index: int | None):
 
 # Process-wide timing policy (set by traceml.init / trace_step, read on every region).
 _gpu_default = False
+_gpu_undecided = False
+"""True between init() on a CUDA-capable machine and the first trace_step: regions use
+CUDA events only once the process has initialised CUDA itself (it moved a model or a
+tensor there), so a CPU-only job on a GPU machine never gets a CUDA context from us."""
 _pool: CudaEventPool | None = None
 _dataloader_timing = True
+
+
+def _cuda_ready() -> bool:
+    torch = sys.modules.get("torch")
+    try:
+        return torch is not None and bool(torch.cuda.is_initialized())
+    except Exception:
+        return False
+
+
+def default_gpu() -> bool:
+    """Whether a region without an explicit device gets CUDA events right now."""
+    return _gpu_default if not _gpu_undecided else _cuda_ready()
+
+
+def prepare_gpu_timing() -> None:
+    """CUDA is available: let regions before the first step use events once CUDA is in use."""
+    global _gpu_undecided, _pool
+    if _pool is None:
+        _pool = CudaEventPool()
+    _gpu_undecided = True
 
 
 def configure_gpu_timing(enabled: bool, pool: CudaEventPool | None = None,
                          device_index: int | None = None) -> None:
     """Use CUDA event pairs for regions without an explicit device (needs a pool on CUDA)."""
-    global _gpu_default, _pool
+    global _gpu_default, _pool, _gpu_undecided
     if pool is not None:
         _pool = pool
     elif enabled and _pool is None:
         _pool = CudaEventPool(device_index=device_index)
     _gpu_default = bool(enabled)
+    _gpu_undecided = False
 
 
 def event_pool() -> CudaEventPool | None:
@@ -117,7 +142,10 @@ class timed_region:
 
     def __init__(self, raw_event: str, *, device=None) -> None:
         self.raw_event = raw_event
-        self._gpu = _gpu_default if device is None else (device != "cpu" and _device_is_cuda(device))
+        if device is None:
+            self._gpu = _gpu_default if not _gpu_undecided else _cuda_ready()
+        else:
+            self._gpu = device != "cpu" and _device_is_cuda(device)
         self._capture = None
         self._g0 = None
         self._state = 0  # 0 new, 1 open and recording, 2 open but inert, 3 closed
@@ -224,21 +252,9 @@ def dataloader_timing_enabled() -> bool:
     return _dataloader_timing
 
 
-def timed_dataloader_next(iterator):
-    """`next(iterator)` timed as input wait when the DataLoader policy allows (CPU clock only).
-
-    Input wait is host-side waiting for a batch; GPU events around it would measure
-    only whatever kernels happen to be queued, so it stays on the CPU clock.
-    """
-    if not _dataloader_timing:
-        return next(iterator)
-    with timed_region(_RAW_DATALOADER_NEXT, device="cpu"):
-        return next(iterator)
-
-
-
 def _reset_for_tests() -> None:
-    global _gpu_default, _pool, _dataloader_timing
+    global _gpu_default, _pool, _dataloader_timing, _gpu_undecided
     _gpu_default = False
+    _gpu_undecided = False
     _pool = None
     _dataloader_timing = True

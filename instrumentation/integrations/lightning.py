@@ -122,6 +122,9 @@ def _guarded(method):
 
     def hook(self, *args, **kwargs):
         try:
+            session = self._session
+            if session is not None and session.failed:
+                self._drop_session()  # a wrapper failed: clean up at the next hook
             method(self, *args, **kwargs)
         except Exception as exc:  # telemetry must never break training
             _warn_once("hook_failed", f"{method.__name__} failed ({exc!r}); "
@@ -352,6 +355,7 @@ class _TrainSession:
         self.manual = not getattr(pl_module, "automatic_optimization", True)
         self.memory = StepMemoryTracker(getattr(trainer.strategy, "root_device", None))
         self.installed = False
+        self.failed = False
         self.regions: list = []  # open timed regions, innermost last
         self.batch_region = None
         self.backward_region = None
@@ -482,6 +486,19 @@ class _TrainSession:
 
     # -- wrappers around Lightning's own calls ----------------------------------------------
 
+    def _safely(self, step, *args):
+        """Run one piece of bookkeeping inside a wrapper or hook of Lightning's own
+        calls; a failure disarms this session (every wrapper then passes straight
+        through) instead of reaching the training loop."""
+        try:
+            return step(*args)
+        except Exception as exc:
+            _warn_once("wrapper_failed", f"{getattr(step, '__name__', step)} failed ({exc!r}); "
+                       "TraceML stops recording this fit")
+            self.installed = False
+            self.failed = True
+            return None
+
     def _arming_wrapper(self, original):
         session = self
 
@@ -494,11 +511,7 @@ class _TrainSession:
             finally:
                 session.armed -= 1
                 if not session.armed and session.forward_region is not None:
-                    # a forward that raised left its region open
-                    session._close(session.forward_region)
-                    session.forward_region = None
-                    session.forward_depth = 0
-                    session.forward_stack.clear()
+                    session._safely(session._close_forward)
 
         return training_step
 
@@ -508,13 +521,12 @@ class _TrainSession:
         def batch_to_device(*args, **kwargs):
             if not (session._on_training_thread() and session.trainer.training):
                 return original(*args, **kwargs)
-            # The micro-batch's traced region starts here, so it covers its transfer.
-            session.open_batch_region()
-            transfer = session._open(RAW_H2D)
+            transfer = session._safely(session._transfer_start)
             try:
                 return original(*args, **kwargs)
             finally:
-                session._close(transfer)
+                if transfer is not None:
+                    session._safely(session._close, transfer)
 
         return batch_to_device
 
@@ -524,17 +536,11 @@ class _TrainSession:
         def optimizer_step(*args, **kwargs):
             if not session._on_training_thread():
                 return original(*args, **kwargs)
-            # The closure (training_step and backward) runs inside optimizer.step():
-            # keep global optimizer hooks inert until on_before_optimizer_step.
-            if session.optimizer_hold is None:
-                session.optimizer_hold = _Hold((RAW_OPTIMIZER_STEP,))
+            session._safely(session._optimizer_call_start)
             try:
                 return original(*args, **kwargs)
             finally:
-                session._release_optimizer_hold()
-                if session.optimizer_region is not None:
-                    session._close(session.optimizer_region)
-                    session.optimizer_region = None
+                session._safely(session._optimizer_call_end)
 
         return optimizer_step
 
@@ -545,7 +551,7 @@ class _TrainSession:
             original()
             if session._on_training_thread() and session.trainer.training \
                     and session.fetch_region is None:
-                session.fetch_region = session._open(RAW_DATALOADER_NEXT, device="cpu")
+                session._safely(session._fetch_start)
 
         return before_fetch
 
@@ -553,42 +559,76 @@ class _TrainSession:
         session = self
 
         def after_fetch():
-            region = session.fetch_region
-            if region is not None:
-                session.fetch_region = None
-                if isinstance(sys.exc_info()[1], StopIteration):
-                    # the epoch-ending next() delivered no batch: not input wait
-                    if region in session.regions:
-                        session.regions.remove(region)
-                    region.discard()
-                else:
-                    session._close(region)
+            if session.fetch_region is not None:
+                session._safely(session._fetch_end, isinstance(sys.exc_info()[1], StopIteration))
             original()
 
         return after_fetch
 
+    # -- what the wrappers do ----------------------------------------------------------------
+
+    def _transfer_start(self):
+        # The micro-batch's traced region starts here, so it covers its transfer.
+        self.open_batch_region()
+        return self._open(RAW_H2D)
+
+    def _optimizer_call_start(self) -> None:
+        # The closure (training_step and backward) runs inside optimizer.step():
+        # keep global optimizer hooks inert until on_before_optimizer_step.
+        if self.optimizer_hold is None:
+            self.optimizer_hold = _Hold((RAW_OPTIMIZER_STEP,))
+
+    def _optimizer_call_end(self) -> None:
+        self._release_optimizer_hold()
+        if self.optimizer_region is not None:
+            self._close(self.optimizer_region)
+            self.optimizer_region = None
+
+    def _fetch_start(self) -> None:
+        self.fetch_region = self._open(RAW_DATALOADER_NEXT, device="cpu")
+
+    def _fetch_end(self, exhausted: bool) -> None:
+        region, self.fetch_region = self.fetch_region, None
+        if not exhausted:
+            self._close(region)
+        elif region in self.regions:
+            # the epoch-ending next() delivered no batch: not input wait
+            self.regions.remove(region)
+            region.discard()
+
+    def _close_forward(self) -> None:
+        """A forward that raised left its region open."""
+        self._close(self.forward_region)
+        self.forward_region = None
+        self.forward_depth = 0
+        self.forward_stack.clear()
+
     # -- forward hooks -----------------------------------------------------------------------
 
     def _forward_pre(self, module, args):
-        if not self._on_training_thread():
-            return None
+        if self._on_training_thread():
+            self._safely(self._forward_enter)
+        return None
+
+    def _forward_post(self, module, args, output):
+        if self._on_training_thread() and self.forward_stack:
+            self._safely(self._forward_exit)
+        return None
+
+    def _forward_enter(self) -> None:
         counted = self.armed > 0 and not self.in_backward and not self.in_autograd()
         self.forward_stack.append(counted)
         if counted:
             if self.forward_depth == 0:
                 self.forward_region = self._open(RAW_FORWARD)
             self.forward_depth += 1
-        return None
 
-    def _forward_post(self, module, args, output):
-        if not self._on_training_thread() or not self.forward_stack:
-            return None
+    def _forward_exit(self) -> None:
         if self.forward_stack.pop() and self.forward_depth:
             self.forward_depth -= 1
             if self.forward_depth == 0:
                 self._close(self.forward_region)
                 self.forward_region = None
-        return None
 
     # -- callback events ---------------------------------------------------------------------
 

@@ -165,3 +165,40 @@ def test_sampler_threads_are_daemons_and_deliver_in_the_background(recording, si
     finally:
         sampler.stop()
     assert [r.step for r in sink.steps] == [0]
+
+
+def test_input_wait_gets_gpu_events_on_the_gpu_path(recording, fake_gpu, sink):
+    import torch
+    import traceml
+    from traceml.schema.vocabulary import RAW_DATALOADER_NEXT
+
+    loader = traceml.wrap_dataloader(torch.utils.data.DataLoader(torch.arange(4.0), batch_size=2))
+    for _ in loader:
+        fake_gpu.now_ms += 1.5  # the stream sits idle while the host waits
+    se.complete_step_capture()
+    fake_gpu.complete_all()
+    StepTimeSampler().run_once()
+    totals = sink.steps[0].events[RAW_DATALOADER_NEXT]
+    assert totals.count == 2 and totals.gpu_ms is not None
+
+
+def test_before_the_first_step_regions_use_cuda_events_only_once_cuda_is_in_use(recording, monkeypatch):
+    from traceml import timing
+
+    clock = FakeGpuClock()
+    timing.prepare_gpu_timing()
+    timing._pool._factory = clock.event
+    ready = {"value": False}
+    monkeypatch.setattr(timing, "_cuda_ready", lambda: ready["value"])
+    with timed_region(RAW_H2D):
+        pass  # the job has not touched CUDA: no events, no CUDA context from TraceML
+    ready["value"] = True
+    with timed_region(RAW_H2D):
+        pass
+    events = se.current_capture().events
+    assert [e[3] is not None for e in events] == [False, True]
+    assert len(clock.created) == 2
+    timing.configure_gpu_timing(False)  # the first step decided: CPU
+    with timed_region(RAW_H2D):
+        pass
+    assert se.current_capture().events[-1][3] is None

@@ -1,0 +1,124 @@
+"""The summary-metrics destination is down for a while, then up.
+
+The processor keeps acknowledging and storing ingest during the outage, counts
+and logs the failed pushes (the gap), and once a real OTLP receiver listens on
+the configured address it receives summary metrics again whose cumulative
+record counters include everything ingested during the outage.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent import futures
+from http.server import ThreadingHTTPServer
+
+import grpc
+from fuzz_cases import TRACES, OtlpClient
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+from otlp_test_receiver import OtlpTestReceiver, _http_handler, _MetricsServicer, _TraceServicer, attributes
+
+import reliability_helpers as h
+from traceml.processor.reexport import OtlpExportConfig
+from traceml.processor.service import ProcessorConfig, ProcessorService
+from traceml.schema import vocabulary as v
+
+RUN = "outage-run"
+
+
+class ReceiverOnPort(OtlpTestReceiver):
+    """The shared test receiver, bound to a chosen gRPC port (the one the processor was told)."""
+
+    def start_on(self, port: int) -> "ReceiverOnPort":
+        self._grpc_server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceServicer(self), self._grpc_server)
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(_MetricsServicer(self), self._grpc_server)
+        self.grpc_port = self._grpc_server.add_insecure_port(f"127.0.0.1:{port}")
+        assert self.grpc_port == port
+        self._grpc_server.start()
+        return self
+
+
+def accepted_records(receiver: OtlpTestReceiver) -> float:
+    """The latest pushed value of traceml.processor.records{outcome=accepted, signal=traces}."""
+    latest = 0.0
+    for _res, metric, point in receiver.metric_points():
+        attrs = attributes(point.attributes)
+        if metric.name == "traceml.processor.records" and attrs.get(v.ATTR_OUTCOME) == "accepted" \
+                and attrs.get(v.ATTR_SIGNAL) == "traces":
+            latest = point.as_double or float(point.as_int)
+    return latest
+
+
+def test_destination_down_then_up_ingest_continues_and_the_gap_is_reported(tmp_path, caplog):
+    port = h.free_port()  # nothing listens here yet
+    config = ProcessorConfig(db=tmp_path / "traceml.db", otlp_grpc=("127.0.0.1", 0), otlp_http=("127.0.0.1", 0),
+                             refresh_interval_s=0.3,
+                             export=OtlpExportConfig(endpoint=f"http://127.0.0.1:{port}", protocol="grpc",
+                                                     timeout_s=1.0, interval_s=0.5))
+    service = ProcessorService(config).start()
+    client = OtlpClient(service.grpc_port, service.http_port)
+    receiver = ReceiverOnPort()
+    caplog.set_level(logging.WARNING, logger="traceml.processor.reexport")
+    step = 0
+    try:
+        def ingest(n: int = 4) -> None:
+            nonlocal step
+            for rank in (0, 1):
+                answer = client.grpc(TRACES, h.steps_request(RUN, rank, range(step + 1, step + n + 1), world_size=2))
+                assert answer.status == grpc.StatusCode.OK and answer.rejected == 0, answer
+            step += n
+
+        # Outage: ingest goes on, every batch acknowledged and stored, pushes fail and are counted.
+        def outage_seen() -> bool:
+            ingest()
+            return service.pusher.failed >= 2
+
+        assert h.wait_until(outage_seen, 60, 0.2)
+        during = step
+        assert h.stored_step_keys(config.db, RUN) == {(RUN, r, s) for r in (0, 1) for s in range(1, during + 1)}
+        assert service.pusher.sent == 0 and service.pusher.last_error
+        assert any("summary metrics export" in r.getMessage() and "failed" in r.getMessage()
+                   for r in caplog.records)
+        failed_during_outage = service.pusher.failed
+
+        # Recovery: the destination comes up on the same address; pushes resume by themselves.
+        receiver.start_on(port)
+        assert h.wait_until(lambda: service.pusher.sent >= 1 and accepted_records(receiver) >= 2 * during, 90, 0.2), \
+            (service.pusher.sent, service.pusher.failed, service.pusher.last_error)
+        ingest()
+        assert h.wait_until(lambda: accepted_records(receiver) >= 2 * step, 30, 0.2)
+        names = {metric.name for _r, metric, _p in receiver.metric_points()}
+        assert {"traceml.window.steps", "traceml.processor.run.lag"} <= names, names
+        print(f"\npushes failed during the outage: {failed_during_outage}; sent after: {service.pusher.sent}; "
+              f"steps ingested during the outage: {2 * during}")
+    finally:
+        client.close()
+        service.stop()
+        receiver.stop()
+    assert h.count_rows(config.db) == 2 * step
+
+
+def test_http_destination_down_then_up(tmp_path):
+    """The same over OTLP/HTTP: a test receiver started after the outage is found on its port."""
+    receiver = OtlpTestReceiver()
+    port = h.free_port()
+    config = ProcessorConfig(db=tmp_path / "traceml.db", otlp_grpc=("127.0.0.1", 0), otlp_http=None,
+                             refresh_interval_s=0.3,
+                             export=OtlpExportConfig(endpoint=f"http://127.0.0.1:{port}", protocol="http/protobuf",
+                                                     timeout_s=1.0, interval_s=0.5))
+    service = ProcessorService(config).start()
+    client = OtlpClient(service.grpc_port, 0)
+    try:
+        assert client.grpc(TRACES, h.steps_request(RUN, 0, range(1, 6), world_size=1)).rejected == 0
+        assert h.wait_until(lambda: service.pusher.failed >= 1, 60, 0.2)
+        server = ThreadingHTTPServer(("127.0.0.1", port), _http_handler(receiver))
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            assert h.wait_until(lambda: service.pusher.sent >= 1 and accepted_records(receiver) >= 5, 60, 0.2)
+        finally:
+            server.shutdown()
+            server.server_close()
+    finally:
+        client.close()
+        service.stop()

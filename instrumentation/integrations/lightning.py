@@ -257,6 +257,8 @@ class TraceMLCallback:
         try:
             self._release_holds()
             self._drop_session()
+        except Exception as exc:
+            _warn_once("cleanup_failed", f"teardown failed ({exc!r})")
         finally:
             self._exit_scope()
 
@@ -265,7 +267,10 @@ class TraceMLCallback:
     def _drop_session(self) -> None:
         session, self._session = self._session, None
         if session is not None:
-            session.finish()
+            try:
+                session.finish()
+            except Exception as exc:
+                _warn_once("cleanup_failed", f"cleaning up after the fit failed ({exc!r})")
 
     def _release_holds(self) -> None:
         for name in ("_eval_hold", "_stage_hold"):

@@ -487,6 +487,31 @@ def test_resume_from_checkpoint_keeps_step_ids_process_local(traced, tmp_path):
     assert result["fwd"] == [2, 2, 2, 2]
 
 
+@pytest.mark.parametrize("broken", [FETCH, H2D, FWD, BWD, OPT, STEP],
+                         ids=lambda raw: raw.rsplit(":", 1)[-1])
+def test_a_failing_telemetry_call_never_breaks_training(traced, monkeypatch, broken):
+    from traceml import timing
+
+    real_region = timing.timed_region
+
+    def region(raw_event, **kwargs):
+        if raw_event == broken:
+            raise RuntimeError("telemetry broke")
+        return real_region(raw_event, **kwargs)
+
+    monkeypatch.setattr(timing, "timed_region", region)
+    monkeypatch.setattr(tl, "_warned", set())
+    model = modules("lightning.pytorch")["Regression"]()
+    t = trainer(accumulate_grad_batches=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        t.fit(model, loader(6))
+    assert model.global_steps_seen == [0, 0, 1, 1, 2, 2]  # training ran to the end
+    assert any("stops recording" in str(w.message) for w in caught)
+    assert_uninstalled(t, model)
+    assert traced.finish().steps == []  # the broken fit published nothing
+
+
 # --- Attaching ------------------------------------------------------------------------------
 
 

@@ -1,0 +1,127 @@
+"""Training-side faults: the endpoint is dead, stalls, or the processor restarts mid-run.
+
+A real training loop (tiny CPU model, `traceml.init` + `trace_step`, real OTLP
+exporter) runs in a subprocess. In every case it must finish every step and
+exit cleanly, and whatever telemetry did not arrive must be counted: by the
+exporter's counters and, when a processor is there to receive the end marker, in
+the run's final summary. No timing is asserted (only "did not hang" bounds);
+step-time medians are printed, and compared in benchmarks/bench_faults.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from otlp_test_receiver import OtlpTestReceiver
+
+import reliability_helpers as h
+
+SCRIPT = Path(__file__).resolve().parent / "train_script.py"
+HANG_BOUND_S = 180
+
+
+def train(run_id: str, endpoint: str, protocol: str, *, steps: int, progress: Path | None = None,
+          sleep_s: float = 0.005, wait: bool = True, extra_env: dict | None = None):
+    env = {k: val for k, val in os.environ.items() if not k.startswith(("OTEL_", "TRACEML_"))}
+    env.update(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_EXPORTER_OTLP_PROTOCOL=protocol,
+               OTEL_EXPORTER_OTLP_TIMEOUT="1000", TRACEML_RUN_ID=run_id, TRACEML_EXPORT_QUEUE_SIZE="64",
+               FAULT_STEPS=str(steps), FAULT_SLEEP_S=str(sleep_s), FAULT_SHUTDOWN_S="3", OMP_NUM_THREADS="1",
+               **(extra_env or {}))
+    if progress is not None:
+        env["FAULT_PROGRESS"] = str(progress)
+    proc = subprocess.Popen([sys.executable, str(SCRIPT)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    return finish(proc) if wait else proc
+
+
+def finish(proc: subprocess.Popen) -> dict:
+    out, _ = proc.communicate(timeout=HANG_BOUND_S)
+    assert proc.returncode == 0, out[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def lost(exporter: dict) -> int:
+    """Step spans the exporter itself counts as not delivered (dropped from its queue or failed)."""
+    return exporter["dropped"].get("spans", 0) + exporter["failures"].get("traces", 0)
+
+
+@pytest.mark.parametrize("protocol", ["grpc"])
+def test_dead_endpoint_training_completes_and_every_step_is_counted_lost(protocol):
+    endpoint = f"http://127.0.0.1:{h.free_port()}"  # nothing listens
+    result = train("dead-endpoint", endpoint, protocol, steps=150)
+    print(f"\n[dead/{protocol}] {result}")
+    exporter = result["exporter"]
+    assert result["steps"] == 150 and exporter["steps_exported"] == 0
+    assert exporter["steps_received"] + exporter["dropped"].get("spans", 0) == 150
+    assert lost(exporter) >= 150  # nothing silently vanished
+
+
+def test_stalling_endpoint_training_completes_and_losses_are_counted():
+    with OtlpTestReceiver(mode="stall", stall_s=60.0) as receiver:
+        result = train("stall-endpoint", receiver.http_endpoint, "http/protobuf", steps=150)
+        receiver.release_stalls()
+    print(f"\n[stall/http] {result}")
+    exporter = result["exporter"]
+    assert result["steps"] == 150
+    assert exporter["steps_exported"] + lost(exporter) + exporter["queued_steps"] >= 150
+
+
+def test_processor_restarted_mid_run_training_completes_and_the_summary_accounts_for_every_step(tmp_path):
+    proc = h.ProcessorProcess(tmp_path / "processor", extra_args=["--refresh-interval", "0.5"]).start()
+    progress = tmp_path / "progress"
+    steps = 600
+    trainer = train("restart-run", f"http://127.0.0.1:{proc.grpc}", "grpc", steps=steps, progress=progress,
+                    sleep_s=0.01, wait=False)
+    try:
+        def done() -> int:
+            try:
+                return int(progress.read_text() or 0)
+            except (OSError, ValueError):
+                return 0
+
+        assert h.wait_until(lambda: done() >= 100 or trainer.poll() is not None, HANG_BOUND_S)
+        proc.kill9()
+        killed_at = done()
+        assert h.wait_until(lambda: done() >= killed_at + 100 or trainer.poll() is not None, HANG_BOUND_S)
+        proc.start()  # same ports and database
+        result = finish(trainer)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+    exporter = result["exporter"]
+    print(f"\n[restart] killed at step ~{killed_at}; {result}")
+    assert result["steps"] == steps
+    # The end marker reached the restarted processor, which ended the run and wrote its summary.
+    summary_file = proc.summary_dir / "restart-run" / "final_summary.json"
+    assert h.wait_until(summary_file.exists, 60), sorted(proc.summary_dir.rglob("*"))
+    assert proc.stop() == 0
+    summary = json.loads(summary_file.read_text())
+    telemetry = summary["telemetry"]
+    assert telemetry["ranks_finished"] == [0]
+    stored = len(h.stored_step_keys(proc.db, "restart-run"))
+    # Every step is either stored or counted lost by the exporter: nothing vanished silently.
+    assert stored + lost(exporter) >= steps, (stored, exporter)
+    assert stored < steps or lost(exporter) == 0
+    # What the rank reported at its end is kept with the run (its final counts).
+    conn = sqlite3.connect(proc.db)
+    try:
+        (final_counts,) = conn.execute(
+            "SELECT final_counts FROM step_time_ranks WHERE run_id = ? AND global_rank = 0", ("restart-run",)).fetchone()
+    finally:
+        conn.close()
+    counts = json.loads(final_counts)
+    print(f"stored {stored} of {steps}; summary telemetry {telemetry}; rank final counts {counts}")
+    assert counts["traceml.telemetry.export.failures"] == sum(exporter["failures"].values())
+    assert telemetry["dropped"]["spans"] == exporter["dropped"]["spans"]
+    # The summary itself should explain every missing step. It shows queue drops only, not the
+    # spans lost to failed exports (kept in the rank's final counts but never surfaced).
+    explained = stored + telemetry["dropped"]["spans"] + telemetry.get("export_failures", {}).get("traces", 0)
+    if explained < steps:
+        pytest.xfail(f"GAP: final_summary.json telemetry omits export failures ({steps - explained} of {steps} "
+                     "steps missing without explanation; see processor/reporting/final_summary.py "
+                     "_telemetry_section)")

@@ -18,8 +18,8 @@ Timed phases and where they come from:
   `on_train_batch_end`;
 - H2D: `strategy.batch_to_device` during training;
 - forward: calls to the LightningModule or one of its direct children while
-  `training_step` runs (outermost call only; never during backward, so activation
-  checkpointing recomputation is not counted);
+  `training_step` runs (outermost call only; never while the autograd engine
+  runs, so activation-checkpointing recomputation is not counted);
 - backward: `on_before_backward` .. `on_after_backward`;
 - optimizer: `on_before_optimizer_step` .. return of `strategy.optimizer_step`.
 """
@@ -204,9 +204,8 @@ class TraceMLCallback:
         # Whatever sits in the pending capture was recorded before training
         # (sanity check, set-up): it belongs to no training step.
         abort_step_capture()
-        session = _TrainSession(trainer, pl_module)
-        session.install()
-        self._session = session
+        session = self._session = _TrainSession(trainer, pl_module)
+        session.install()  # a failure here is cleaned up by _guarded's _drop_session
 
     @_guarded
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx, *args) -> None:

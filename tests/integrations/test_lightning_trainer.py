@@ -487,7 +487,7 @@ def test_resume_from_checkpoint_keeps_step_ids_process_local(traced, tmp_path):
     assert result["fwd"] == [2, 2, 2, 2]
 
 
-@pytest.mark.parametrize("broken", [FETCH, H2D, FWD, BWD, OPT, STEP],
+@pytest.mark.parametrize("broken", [FETCH, H2D, FWD, BWD, OPT, STEP, "install"],
                          ids=lambda raw: raw.rsplit(":", 1)[-1])
 def test_a_failing_telemetry_call_never_breaks_training(traced, monkeypatch, broken):
     from traceml import timing
@@ -499,7 +499,13 @@ def test_a_failing_telemetry_call_never_breaks_training(traced, monkeypatch, bro
             raise RuntimeError("telemetry broke")
         return real_region(raw_event, **kwargs)
 
-    monkeypatch.setattr(timing, "timed_region", region)
+    def no_forward_hooks(*args, **kwargs):
+        raise RuntimeError("hook registration broke")
+
+    if broken == "install":  # fails half-way through installing the hooks
+        monkeypatch.setattr(torch.nn.Module, "register_forward_hook", no_forward_hooks)
+    else:
+        monkeypatch.setattr(timing, "timed_region", region)
     monkeypatch.setattr(tl, "_warned", set())
     model = modules("lightning.pytorch")["Regression"]()
     t = trainer(accumulate_grad_batches=2)
@@ -510,6 +516,7 @@ def test_a_failing_telemetry_call_never_breaks_training(traced, monkeypatch, bro
     assert any("stops recording" in str(w.message) for w in caught)
     assert_uninstalled(t, model)
     assert traced.finish().steps == []  # the broken fit published nothing
+    assert traceml.misuse_counts() == {}
 
 
 # --- Attaching ------------------------------------------------------------------------------

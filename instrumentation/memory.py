@@ -61,9 +61,12 @@ class StepMemoryTracker:
         """Start a new peak window (CUDA only)."""
         if self._cuda:
             try:
-                self._torch._C._cuda_resetPeakMemoryStats(self._index)
-            except AttributeError:
-                self._torch.cuda.reset_peak_memory_stats(self._index)
+                try:
+                    self._torch._C._cuda_resetPeakMemoryStats(self._index)
+                except AttributeError:
+                    self._torch.cuda.reset_peak_memory_stats(self._index)
+            except Exception as exc:  # telemetry never breaks the training step
+                _se.warn_once("memory_failed", f"resetting CUDA peak memory failed ({exc!r})")
 
     def _cuda_peaks(self) -> tuple[int, int]:
         """(peak allocated, peak reserved) from one allocator-stats call.
@@ -87,7 +90,11 @@ class StepMemoryTracker:
         number is assigned when the capture completes.
         """
         if self._cuda:
-            allocated, reserved = self._cuda_peaks()
+            try:
+                allocated, reserved = self._cuda_peaks()
+            except Exception as exc:  # unavailable this step, never a crash
+                _se.warn_once("memory_failed", f"reading CUDA peak memory failed ({exc!r})")
+                allocated = reserved = None
             reading = _se.MemoryReading(self.device, allocated, reserved, time.time_ns())
         else:
             reading = _se.MemoryReading(self.device, None, None, time.time_ns())

@@ -130,6 +130,11 @@ def _device_is_cuda(device) -> bool:
     return kind == "cuda"
 
 
+def _cuda_event_failed(exc: Exception) -> None:
+    _se.warn_once("cuda_event_failed", f"recording a CUDA timing event failed ({exc!r}); "
+                  "the region keeps its CPU time and has no GPU time")
+
+
 class timed_region:
     """Context manager timing one occurrence of `raw_event` into the active capture.
 
@@ -171,8 +176,12 @@ class timed_region:
         self._capture = capture if capture is not None else se.current_capture()
         self._state = 1
         if self._gpu and _pool is not None:
-            g0 = self._g0 = _pool.acquire()
-            g0.record()
+            try:
+                g0 = _pool.acquire()
+                g0.record()
+                self._g0 = g0
+            except Exception as exc:  # telemetry never breaks the training step
+                _cuda_event_failed(exc)
         self._t0 = _perf_ns()
         return self
 
@@ -184,8 +193,12 @@ class timed_region:
             g0 = self._g0
             g1 = None
             if g0 is not None:
-                g1 = _pool.acquire()
-                g1.record()
+                try:
+                    g1 = _pool.acquire()
+                    g1.record()
+                except Exception as exc:  # the CPU time is kept; the GPU time is unavailable
+                    _cuda_event_failed(exc)
+                    g0 = g1 = None
             se = _se
             opened = se.open_regions
             if opened.get(raw) is self:

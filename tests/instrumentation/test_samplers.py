@@ -202,3 +202,23 @@ def test_before_the_first_step_regions_use_cuda_events_only_once_cuda_is_in_use(
     with timed_region(RAW_H2D):
         pass
     assert se.current_capture().events[-1][3] is None
+
+
+def test_a_failing_cuda_event_never_breaks_the_step(recording, sink):
+    from traceml import timing
+
+    class BrokenEvent:
+        def record(self):
+            raise RuntimeError("Event device does not match stream device")
+
+    timing.configure_gpu_timing(True, timing.CudaEventPool(factory=BrokenEvent))
+    import warnings
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with timed_region(RAW_FORWARD):
+            pass
+    se.complete_step_capture()
+    StepTimeSampler().run_once()
+    totals = sink.steps[0].events[RAW_FORWARD]
+    assert totals.count == 1 and totals.gpu_ms is None and totals.cpu_ms >= 0
+    assert any("CUDA timing event failed" in str(w.message) for w in seen)

@@ -304,7 +304,14 @@ class trace_step:
         model = self._model
         tracker = _tracker_cache[1]
         if tracker is None or _tracker_cache[0] is not model:
-            tracker = _tracker_for(model)
+            try:
+                tracker = _tracker_for(model)
+            except Exception as exc:  # an odd `model` or a broken CUDA: time on the CPU
+                _se.warn_once("model_not_usable", f"trace_step({type(model).__name__}) could not "
+                              f"select a device or add forward hooks ({exc!r}); the step is timed "
+                              "on the CPU clock without forward timing from the model")
+                tracker = StepMemoryTracker(None)
+                _tracker_cache[0], _tracker_cache[1] = model, tracker
         self._tracker = tracker
         capture = se._active
         self._capture = capture if capture is not None else se.current_capture()

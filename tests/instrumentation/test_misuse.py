@@ -212,3 +212,16 @@ def test_a_trace_step_never_exited_is_superseded_once_its_capture_ends(manual):
     records = _delivered()
     assert [r.step for r in records] == [0, 1]
     assert all(_counts(r) == CLEAN for r in records)
+
+
+def test_trace_step_with_something_that_is_not_a_module_still_traces_the_step(sink):
+    traceml.init(mode="auto")
+    not_a_model = object()
+    with pytest.warns(RuntimeWarning, match="could not select a device"):
+        with traceml.trace_step(not_a_model):
+            pass
+    with traceml.trace_step(not_a_model):
+        pass
+    traceml.shutdown()
+    StepTimeSampler().run_once()
+    assert [r.step for r in sink.steps] == [0, 1]

@@ -448,22 +448,26 @@ def test_validate_and_predict_outside_fit_publish_nothing(traced):
 
 
 _RESUME = textwrap.dedent("""
-    import json, sys, torch
+    import json, sys
     import traceml
     from traceml.integrations import lightning as tl
-    sys.path.insert(0, {tests!r})
-    import test_lightning_trainer as h
 
+    # as `traceml run` does: attach before the script imports Lightning
     traceml.init(mode="auto")
+    tl.auto_attach()
+    assert "lightning.pytorch" not in sys.modules
+    sys.path.insert(0, {tests!r})
+    import test_lightning_trainer as h  # imports torch and both Lightning namespaces
+
     sink = h.ListSink()
     traceml.register_sink(sink)
-    tl.auto_attach()
     model = h.modules("lightning.pytorch")["Regression"]()
     t = h.trainer(accumulate_grad_batches=2, max_epochs=2)
     t.fit(model, h.loader(8), ckpt_path={ckpt!r})
     traceml.shutdown()
     print(json.dumps({{"ids": sink.ids(), "fwd": sink.counts(h.FWD),
-                      "global_steps": model.global_steps_seen}}))
+                      "global_steps": model.global_steps_seen,
+                      "attached": len(h.traceml_callbacks(t))}}))
 """)
 
 
@@ -481,6 +485,8 @@ def test_resume_from_checkpoint_keeps_step_ids_process_local(traced, tmp_path):
                          timeout=150, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
+    # attached through the import hook, since Lightning was imported after auto_attach()
+    assert result["attached"] == 1
     # Lightning resumes its own counter at 4; TraceML ids start over in the new process
     assert result["global_steps"][0] == 4
     assert result["ids"] == [0, 1, 2, 3]

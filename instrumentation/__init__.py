@@ -106,10 +106,16 @@ def init(mode: str | None = None, *, endpoint: str | None = None, protocol: str 
             # job uses CUDA, so step 0 has GPU times for every phase; the first
             # trace_step(model) then decides from the model's device.
             _timing.prepare_gpu_timing()
-        if config.mode == _settings.MODE_AUTO:
-            from . import patches
+        mode_now = config.mode
+        if mode_now == _settings.MODE_AUTO:
+            try:
+                from . import patches
 
-            patches.install()
+                patches.install()
+            except Exception:  # e.g. no torch in this process: manual regions still work
+                _log.exception("TraceML: automatic patches could not be installed; "
+                               "continuing in manual mode")
+                mode_now = _settings.MODE_MANUAL
         _time_sampler = StepTimeSampler()
         _memory_sampler = StepMemorySampler()
         _time_sampler.start()
@@ -121,7 +127,7 @@ def init(mode: str | None = None, *, endpoint: str | None = None, protocol: str 
             if hasattr(os, "register_at_fork"):
                 os.register_at_fork(after_in_child=_after_fork_in_child)
             _atexit_registered = True
-        _mode = config.mode
+        _mode = mode_now
         _initialized = True
         _se.claim_recording_thread()
         _se.set_recording(True)
@@ -205,6 +211,7 @@ def shutdown(timeout_s: float = 5.0) -> None:
 
             patches.uninstall()
         _time_sampler = _memory_sampler = _exporter_sink = None
+        _tracker_cache[0] = _tracker_cache[1] = None  # a later init re-selects and re-hooks
         _initialized = False
         _mode = None
 

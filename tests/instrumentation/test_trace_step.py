@@ -306,3 +306,35 @@ def test_dataloader_workers_forked_from_the_training_process_record_nothing(sink
     _flush()
     assert seen == [0.0, 0.0, 0.0, 0.0]  # inside the worker recording was off
     assert sink.steps[0].events[RAW_DATALOADER_NEXT].count == 2  # the parent still timed its waits
+
+
+def test_shutdown_then_init_again_keeps_counting_and_re_hooks_the_model(sink):
+    model, opt, loader = _tiny()
+    for _ in range(2):
+        traceml.init(mode="auto")
+        for x, y in loader:
+            with traceml.trace_step(model):
+                model(x).sum().backward()
+                opt.step()
+            break
+        traceml.shutdown()
+    _flush()
+    assert [r.step for r in sink.steps] == [0, 1]
+    assert all(r.events[RAW_FORWARD].count == 1 for r in sink.steps)
+    assert not model._forward_pre_hooks  # removed again by the last shutdown
+
+
+def test_auto_mode_without_torch_falls_back_to_manual(tmp_path):
+    import subprocess
+    import sys
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import traceml\n"
+            "traceml.init(mode='auto')\n"
+            "assert traceml.mode() == 'manual', traceml.mode()\n"
+            "with traceml.trace_step():\n"
+            "    pass\n"
+            "traceml.shutdown()\n"
+            "print('ok', traceml.steps_completed())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["ok", "1"]

@@ -429,7 +429,8 @@ class _TrainSession:
         from traceml.timing import configure_gpu_timing
 
         trainer, strategy = self.trainer, self.trainer.strategy
-        configure_gpu_timing(self.memory.is_cuda)
+        root = getattr(strategy, "root_device", None)
+        configure_gpu_timing(self.memory.is_cuda, device_index=getattr(root, "index", None))
         self._patch(strategy, "training_step", self._arming_wrapper)
         self._patch(strategy, "batch_to_device", self._transfer_wrapper)
         self._patch(strategy, "optimizer_step", self._optimizer_wrapper)
@@ -589,7 +590,9 @@ class _TrainSession:
             self.optimizer_region = None
 
     def _fetch_start(self) -> None:
-        self.fetch_region = self._open(RAW_DATALOADER_NEXT, device="cpu")
+        # device policy as for every phase: on CUDA the event pair gives the GPU-clock
+        # input wait (how long the stream sat idle waiting for the batch)
+        self.fetch_region = self._open(RAW_DATALOADER_NEXT)
 
     def _fetch_end(self, exhausted: bool) -> None:
         region, self.fetch_region = self.fetch_region, None

@@ -39,6 +39,17 @@ class ReceiverOnPort(OtlpTestReceiver):
         return self
 
 
+class Records(logging.Handler):
+    """Keeps the processor's log records (what an operator would see)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
 def accepted_records(receiver: OtlpTestReceiver) -> float:
     """The latest pushed value of traceml.processor.records{outcome=accepted, signal=traces}."""
     latest = 0.0
@@ -50,7 +61,7 @@ def accepted_records(receiver: OtlpTestReceiver) -> float:
     return latest
 
 
-def test_destination_down_then_up_ingest_continues_and_the_gap_is_reported(tmp_path, caplog):
+def test_destination_down_then_up_ingest_continues_and_the_gap_is_reported(tmp_path):
     port = h.free_port()  # nothing listens here yet
     config = ProcessorConfig(db=tmp_path / "traceml.db", otlp_grpc=("127.0.0.1", 0), otlp_http=("127.0.0.1", 0),
                              refresh_interval_s=0.3,
@@ -59,7 +70,9 @@ def test_destination_down_then_up_ingest_continues_and_the_gap_is_reported(tmp_p
     service = ProcessorService(config).start()
     client = OtlpClient(service.grpc_port, service.http_port)
     receiver = ReceiverOnPort()
-    caplog.set_level(logging.WARNING, logger="traceml.processor.reexport")
+    logged = Records()
+    logger = logging.getLogger("traceml.processor.reexport")
+    logger.addHandler(logged)
     step = 0
     try:
         def ingest(n: int = 4) -> None:
@@ -79,7 +92,7 @@ def test_destination_down_then_up_ingest_continues_and_the_gap_is_reported(tmp_p
         assert h.stored_step_keys(config.db, RUN) == {(RUN, r, s) for r in (0, 1) for s in range(1, during + 1)}
         assert service.pusher.sent == 0 and service.pusher.last_error
         assert any("summary metrics export" in r.getMessage() and "failed" in r.getMessage()
-                   for r in caplog.records)
+                   for r in logged.records)
         failed_during_outage = service.pusher.failed
 
         # Recovery: the destination comes up on the same address; pushes resume by themselves.
@@ -93,6 +106,7 @@ def test_destination_down_then_up_ingest_continues_and_the_gap_is_reported(tmp_p
         print(f"\npushes failed during the outage: {failed_during_outage}; sent after: {service.pusher.sent}; "
               f"steps ingested during the outage: {2 * during}")
     finally:
+        logger.removeHandler(logged)
         client.close()
         service.stop()
         receiver.stop()

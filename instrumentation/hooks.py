@@ -120,6 +120,20 @@ def instrument_optimizer(optimizer) -> OptimizerTimer:
     return timer
 
 
+def remove_optimizer_instrumentation(optimizer) -> None:
+    """Undo `instrument_optimizer` (remove both step hooks)."""
+    timer = getattr(optimizer, _OPTIMIZER_ATTR, None)
+    if timer is None:
+        return
+    for handle in timer.handles:
+        handle.remove()
+    timer.handles.clear()
+    try:
+        delattr(optimizer, _OPTIMIZER_ATTR)
+    except AttributeError:
+        pass
+
+
 def timed_next(next_fn, *args):
     """Call `next_fn(*args)` as one input-wait region; epoch-end StopIteration is not recorded.
 

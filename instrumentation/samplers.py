@@ -9,17 +9,24 @@ the device: only `query()` and, once it is True, `elapsed_time()`.
 
 `StepMemorySampler` forwards memory snapshots unchanged.
 
-Both are daemon threads polling every `interval_s`; both keep draining after
-recording stops; `stop()` drains what is left (unresolved CUDA batches get up to the
-timeout, then go out with `gpu_ms=None`).
+Both are daemon threads that wake every `interval_s` (0.5 s by default), or earlier
+when their queue fills to a quarter of its capacity (the queue calls the sampler's
+wake-up once as it crosses that mark). Each wake-up costs the process tens of
+microseconds of CPU even with nothing to do, and takes the GIL from the training
+thread, so they are rare; on fast steps the fill mark keeps the queue from
+overflowing. Both keep draining after recording stops; `stop()` drains what is
+left (unresolved CUDA batches get up to the timeout, then go out with
+`gpu_ms=None`).
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from operator import itemgetter
 
 from . import step_events as _se
+from . import timing as _timing
 from .records import EventTotals, PhaseInterval, ResolvedStepTime, StepMemorySnapshot
 
 _log = logging.getLogger("traceml")
@@ -79,16 +86,6 @@ def batch_resolved(batch) -> bool:
     return True
 
 
-def _gpu_ms(event) -> float | None:
-    start, end = event[_se.EV_GPU_START], event[_se.EV_GPU_END]
-    if start is None or end is None:
-        return None
-    try:
-        return float(start.elapsed_time(end))
-    except Exception:
-        return None
-
-
 def resolve_batch(batch, wall_offset_ns: int, *, gpu_available: bool = True,
                   pool=None) -> ResolvedStepTime:
     """Sum a batch per raw event (CPU and GPU separate) and build its typed record.
@@ -98,50 +95,61 @@ def resolve_batch(batch, wall_offset_ns: int, *, gpu_available: bool = True,
     timeout) all GPU times are None. CUDA events go back to `pool` afterwards.
     """
     sums: dict[str, list] = {}
-    phases = []
-    first = last = None
-    for event in batch.events:
-        name, t0, t1 = event[0], event[1], event[2]
-        gpu = _gpu_ms(event) if gpu_available else None
+    events = batch.events
+    for name, t0, t1, g0, g1 in events:
         acc = sums.get(name)
         if acc is None:
             acc = sums[name] = [0, 0.0, 0, True]
         acc[0] += t1 - t0
         acc[2] += 1
-        if gpu is None:
+        if g0 is None or g1 is None or not gpu_available:
             acc[3] = False
         else:
-            acc[1] += gpu
-        phases.append(PhaseInterval(name, t0 + wall_offset_ns, t1 + wall_offset_ns))
-        if first is None or t0 < first:
-            first = t0
-        if last is None or t1 > last:
-            last = t1
+            try:
+                acc[1] += float(g0.elapsed_time(g1))
+            except Exception:
+                acc[3] = False
         if pool is not None:
-            for obj in (event[3], event[4]):
-                if obj is not None:
-                    pool.release(obj)
-    events = {
-        name: EventTotals(cpu_ms=acc[0] / 1e6, gpu_ms=acc[1] if acc[3] else None, count=acc[2])
+            if g0 is not None:
+                pool.release(g0)
+            if g1 is not None:
+                pool.release(g1)
+    # Regions are appended as they close (an outer one after its inner ones): order
+    # the tuples by start once, so no key function runs per PhaseInterval.
+    ordered = sorted(events, key=_by_start)
+    phases = tuple([PhaseInterval(e[0], e[1] + wall_offset_ns, e[2] + wall_offset_ns) for e in ordered])
+    totals = {
+        name: EventTotals(acc[0] / 1e6, acc[1] if acc[3] else None, acc[2])  # cpu_ms, gpu_ms, count
         for name, acc in sums.items()
     }
-    phases.sort(key=lambda p: p.start_time_ns)
-    return ResolvedStepTime(step=batch.step, start_time_ns=first + wall_offset_ns,
-                            end_time_ns=last + wall_offset_ns, events=events,
-                            phases=tuple(phases))
+    # step, start_time_ns, end_time_ns, events, phases
+    return ResolvedStepTime(batch.step, ordered[0][1] + wall_offset_ns,
+                            max(map(_end, events)) + wall_offset_ns, totals, phases)
+
+
+_by_start = itemgetter(_se.EV_CPU_START)
+_end = itemgetter(_se.EV_CPU_END)
+
+
+DEFAULT_INTERVAL_S = 0.5
+"""Longest sleep between two drains; a queue filling to a quarter wakes its sampler earlier."""
 
 
 class _Sampler:
     """A daemon polling thread with a synchronous `run_once()` for tests and shutdown."""
 
     name = "traceml-sampler"
+    queue: str | None = None
+    """The step_events queue drained by default ("timing"/"memory"); it wakes this sampler."""
 
-    def __init__(self, sinks=None, interval_s: float = 0.1) -> None:
+    def __init__(self, sinks=None, interval_s: float = DEFAULT_INTERVAL_S, drain=None) -> None:
         self._sinks = sinks
         self.interval_s = interval_s
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._owns_queue = drain is None
         self.delivered = 0
 
     def sinks(self) -> tuple:
@@ -151,6 +159,9 @@ class _Sampler:
         if self._thread is not None and self._thread.is_alive():
             return
         self._stop.clear()
+        self._wake.clear()
+        if self._owns_queue and self.queue is not None:
+            _se.set_queue_wakeup(self.queue, self._wake.set)
         self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
         self._thread.start()
 
@@ -158,7 +169,12 @@ class _Sampler:
         return self._thread is not None and self._thread.is_alive()
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        stop, wake = self._stop, self._wake
+        while True:
+            wake.wait(self.interval_s)
+            wake.clear()
+            if stop.is_set():
+                return  # stop() drains on the caller's thread
             try:
                 self.run_once()
             except Exception:
@@ -170,6 +186,9 @@ class _Sampler:
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop polling, then drain everything still queued (bounded by `timeout_s`)."""
         self._stop.set()
+        self._wake.set()
+        if self._owns_queue and self.queue is not None and _se.queue_wakeup(self.queue) == self._wake.set:
+            _se.set_queue_wakeup(self.queue, None)
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout_s)
@@ -184,9 +203,11 @@ class StepTimeSampler(_Sampler):
     """Drains timing batches, resolves CUDA events in FIFO order, delivers ResolvedStepTime."""
 
     name = "traceml-step-time-sampler"
+    queue = "timing"
 
-    def __init__(self, sinks=None, interval_s: float = 0.1, pool=None, drain=None) -> None:
-        super().__init__(sinks, interval_s)
+    def __init__(self, sinks=None, interval_s: float = DEFAULT_INTERVAL_S, pool=None,
+                 drain=None) -> None:
+        super().__init__(sinks, interval_s, drain)
         self._pool = pool
         self._drain = drain or (lambda: _se.drain_step_time_batches())
         self.pending: list = []
@@ -205,9 +226,7 @@ class StepTimeSampler(_Sampler):
             sinks = self.sinks()
             pool = self._pool
             if pool is None:
-                from . import timing
-
-                pool = timing.event_pool()
+                pool = _timing._pool
             while pending:
                 batch = pending[0]
                 ready = batch_resolved(batch)
@@ -234,9 +253,10 @@ class StepMemorySampler(_Sampler):
     """Drains memory snapshots and delivers them unchanged."""
 
     name = "traceml-step-memory-sampler"
+    queue = "memory"
 
-    def __init__(self, sinks=None, interval_s: float = 0.1, drain=None) -> None:
-        super().__init__(sinks, interval_s)
+    def __init__(self, sinks=None, interval_s: float = DEFAULT_INTERVAL_S, drain=None) -> None:
+        super().__init__(sinks, interval_s, drain)
         self._drain = drain or (lambda: _se.drain_step_memory_events())
 
     def run_once(self) -> int:

@@ -90,20 +90,31 @@ class StepCapture:
 
 
 class BoundedDropQueue:
-    """Single-producer, single-consumer queue that drops new items when full and counts them."""
+    """Single-producer, single-consumer queue that drops new items when full and counts them.
 
-    __slots__ = ("_items", "capacity", "dropped")
+    `wakeup` (set by the consumer, e.g. a sampler's event) is called once each time
+    the queue fills up to `wake_at` items, so the consumer can sleep long between
+    polls without the queue overflowing on fast steps.
+    """
+
+    __slots__ = ("_items", "capacity", "dropped", "wake_at", "wakeup")
 
     def __init__(self, capacity: int = QUEUE_CAPACITY) -> None:
         self._items: deque = deque()
         self.capacity = capacity
         self.dropped = 0
+        self.wake_at = max(1, capacity // 4)
+        self.wakeup = None
 
     def put(self, item) -> bool:
-        if len(self._items) >= self.capacity:
+        items = self._items
+        size = len(items)
+        if size >= self.capacity:
             self.dropped += 1
             return False
-        self._items.append(item)
+        items.append(item)
+        if size + 1 == self.wake_at and self.wakeup is not None:
+            _call_wakeup(self.wakeup)
         return True
 
     def drain(self) -> list:
@@ -117,6 +128,13 @@ class BoundedDropQueue:
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+def _call_wakeup(wakeup) -> None:
+    try:
+        wakeup()
+    except Exception:  # a consumer's wake-up must never break the training step
+        pass
 
 
 # --- Process-wide state (owned by the helpers below) ------------------------------
@@ -277,8 +295,12 @@ def complete_step_capture(capture: StepCapture | None = None) -> int | None:
     events = active.events
     if events:
         queue = _timing_queue
-        if len(queue._items) < queue.capacity:  # BoundedDropQueue.put, inlined
-            queue._items.append(StepTimeBatch(step, events))
+        items = queue._items
+        size = len(items)
+        if size < queue.capacity:  # BoundedDropQueue.put, inlined
+            items.append(StepTimeBatch(step, events))
+            if size + 1 == queue.wake_at and queue.wakeup is not None:
+                _call_wakeup(queue.wakeup)
         else:
             queue.dropped += 1
     reading = active.memory
@@ -364,6 +386,16 @@ def is_recording() -> bool:
 def steps_completed() -> int:
     """Number of steps published so far (the next step number)."""
     return _next_step
+
+
+def set_queue_wakeup(queue: str, wakeup) -> None:
+    """Have `wakeup()` called when queue `timing` or `memory` fills to a quarter (None: stop)."""
+    target = {"timing": _timing_queue, "memory": _memory_queue}[queue]
+    target.wakeup = wakeup
+
+
+def queue_wakeup(queue: str):
+    return {"timing": _timing_queue, "memory": _memory_queue}[queue].wakeup
 
 
 def queue_depths() -> dict[str, int]:

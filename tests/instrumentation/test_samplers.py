@@ -222,3 +222,38 @@ def test_a_failing_cuda_event_never_breaks_the_step(recording, sink):
     totals = sink.steps[0].events[RAW_FORWARD]
     assert totals.count == 1 and totals.gpu_ms is None and totals.cpu_ms >= 0
     assert any("CUDA timing event failed" in str(w.message) for w in seen)
+
+
+def test_a_queue_filling_to_a_quarter_wakes_a_sleeping_sampler(recording, sink):
+    """Samplers poll rarely; on fast steps the fill mark, not the interval, bounds the queue."""
+    import time
+
+    sampler = StepTimeSampler(interval_s=3600.0)  # would never poll within the test
+    memory_sampler = StepMemorySampler(interval_s=3600.0)
+    sampler.start()
+    memory_sampler.start()
+    try:
+        wake_at = se.QUEUE_CAPACITY // 4
+        for _ in range(wake_at):
+            with timed_region(RAW_STEP_TIME):
+                pass
+            se.current_capture().record(se.MemoryReading("cpu", None, None, 0))
+            se.complete_step_capture()
+        deadline = time.monotonic() + 30
+        while (len(sink.steps) < wake_at or len(sink.memory) < wake_at) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(sink.steps) == wake_at and len(sink.memory) == wake_at
+        assert se.dropped_counts()["timing"] == 0
+    finally:
+        sampler.stop()
+        memory_sampler.stop()
+    assert se.queue_wakeup("timing") is None and se.queue_wakeup("memory") is None
+
+
+def test_a_sampler_with_its_own_drain_leaves_the_queue_wakeup_alone(recording):
+    sampler = StepTimeSampler(drain=lambda: [])
+    sampler.start()
+    try:
+        assert se.queue_wakeup("timing") is None
+    finally:
+        sampler.stop()

@@ -328,6 +328,40 @@ def _event_key(key: str) -> tuple[str, int] | None:
 
 
 
+def _kv_value(value, key: str, max_bytes: int):
+    """One attribute's AnyValue -> scalar (the general path of the step-span loop)."""
+    kind = value.WhichOneof("value")
+    if kind == "double_value":
+        return value.double_value
+    if kind == "int_value":
+        return value.int_value
+    if kind == "string_value":
+        val = value.string_value
+        if len(val) > max_bytes:
+            raise _Reject(ATTRIBUTE_TOO_LARGE, f"{key} is {len(val)} characters (cap {max_bytes})")
+        return val
+    if kind == "bool_value":
+        return value.bool_value
+    if kind is None:
+        return None
+    return _Unsupported(kind)
+
+
+_new_object = object.__new__
+_set_cpu = RawEventValue.cpu_ms.__set__  # slot descriptors: skip the frozen __setattr__ path
+_set_gpu = RawEventValue.gpu_ms.__set__
+_set_count = RawEventValue.count.__set__
+
+
+def _raw_event_value(cpu: float | None, gpu: float | None, count: int | None) -> RawEventValue:
+    """`RawEventValue(cpu, gpu, count)` at half the cost (six per step span)."""
+    value = _new_object(RawEventValue)
+    _set_cpu(value, cpu)
+    _set_gpu(value, gpu)
+    _set_count(value, count)
+    return value
+
+
 class Decoder:
     """Stateless per request except for the shared run/rank admission caps."""
 
@@ -406,36 +440,31 @@ class Decoder:
         for kv in kvs:
             key = kv.key
             value = kv.value
-            kind = value.WhichOneof("value")
-            if kind == "double_value":
-                val = value.double_value
-            elif kind == "int_value":
-                val = value.int_value
-            elif kind == "string_value":
-                val = value.string_value
-                if len(val) > max_bytes:
-                    raise _Reject(ATTRIBUTE_TOO_LARGE, f"{key} is {len(val)} characters (cap {max_bytes})")
-            elif kind == "bool_value":
-                val = value.bool_value
-            elif kind is None:
-                val = None
-            else:
-                val = _Unsupported(kind)
             parsed = cached(key, _MISS)
             if parsed is _MISS:
                 parsed = _event_key(key)
             if parsed is None:
+                val = _kv_value(value, key, max_bytes)
                 if key in _IDENTITY_KEYS:
                     ident[key] = val
                 elif len(key) > max_bytes:
                     raise _Reject(ATTRIBUTE_TOO_LARGE, f"attribute key of {len(key)} characters")
                 continue
             raw_event, slot = parsed
+            # A oneof member reads as its default (0) unless it is the one set, so a
+            # non-zero in-range read proves the type without a WhichOneof call.
             if slot == 2:
-                if type(val) is not int or not (0 <= val <= max_count):
-                    val = _int_attr({key: val}, key, allow_string=False, minimum=0, maximum=max_count)
-            elif type(val) is not float or not (0.0 <= val <= max_ms):
-                val = _ms_value(val, key, limits)  # raises with the precise reason
+                val = value.int_value
+                if not 0 < val <= max_count:
+                    val = _kv_value(value, key, max_bytes)
+                    if type(val) is not int or not (0 <= val <= max_count):
+                        val = _int_attr({key: val}, key, allow_string=False, minimum=0, maximum=max_count)
+            else:
+                val = value.double_value
+                if not 0.0 < val <= max_ms:
+                    val = _kv_value(value, key, max_bytes)
+                    if type(val) is not float or not (0.0 <= val <= max_ms):
+                        val = _ms_value(val, key, limits)  # raises with the precise reason
             entry = fields.get(raw_event)
             if entry is None:
                 fields[raw_event] = entry = [None, None, None]
@@ -449,7 +478,7 @@ class Decoder:
             raise _Reject(MISSING_TIMESTAMP, "start or end time is zero")
         if end_ns < start_ns:
             raise _Reject(NEGATIVE, "end time before start time")
-        events = {raw: RawEventValue(e[0], e[1], e[2])
+        events = {raw: _raw_event_value(e[0], e[1], e[2])
                   for raw, e in fields.items() if e[0] is not None or e[1] is not None}
         if not events:
             raise _Reject(NO_EVENTS, f"step {step} carries no {v.EVENT_ATTR_PREFIX}* timing attributes")

@@ -106,6 +106,11 @@ SAMPLE_COLUMNS: tuple[str, ...] = (
     *METRIC_VALUE_COLUMNS, "payload", "packed", "digest",
 )
 
+_INSERT_SAMPLE = (
+    f"INSERT OR IGNORE INTO step_time_samples ({','.join(SAMPLE_COLUMNS)})"
+    f" VALUES ({','.join('?' * len(SAMPLE_COLUMNS))})"
+)
+
 _METRIC_DDL = ",\n    ".join(
     f"{c} {'INTEGER' if c.endswith('_count') else 'REAL'}" for c in METRIC_VALUE_COLUMNS
 )
@@ -313,43 +318,73 @@ def normalise_step_record(
 
     flat: list[float | int | None] = [None] * len(METRIC_VALUE_COLUMNS)
     payload: dict[str, list[object]] = {}
+    # While every name is known and every value a plain None / finite float / int, the
+    # audit JSON is written directly (same text as json.dumps, a fraction of the cost).
+    plain: list[tuple[str, str]] | None = []
+    slots = _RAW_EVENT_SLOT
     for raw_name, raw in record.events.items():
         if not isinstance(raw_name, str):
             return REJECT_BAD_EVENTS
-        cpu = getattr(raw, "cpu_ms", None)
-        gpu = getattr(raw, "gpu_ms", None)
-        count = getattr(raw, "count", None)
+        if raw.__class__ is RawEventValue:
+            cpu, gpu, count = raw.cpu_ms, raw.gpu_ms, raw.count
+        else:
+            cpu = getattr(raw, "cpu_ms", None)
+            gpu = getattr(raw, "gpu_ms", None)
+            count = getattr(raw, "count", None)
         payload[raw_name] = [cpu, gpu, count]
-        k = _RAW_EVENT_SLOT.get(raw_name)
+        k = slots.get(raw_name)
         if k is None:
             issues[VALUE_UNKNOWN_EVENT] += 1
+            plain = None
             continue
+        if (cpu.__class__ is float and 0.0 <= cpu <= ABSURD_MS
+                and (gpu is None or (gpu.__class__ is float and 0.0 <= gpu <= ABSURD_MS))
+                and count.__class__ is int and count >= 0):
+            flat[k], flat[k + 1], flat[k + 2] = cpu, gpu, count
+            if plain is not None:
+                plain.append((raw_name, f"{_JSON_EVENT_NAME[raw_name]}:[{_float_repr(cpu)},"
+                                        f"{'null' if gpu is None else _float_repr(gpu)},{count}]"))
+            continue
+        plain = None  # anything unusual goes through the counting cleaners and json.dumps
         flat[k] = _clean_ms(cpu, issues)
         flat[k + 1] = _clean_ms(gpu, issues)
         flat[k + 2] = _clean_count(count, issues)
 
-    try:
-        payload_text = json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError):  # NaN/inf or a non-number: keep the audit copy strict JSON
-        payload_text = json.dumps({k: [_json_number(x) for x in v] for k, v in payload.items()},
-                                  sort_keys=True, separators=(",", ":"), default=repr)
+    if plain is not None:
+        plain.sort()
+        payload_text = "{" + ",".join([text for _, text in plain]) + "}"
+    else:
+        try:
+            payload_text = json.dumps(payload, sort_keys=True, separators=(",", ":"),
+                                      allow_nan=False)
+        except (TypeError, ValueError):  # NaN/inf or a non-number: keep the audit copy strict JSON
+            payload_text = json.dumps({k: [_json_number(x) for x in v] for k, v in payload.items()},
+                                      sort_keys=True, separators=(",", ":"), default=repr)
     strategy = record.training_strategy if isinstance(record.training_strategy, str) else None
     hostname = identity.hostname if isinstance(identity.hostname, str) else None
-    head = (
-        record.run_id, rank, _optional_int(identity.local_rank), _optional_int(identity.node_rank),
-        _optional_int(identity.world_size), _optional_int(identity.local_world_size), hostname,
-        record.step,
-        None if record.start_time is None else float(record.start_time),
-        None if record.sample_time is None else float(record.sample_time),
-    )
-    # The digest covers everything a sender controls, so a resend is recognised
-    # whatever the receive time, and any real difference replaces the row.
-    digest = hashlib.blake2b(
-        repr((head, strategy, payload_text)).encode(), digest_size=16
-    ).hexdigest()
+    start_time = None if record.start_time is None else float(record.start_time)
+    sample_time = None if record.sample_time is None else float(record.sample_time)
+    local_rank, node_rank = _optional_int(identity.local_rank), _optional_int(identity.node_rank)
+    world_size = _optional_int(identity.world_size)
+    local_world_size = _optional_int(identity.local_world_size)
+    step = record.step
     packed = PACKED_FORMAT.pack(*[_NAN if flat[i] is None else flat[i] for i in _PACKED_SLOTS],
-                                _NAN if head[9] is None else head[9], rank, record.step)
-    return (*head, receive_time, strategy, *flat, payload_text, packed, digest)
+                                _NAN if sample_time is None else sample_time, rank, step)
+    # The digest covers everything a sender controls (identity, times, strategy and the
+    # raw events), so a resend is recognised whatever the receive time, and any real
+    # difference replaces the row. repr keeps None distinct from a value and floats exact.
+    digest = _blake2b(
+        f"{record.run_id!r}|{rank!r}|{local_rank!r}|{node_rank!r}|{world_size!r}|"
+        f"{local_world_size!r}|{hostname!r}|{step!r}|{start_time!r}|{sample_time!r}|"
+        f"{strategy!r}|{payload_text}".encode(), digest_size=16).hexdigest()
+    return (record.run_id, rank, local_rank, node_rank, world_size, local_world_size, hostname,
+            step, start_time, sample_time, receive_time, strategy, *flat, payload_text, packed,
+            digest)
+
+
+_blake2b = hashlib.blake2b
+_JSON_EVENT_NAME: Mapping[str, str] = {raw: json.dumps(raw) for raw in RAW_EVENT_TO_METRIC}
+_float_repr = float.__repr__  # what json.dumps writes for a finite float
 
 
 def pack_values(values: Mapping[str, float | None], sample_time: float | None, rank: int,
@@ -372,7 +407,13 @@ class StepTimeStore:
         self.path = Path(path)
         self._lock = threading.Lock()
         self._conn = open_connection(self.path)
+        # WAL + synchronous=NORMAL: a commit is durable against a killed process (the WAL
+        # holds it); only an OS crash or power loss may lose the last commits. See
+        # docs/processor.md. A larger page cache keeps the rank-spread unique index hot,
+        # and fewer automatic checkpoints mean fewer fsyncs in the commit path.
         self._conn.execute("PRAGMA synchronous = NORMAL")
+        self._conn.execute("PRAGMA cache_size = -65536")  # KiB
+        self._conn.execute("PRAGMA wal_autocheckpoint = 4000")  # pages
         ensure_schema(self._conn)
         self._logged_reasons: set[str] = set()
         self._closed = False
@@ -435,21 +476,26 @@ class StepTimeStore:
                 conn.execute("BEGIN IMMEDIATE")
                 if step_rows:
                     rows = list(step_rows.values())
+                    # Insert first: when every key is new (the common case) nothing else
+                    # runs. Otherwise drop the stored rows whose digest differs (latest
+                    # wins, and the re-insert gets a new, higher id) and insert again;
+                    # what is still ignored then was an identical resend.
                     before = conn.total_changes
-                    conn.executemany(
-                        "DELETE FROM step_time_samples"
-                        " WHERE run_id = ? AND global_rank = ? AND step = ? AND digest != ?",
-                        [(r[0], r[1], r[7], r[-1]) for r in rows],
-                    )
-                    replaced += conn.total_changes - before
-                    before = conn.total_changes
-                    placeholders = ",".join("?" * len(SAMPLE_COLUMNS))
-                    conn.executemany(
-                        f"INSERT OR IGNORE INTO step_time_samples ({','.join(SAMPLE_COLUMNS)})"
-                        f" VALUES ({placeholders})",
-                        rows,
-                    )
+                    conn.executemany(_INSERT_SAMPLE, rows)
                     inserted = conn.total_changes - before
+                    if inserted != len(rows):
+                        before = conn.total_changes
+                        conn.executemany(
+                            "DELETE FROM step_time_samples"
+                            " WHERE run_id = ? AND global_rank = ? AND step = ? AND digest != ?",
+                            [(r[0], r[1], r[7], r[-1]) for r in rows],
+                        )
+                        deleted = conn.total_changes - before
+                        if deleted:
+                            replaced += deleted
+                            before = conn.total_changes
+                            conn.executemany(_INSERT_SAMPLE, rows)
+                            inserted += conn.total_changes - before
                     accepted += inserted
                     duplicates += len(rows) - inserted
                     self._update_runs_and_ranks(conn, rows, now)

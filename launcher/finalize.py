@@ -4,8 +4,9 @@ The launcher writes them itself after stopping the embedded processor (the
 processor's own run-end summary may already be there; ours, written last from
 the complete database, replaces it with the same content), so a run whose
 script crashed, or whose ranks never sent their end marker, still ends with a
-summary. Building the summary is the reporting layer's job; this module only
-calls it, reads what it wrote and prints it.
+summary. Building the summary is the processor's summary section's job (the
+same code the processor's own run end uses); this module only calls it, reads
+what it wrote and prints it.
 """
 from __future__ import annotations
 
@@ -32,51 +33,15 @@ class FinalReport:
 
 def write_report(db_path: Path, run_id: str, folder: Path) -> FinalReport:
     """Build the summary from the database into `folder` and load what was written."""
+    from traceml.processor.summary_section import write_final_summary
+
     folder.mkdir(parents=True, exist_ok=True)
-    try:
-        from traceml.processor.reporting.writer import write_final_summary
-    except ImportError:
-        written = _project_without_writer(Path(db_path), run_id, Path(folder))
-    else:
-        written = [Path(p) for p in write_final_summary(Path(db_path), run_id, Path(folder))]
+    written = [Path(p) for p in write_final_summary(Path(db_path), run_id, Path(folder))]
     summary_path = next((p for p in written if p.suffix == ".json"), folder / rd.SUMMARY_FILENAME)
     card_path = next((p for p in written if p.suffix == ".txt"), None)
     summary = json.loads(summary_path.read_text())
     card = card_path.read_text() if card_path is not None else str(summary.get("card") or "")
     return FinalReport(summary_path, card_path, summary, card)
-
-
-def _project_without_writer(db_path: Path, run_id: str, folder: Path) -> list[Path]:
-    """The summary from the public pipeline, store reads and projector.
-
-    Only used when the reporting layer's database-level writer is not importable.
-    """
-    import time
-
-    from traceml.processor.reporting.final_summary import project_final_summary, write_final_summary
-    from traceml.processor.reporting.inputs import RankMemory, RankTelemetry, RunMetadata, RunTelemetry
-    from traceml.processor.step_time.pipeline import PROFILE_SUMMARY, StepTimePipeline, StepTimeRequest
-    from traceml.processor.storage import StepTimeStore, open_connection
-
-    request = StepTimeRequest(db_path, run_id, profile=PROFILE_SUMMARY)
-    analysis = StepTimePipeline().run(request)
-    with StepTimeStore(db_path) as store:
-        finished, drops = store.finished_ranks(run_id), store.drops(run_id)
-    ranks = sorted(set(analysis.window.expected_ranks) | set(finished) | set(drops))
-    telemetry = RunTelemetry(ranks=tuple(
-        RankTelemetry(rank, rank in finished, drops.get(rank, {})) for rank in ranks))
-    conn = open_connection(db_path, readonly=True)
-    try:
-        rows = conn.execute(
-            "SELECT global_rank, MAX(device), MAX(peak_allocated_bytes), MAX(peak_reserved_bytes)"
-            " FROM step_memory_samples WHERE run_id = ? GROUP BY global_rank", (run_id,)).fetchall()
-    finally:
-        conn.close()
-    memory = tuple(RankMemory(rank, device, allocated, reserved) for rank, device, allocated, reserved in rows)
-    summary = project_final_summary(
-        analysis, RunMetadata(run_id, generated_at=time.time(), max_steps=request.window_steps),
-        memory=memory, telemetry=telemetry)
-    return list(write_final_summary(folder, summary))
 
 
 def finalize_run(run_path: Path, run_id: str, *, out: TextIO, print_card: bool = True,

@@ -143,6 +143,6 @@ def test_training_still_runs_when_the_embedded_processor_cannot_start(workdir):
 
 def test_a_missing_script_is_refused_before_anything_starts(workdir):
     run = traceml(["run", "--nproc-per-node", "2", "no_such_script.py"], workdir)
-    assert run.returncode == 2
+    assert run.returncode == 2, run.output[-3000:]
     assert "can't open file 'no_such_script.py'" in run.output
     assert not (workdir / "traceml_runs").exists()

@@ -313,7 +313,7 @@ def normalise_step_record(
         if stamp is not None and not (stamp.__class__ is float and stamp - stamp == 0.0) \
                 and not _is_finite_number(stamp):
             return REJECT_BAD_TIME
-    if not isinstance(record.events, Mapping):
+    if record.events.__class__ is not dict and not isinstance(record.events, Mapping):
         return REJECT_BAD_EVENTS
 
     flat: list[float | int | None] = [None] * len(METRIC_VALUE_COLUMNS)
@@ -360,26 +360,48 @@ def normalise_step_record(
         except (TypeError, ValueError):  # NaN/inf or a non-number: keep the audit copy strict JSON
             payload_text = json.dumps({k: [_json_number(x) for x in v] for k, v in payload.items()},
                                       sort_keys=True, separators=(",", ":"), default=repr)
-    strategy = record.training_strategy if isinstance(record.training_strategy, str) else None
-    hostname = identity.hostname if isinstance(identity.hostname, str) else None
+    run_id, raw_strategy = record.run_id, record.training_strategy
+    cached = _last_identity
+    if cached[0] is identity and cached[1] is run_id and cached[2] is raw_strategy:
+        head = cached[3]  # spans of one resource share their identity object
+    else:
+        head = _identity_head(run_id, identity, raw_strategy)
     start_time = None if record.start_time is None else float(record.start_time)
     sample_time = None if record.sample_time is None else float(record.sample_time)
-    local_rank, node_rank = _optional_int(identity.local_rank), _optional_int(identity.node_rank)
-    world_size = _optional_int(identity.world_size)
-    local_world_size = _optional_int(identity.local_world_size)
     step = record.step
     packed = PACKED_FORMAT.pack(*[_NAN if flat[i] is None else flat[i] for i in _PACKED_SLOTS],
                                 _NAN if sample_time is None else sample_time, rank, step)
-    # The digest covers everything a sender controls (identity, times, strategy and the
-    # raw events), so a resend is recognised whatever the receive time, and any real
-    # difference replaces the row. repr keeps None distinct from a value and floats exact.
-    digest = _blake2b(
-        f"{record.run_id!r}|{rank!r}|{local_rank!r}|{node_rank!r}|{world_size!r}|"
-        f"{local_world_size!r}|{hostname!r}|{step!r}|{start_time!r}|{sample_time!r}|"
-        f"{strategy!r}|{payload_text}".encode(), digest_size=16).hexdigest()
-    return (record.run_id, rank, local_rank, node_rank, world_size, local_world_size, hostname,
+    # The digest covers everything a sender controls: identity and strategy (head), the
+    # raw events (payload JSON, which never holds a NUL), the cleaned values, end time,
+    # rank and step (packed, exact float64) and the start time. A resend is recognised
+    # whatever the receive time; any real difference replaces the row.
+    h = _blake2b(payload_text.encode(), digest_size=16)
+    h.update(b"\0")
+    h.update(packed)
+    h.update(_START_TIME.pack(_NAN if start_time is None else start_time))
+    h.update(head[-1])
+    _, local_rank, node_rank, world_size, local_world_size, hostname, strategy, _ = head
+    return (run_id, rank, local_rank, node_rank, world_size, local_world_size, hostname,
             step, start_time, sample_time, receive_time, strategy, *flat, payload_text, packed,
-            digest)
+            h.hexdigest())
+
+
+_START_TIME = struct.Struct("<d")
+_last_identity: tuple = (None, None, None, None)  # (identity, run id, raw strategy, head)
+
+
+def _identity_head(run_id: str, identity: object, raw_strategy: object) -> tuple:
+    """(run id, local rank, node rank, world size, local world size, hostname, strategy,
+    their repr as bytes for the digest); the last one is remembered for the next span."""
+    global _last_identity
+    hostname = identity.hostname if isinstance(identity.hostname, str) else None
+    strategy = raw_strategy if isinstance(raw_strategy, str) else None
+    fields = (run_id, _optional_int(identity.local_rank), _optional_int(identity.node_rank),
+              _optional_int(identity.world_size), _optional_int(identity.local_world_size),
+              hostname, strategy)
+    head = (*fields, repr(fields).encode())
+    _last_identity = (identity, run_id, raw_strategy, head)
+    return head
 
 
 _blake2b = hashlib.blake2b

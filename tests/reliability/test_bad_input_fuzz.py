@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import zlib
 
 import grpc
 import pytest
@@ -172,7 +171,7 @@ def test_ten_thousand_generated_requests_keep_every_valid_record(processor, clie
         if fault == "bad_gzip":
             body = b"\x1f\x8b\x08\x00" + junk
             answer = client.http_raw(TRACES, body, headers={"Content-Encoding": "gzip"})
-            assert answer.status == (400 if not gunzips(body) else 200) or gunzips(body), answer
+            assert answer.status in ((200, 400) if gunzips(body) else (400,)), answer
         elif fault == "truncated_gzip":
             body = gzip.compress(valid)
             body = body[:len(body) - 1 - len(junk) % (len(body) - 1)]

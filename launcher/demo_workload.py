@@ -80,28 +80,36 @@ def main(argv=None) -> None:
 
     width = args.hidden
     model = DemoModel(width, 0)
-    # Calibrate the injection to this machine: time a few plain steps first.
+    ddp = DistributedDataParallel(model)
+    # Calibrate the injection to this machine: time a few real DDP steps (forward,
+    # backward and its all-reduce) first. They are not training steps, so TraceML
+    # does not record them.
     probe_x = torch.randn(args.batch_size, width)
     probe_y = torch.randint(0, 10, (args.batch_size,))
-    for _ in range(3):
-        model(probe_x, probe_y).backward()
-    start = time.perf_counter()
-    for _ in range(5):
-        model(probe_x, probe_y).backward()
-    step_ms = (time.perf_counter() - start) / 5 * 1000.0
-    model.zero_grad(set_to_none=True)
-
-    delay_ms = args.delay_ms if args.delay_ms is not None else max(8.0, 1.5 * step_ms)
-    if args.extra_matmuls is not None:
-        extra = args.extra_matmuls
-    else:
+    recording = traceml.is_initialized()
+    if recording:
+        traceml.set_recording(False)
+    try:
+        for _ in range(3):
+            ddp(probe_x, probe_y).backward()
+        start = time.perf_counter()
+        for _ in range(5):
+            ddp(probe_x, probe_y).backward()
+        step_ms = (time.perf_counter() - start) / 5 * 1000.0
+        ddp.zero_grad(set_to_none=True)
         start = time.perf_counter()
         h = probe_x
         with torch.no_grad():
             for _ in range(10):
                 h = torch.tanh(h @ model.burn)
         per_matmul_ms = max((time.perf_counter() - start) / 10 * 1000.0, 1e-3)
-        extra = int(max(8.0, 1.5 * step_ms) / per_matmul_ms) + 1
+    finally:
+        if recording:
+            traceml.set_recording(True)
+
+    target_ms = max(8.0, 1.5 * step_ms)  # the injected slowdown: about 1.5 plain steps
+    delay_ms = args.delay_ms if args.delay_ms is not None else target_ms
+    extra = args.extra_matmuls if args.extra_matmuls is not None else int(target_ms / per_matmul_ms) + 1
 
     slow_input = (args.scenario == "input-bound"
                   or (args.scenario == "input-straggler" and rank == straggler))
@@ -124,7 +132,6 @@ def main(argv=None) -> None:
     dataset = TensorDataset(torch.randn(n, width, generator=generator),
                             torch.randint(0, 10, (n,), generator=generator))
     loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=False, collate_fn=collate)
-    ddp = DistributedDataParallel(model)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
 
     if rank == 0:

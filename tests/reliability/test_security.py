@@ -106,6 +106,30 @@ def test_bearer_token_and_tls_are_enforced_on_both_receivers(tmp_path):
         assert proc.stop() == 0
 
 
+def test_bearer_token_alone_is_enforced_and_probes_stay_open(tmp_path):
+    proc = h.ProcessorProcess(tmp_path, env={"TRACEML_PROCESSOR_AUTH_TOKEN": TOKEN}).start()  # from the environment
+    try:
+        channel = grpc.insecure_channel(f"127.0.0.1:{proc.grpc}")
+        bad = h.steps_request("tok-denied", 0, [1])
+        assert _grpc_export(channel, bad) == grpc.StatusCode.UNAUTHENTICATED
+        assert _grpc_export(channel, bad, [("authorization", "Bearer " + TOKEN[:-1])]) == grpc.StatusCode.UNAUTHENTICATED
+        assert _http_post(proc.http, bad.SerializeToString(), {}) == 401
+        assert _http_post(proc.http, bad.SerializeToString(), {"Authorization": TOKEN}) == 401  # no scheme
+        good = h.steps_request("tok-allowed", 0, [1])
+        assert _grpc_export(channel, good, [("authorization", f"Bearer {TOKEN}")]) == grpc.StatusCode.OK
+        assert _http_post(proc.http, h.steps_request("tok-allowed", 1, [1]).SerializeToString(),
+                          {"Authorization": f"bearer {TOKEN}"}) == 200  # the scheme is case-insensitive
+        channel.close()
+        for probe in ("/healthz", "/readyz"):
+            conn = http.client.HTTPConnection("127.0.0.1", proc.http, timeout=10)
+            conn.request("GET", probe)
+            assert conn.getresponse().status == 200
+            conn.close()
+        assert h.stored_step_keys(proc.db) == {("tok-allowed", 0, 1), ("tok-allowed", 1, 1)}
+    finally:
+        assert proc.stop() == 0
+
+
 def test_caps_on_runs_ranks_and_attribute_sizes(tmp_path):
     proc = h.ProcessorProcess(tmp_path, extra_args=["--max-runs", "2", "--max-ranks-per-run", "3"]).start()
     client = OtlpClient(proc.grpc, proc.http)

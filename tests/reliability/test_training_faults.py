@@ -87,7 +87,7 @@ def test_processor_restarted_mid_run_training_completes_and_the_summary_accounts
         assert h.wait_until(lambda: done() >= 100 or trainer.poll() is not None, HANG_BOUND_S)
         proc.kill9()
         killed_at = done()
-        assert h.wait_until(lambda: done() >= killed_at + 100 or trainer.poll() is not None, HANG_BOUND_S)
+        assert h.wait_until(lambda: done() >= killed_at + 50 or trainer.poll() is not None, HANG_BOUND_S)
         proc.start()  # same ports and database
         result = finish(trainer)
     finally:

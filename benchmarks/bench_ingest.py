@@ -58,10 +58,12 @@ def free_port() -> int:
 class Processor:
     """The real CLI on port 0 everywhere; the bound ports come from its ready line."""
 
-    def __init__(self, folder: Path, refresh_s: float = 0.5, workers: int = 1):
+    def __init__(self, folder: Path, refresh_s: float = 0.5, workers: int = 1, code_root: Path | None = None):
         folder.mkdir(parents=True, exist_ok=True)
         self.db = folder / "bench.db"
         env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        if code_root is not None:  # another version of the code (see --baseline-ref)
+            env["PYTHONPATH"] = str(code_root)
         log_path = folder / "processor.log"
         self.log = open(log_path, "wb")
         started = time.perf_counter()
@@ -265,6 +267,43 @@ def bench_throughput(folder: Path, args) -> dict:
     return results
 
 
+def extract_ref(ref: str, folder: Path) -> Path:
+    """`git archive REF` as an importable `traceml` package under `folder`; returns the path root."""
+    package = folder / "traceml"
+    package.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(package)], input=archive, check=True)
+    return folder
+
+
+def bench_before_after(folder: Path, args) -> dict:
+    """Same requests, same run: the processor at `--baseline-ref` and this tree, alternating
+    (gRPC, one process), so machine load hits both alike."""
+    old_root = extract_ref(args.baseline_ref, folder / "baseline-code")
+    out: dict = {}
+    for batch in args.batch_sizes:
+        requests = build_requests("ab", args.ranks, batch, int(args.seconds * 35_000))
+        for round_ in range(args.rounds):
+            for label, root in ((args.baseline_ref, old_root), ("this tree", None)):
+                proc = Processor(folder / f"ab-{batch}-{round_}-{root is None}", code_root=root)
+                try:
+                    cpu_before = proc.cpu_s()
+                    rate, acked = sustained(grpc_sender(proc.grpc), requests, batch, args.seconds, args.threads)
+                    per_cpu_s = acked / max(1e-9, proc.cpu_s() - cpu_before)
+                    assert proc.rows() == acked, "rows stored != spans acknowledged"
+                finally:
+                    proc.stop()
+                entry = out.setdefault(label, {}).setdefault(batch, {"spans_per_s": [], "per_cpu_s": []})
+                entry["spans_per_s"].append(round(rate))
+                entry["per_cpu_s"].append(round(per_cpu_s))
+                print(f"  {label:>12s} batch {batch:5d} round {round_}: {rate:9,.0f} spans/s wall, "
+                      f"{per_cpu_s:,.0f} spans per processor CPU-second", flush=True)
+        old, new = out[args.baseline_ref][batch], out["this tree"][batch]
+        print(f"  batch {batch}: this tree / {args.baseline_ref}: wall {statistics.median(new['spans_per_s']) / statistics.median(old['spans_per_s']):.2f}x, "
+              f"per CPU-second {statistics.median(new['per_cpu_s']) / statistics.median(old['per_cpu_s']):.2f}x (medians)", flush=True)
+    return out
+
+
 def bench_freshness(folder: Path, samples: int, refresh_s: float) -> dict:
     proc = Processor(folder / "freshness", refresh_s=refresh_s)
     channel = grpc.insecure_channel(f"127.0.0.1:{proc.grpc}")
@@ -348,7 +387,16 @@ def main() -> None:
     p.add_argument("--memory-ranks", type=int, default=1024)
     p.add_argument("--memory-steps", type=int, default=120)
     p.add_argument("--json", type=Path, help="also write the results here")
+    p.add_argument("--baseline-ref", help="only compare OTLP/gRPC ingest of this git ref with the working "
+                                          "tree, in the same run (e.g. d3d0d60, before the ingest speed-ups)")
+    p.add_argument("--rounds", type=int, default=2, help="alternating rounds per version with --baseline-ref")
     args = p.parse_args()
+    if args.baseline_ref:
+        print(f"bench_ingest before/after: {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f} at start")
+        with tempfile.TemporaryDirectory() as tmp:
+            bench_before_after(Path(tmp), args)
+        print(f"load average {os.getloadavg()[0]:.1f} at the end")
+        return
     if args.quick:
         args.seconds, args.batch_sizes, args.memory_steps = 4.0, [64, 512], 110
     print(f"bench_ingest: {os.cpu_count()} CPUs; figures are under whatever else runs on this machine")

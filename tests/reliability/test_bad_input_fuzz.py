@@ -105,10 +105,12 @@ def test_ten_thousand_generated_requests_keep_every_valid_record(processor, clie
     ledger = client.ledger
 
     @settings(max_examples=MIXED_TRACE_EXAMPLES, **FUZZ_SETTINGS)
-    @given(groups=st.lists(group_specs, min_size=1, max_size=3), variant=st.sampled_from(HTTP_VARIANTS))
-    def mixed_traces(groups, variant):
+    @given(groups=st.lists(group_specs, min_size=1, max_size=3), variant=st.sampled_from(HTTP_VARIANTS),
+           grpc_gzip=st.booleans())
+    def mixed_traces(groups, variant, grpc_gzip):
         request, expected = build_trace_request(groups, ledger)
-        check_answer(client.grpc(TRACES, request), expected, grpc.StatusCode.OK)
+        compression = grpc.Compression.Gzip if grpc_gzip else None
+        check_answer(client.grpc(TRACES, request, compression=compression), expected, grpc.StatusCode.OK)
         ledger.expect(expected)
         request, expected = build_trace_request(groups, ledger)  # fresh steps, same shape
         check_answer(client.http(TRACES, request, variant), expected, 200)

@@ -14,16 +14,22 @@ from traceml.schema.vocabulary import (
     RAW_OPTIMIZER_STEP,
 )
 
+import threading
+import time
+
 from . import step_events as _se
 from . import timing as _timing
 from .timing import timed_region
+
+_perf_ns = time.perf_counter_ns
+_get_ident = threading.get_ident
 
 
 class HookRegionTimer:
     """Opens a region in a pre-hook and closes it in the matching post-hook.
 
     `pre`/`post` are registered as the hooks themselves and reuse one region object,
-    so a hook pair costs two Python calls plus the region's own work. Re-entrant
+    so a hook pair costs two Python calls (the region's work is done inline). Re-entrant
     calls only count depth (the outermost call is the one timed). A pre-hook that
     finds a region left open by a call that raised before its post-hook (its step
     has since ended) starts afresh instead of leaking.
@@ -37,29 +43,65 @@ class HookRegionTimer:
         self._depth = 0
         self.handles: list = []
 
+    # pre/post (and _TimedIterator.__next__) repeat the CPU fast paths of
+    # timed_region.__enter__/__exit__ inline, for the common case (CPU clock, the
+    # training thread, no open region of that name); anything else calls them.
+    # These run every step, and inside a real step each Python call costs about a
+    # microsecond of the training thread's time (cold caches), several times its
+    # hot-loop cost.
     def pre(self, *_args, **_kwargs) -> None:
-        if not _se._recording:
+        se = _se
+        if not se._recording:
             return None
         region = self._region
         if self._depth:
-            if region._state == 1 and region._capture is _se._active:
+            if region._state == 1 and region._capture is se._active:
                 self._depth += 1
                 return None
             region.discard()  # stale: its post-hook never ran
         self._depth = 1
-        region._state = 0
         region._g0 = None
-        region._gpu = _timing._gpu_default if not _timing._gpu_undecided else _timing._cuda_ready()
+        gpu = _timing._gpu_default if not _timing._gpu_undecided else _timing._cuda_ready()
+        region._gpu = gpu
+        raw = region.raw_event
+        opened = se.open_regions
+        if not gpu and _get_ident() == se._owner and raw not in opened:
+            opened[raw] = region
+            capture = se._active
+            region._capture = capture if capture is not None else se.current_capture()
+            region._state = 1
+            region._t0 = _perf_ns()
+            return None
+        region._state = 0
         region.__enter__()
         return None
 
     def post(self, *_args, **_kwargs) -> None:
+        t1 = _perf_ns()
         depth = self._depth
         if depth > 1:
             self._depth = depth - 1
-        elif depth == 1:
-            self._depth = 0
-            self._region.__exit__()
+            return
+        if depth != 1:
+            return
+        self._depth = 0
+        region = self._region
+        if region._state != 1 or region._g0 is not None:
+            region.__exit__()
+            return
+        region._state = 3
+        se = _se
+        raw = region.raw_event
+        opened = se.open_regions
+        if opened.get(raw) is region:
+            del opened[raw]
+        capture = region._capture
+        region._capture = None
+        event = (raw, region._t0, t1, None, None)
+        if se._recording and capture is se._active and len(capture.events) < se.MAX_EVENTS_PER_CAPTURE:
+            capture.events.append(event)
+        else:
+            se.record_timing_event(event, capture)
 
 
 class ForwardTimer(HookRegionTimer):
@@ -186,10 +228,22 @@ class _TimedIterator:
         if not _timing._dataloader_timing or not _se._recording:
             return next(self._it)
         region = self._region  # reused: one `next()` is open at a time
-        region._state = 0
+        # Open: the CPU fast path of timed_region.__enter__ inline (as in HookRegionTimer.pre).
+        se = _se
         region._g0 = None
-        region._gpu = _timing._gpu_default if not _timing._gpu_undecided else _timing._cuda_ready()
-        region.__enter__()
+        gpu = _timing._gpu_default if not _timing._gpu_undecided else _timing._cuda_ready()
+        region._gpu = gpu
+        raw = region.raw_event
+        opened = se.open_regions
+        if not gpu and _get_ident() == se._owner and raw not in opened:
+            opened[raw] = region
+            capture = se._active
+            region._capture = capture if capture is not None else se.current_capture()
+            region._state = 1
+            region._t0 = _perf_ns()
+        else:
+            region._state = 0
+            region.__enter__()
         try:
             item = next(self._it)
         except StopIteration:
@@ -198,7 +252,21 @@ class _TimedIterator:
         except BaseException:
             region.__exit__()
             raise
-        region.__exit__()
+        t1 = _perf_ns()
+        # Close: timed_region.__exit__'s CPU fast path inline (as in HookRegionTimer.post).
+        if region._state != 1 or region._g0 is not None:
+            region.__exit__()
+            return item
+        region._state = 3
+        if opened.get(raw) is region:
+            del opened[raw]
+        capture = region._capture
+        region._capture = None
+        event = (raw, region._t0, t1, None, None)
+        if se._recording and capture is se._active and len(capture.events) < se.MAX_EVENTS_PER_CAPTURE:
+            capture.events.append(event)
+        else:
+            se.record_timing_event(event, capture)
         return item
 
 

@@ -12,6 +12,8 @@ import time
 
 from . import step_events as _se
 
+_new = object.__new__
+
 
 def _device_label(device) -> tuple[str, bool, int | None]:
     """(label, is_cuda, cuda index) without importing torch for CPU devices."""
@@ -95,9 +97,14 @@ class StepMemoryTracker:
             except Exception as exc:  # unavailable this step, never a crash
                 _se.warn_once("memory_failed", f"reading CUDA peak memory failed ({exc!r})")
                 allocated = reserved = None
-            reading = _se.MemoryReading(self.device, allocated, reserved, time.time_ns())
         else:
-            reading = _se.MemoryReading(self.device, None, None, time.time_ns())
+            allocated = reserved = None  # memory is unavailable off CUDA, not zero
+        # MemoryReading(...) without its __init__ frame (once per step, training thread).
+        reading = _new(_se.MemoryReading)
+        reading.device = self.device
+        reading.peak_allocated_bytes = allocated
+        reading.peak_reserved_bytes = reserved
+        reading.time_ns = time.time_ns()
         if _se._recording:
             capture = _se._active
             if capture is None:

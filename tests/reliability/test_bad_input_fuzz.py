@@ -346,3 +346,13 @@ def test_refusal_before_reading_the_body_keeps_the_connection_in_step(processor)
         assert (answer.status, answer.rejected) == (200, 0), answer
     finally:
         c.close()
+
+
+def test_the_processor_logged_no_unexpected_error(processor):
+    """Every traceback in the processor's log is one of the two known, reported cases above."""
+    log = processor.log_text()
+    tracebacks = log.count("Traceback (most recent call last)")
+    known = (log.count("ERROR grpc._common: Exception deserializing message!")
+             + log.count("RecursionError: maximum recursion depth exceeded"))
+    assert tracebacks == known, log[-5000:]
+    assert "CRITICAL" not in log

@@ -31,6 +31,10 @@ class LoadResult:
     lag_samples: list = field(default_factory=list)
     diagnosis: list = field(default_factory=list)  # (kind, culprit_rank, score) active at the end
     culprit_found: bool = False
+    diagnosis_samples: int = 0  # scrapes while running that showed a straggler issue
+    straggler_named_samples: int = 0  # ... naming the injected straggler
+    false_culprit_samples: int = 0  # ... naming any other rank (must stay 0)
+    first_named_s: float | None = None
     ingest_spans_per_s: float = 0.0
     wall_s: float = 0.0
 
@@ -39,12 +43,18 @@ class LoadResult:
                 f"sent={self.spans_sent} stored={self.rows_stored} ingest={self.ingest_spans_per_s:.0f} spans/s "
                 f"rss start={self.rss_start_mib:.0f} MiB max={self.rss_max_mib:.0f} MiB "
                 f"lag max={self.lag_max_s:.2f} s retries={self.sender_retries} late_ticks={self.late_ticks} "
-                f"diagnosis={self.diagnosis} culprit_found={self.culprit_found}")
+                f"diagnosis={self.diagnosis} culprit_found={self.culprit_found} "
+                f"scrapes naming the straggler {self.straggler_named_samples}/{self.diagnosis_samples} "
+                f"(first after {self.first_named_s} s), naming another rank {self.false_culprit_samples}")
 
 
 def _labels_value(text: str, name: str, run: str) -> list[tuple[dict, float]]:
     return [(labels, val) for labels, val in h.prometheus_samples(text, name)
             if any(val_ == run for key, val_ in labels.items() if key.endswith("run_id"))]
+
+
+def _label(labels: dict, suffix: str) -> str:
+    return next((val for key, val in labels.items() if key.endswith(suffix)), "")
 
 
 def run_load(folder: Path, *, ranks: int, steps_per_s: float, duration_s: float, straggler: int,
@@ -68,11 +78,22 @@ def run_load(folder: Path, *, ranks: int, steps_per_s: float, duration_s: float,
         while any(p.poll() is None for p in procs):
             result.rss_max_mib = max(result.rss_max_mib, proc.rss_bytes() / 2**20)
             try:
-                lags = _labels_value(proc.metrics_text(), "traceml_processor_run_lag_seconds", run)
+                text = proc.metrics_text()
             except OSError:
-                lags = []
+                text = ""
+            lags = _labels_value(text, "traceml_processor_run_lag_seconds", run)
             if lags:
                 result.lag_samples.append(lags[0][1])
+            culprits = {_label(labels, "culprit_rank") for labels, _ in
+                        _labels_value(text, "traceml_diagnosis_active_ratio", run)} - {""}
+            if culprits:
+                result.diagnosis_samples += 1
+                if str(straggler) in culprits:
+                    result.straggler_named_samples += 1
+                    if result.first_named_s is None:
+                        result.first_named_s = round(time.monotonic() - began, 1)
+                if culprits - {str(straggler)}:
+                    result.false_culprit_samples += 1
             time.sleep(1.0)
         for p in procs:
             out, _ = p.communicate(timeout=60)
@@ -89,10 +110,8 @@ def run_load(folder: Path, *, ranks: int, steps_per_s: float, duration_s: float,
 
         def diagnosis():
             found = _labels_value(proc.metrics_text(), "traceml_diagnosis_active_ratio", run)
-            result.diagnosis = sorted(
-                (next((val for key, val in labels.items() if key.endswith("kind")), ""),
-                 next((val for key, val in labels.items() if key.endswith("culprit_rank")), ""), round(score, 3))
-                for labels, score in found)
+            result.diagnosis = sorted((_label(labels, "kind"), _label(labels, "culprit_rank"), round(score, 3))
+                                      for labels, score in found)
             return any(culprit == str(straggler) for _, culprit, _ in result.diagnosis)
 
         result.culprit_found = h.wait_until(diagnosis, 60, 0.5)

@@ -23,3 +23,4 @@ def test_256_ranks_memory_and_lag_bounded_and_the_straggler_named(tmp_path):
     kinds = {kind for kind, culprit, _ in result.diagnosis if culprit == str(STRAGGLER)}
     assert "INPUT_STRAGGLER" in kinds, result.diagnosis
     assert {culprit for _, culprit, _ in result.diagnosis if culprit} == {str(STRAGGLER)}  # no false culprit
+    assert result.false_culprit_samples == 0  # at no scrape during the run either

@@ -431,10 +431,11 @@ class StepTimeStore:
         self._conn = open_connection(self.path)
         # WAL + synchronous=NORMAL: a commit is durable against a killed process (the WAL
         # holds it); only an OS crash or power loss may lose the last commits. See
-        # docs/processor.md. A larger page cache keeps the rank-spread unique index hot,
-        # and fewer automatic checkpoints mean fewer fsyncs in the commit path.
+        # docs/processor.md. A modest page cache (16 MiB, default 2 MiB) keeps more of the
+        # rank-spread unique index in memory; fewer automatic checkpoints mean fewer
+        # fsyncs in the commit path.
         self._conn.execute("PRAGMA synchronous = NORMAL")
-        self._conn.execute("PRAGMA cache_size = -65536")  # KiB
+        self._conn.execute("PRAGMA cache_size = -16384")  # KiB
         self._conn.execute("PRAGMA wal_autocheckpoint = 4000")  # pages
         ensure_schema(self._conn)
         self._logged_reasons: set[str] = set()

@@ -6,6 +6,9 @@ torch import at module level.
 """
 from __future__ import annotations
 
+import threading
+import time
+
 from traceml.schema.vocabulary import (
     RAW_BACKWARD,
     RAW_DATALOADER_NEXT,
@@ -13,9 +16,6 @@ from traceml.schema.vocabulary import (
     RAW_H2D,
     RAW_OPTIMIZER_STEP,
 )
-
-import threading
-import time
 
 from . import step_events as _se
 from . import timing as _timing

@@ -44,6 +44,7 @@ def main() -> int:
                       straggler=args.straggler, senders=args.senders)
     lag = result.lag_samples
     print(result.line())
+    print(result.rss_trajectory(11))
     print(f"lag median {statistics.median(lag):.2f} s, max {max(lag):.2f} s over {len(lag)} samples"
           if lag else "no lag samples")
     culprits = {c for _, c, _ in result.diagnosis if c}

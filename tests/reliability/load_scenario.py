@@ -29,6 +29,7 @@ class LoadResult:
     rss_max_mib: float = 0.0
     lag_max_s: float = 0.0
     lag_samples: list = field(default_factory=list)
+    rss_samples: list = field(default_factory=list)  # (seconds since start, MiB)
     diagnosis: list = field(default_factory=list)  # (kind, culprit_rank, score) active at the end
     culprit_found: bool = False
     diagnosis_samples: int = 0  # scrapes while running that showed a straggler issue
@@ -37,6 +38,14 @@ class LoadResult:
     first_named_s: float | None = None
     ingest_spans_per_s: float = 0.0
     wall_s: float = 0.0
+
+    def rss_trajectory(self, points: int = 6) -> str:
+        """RSS at evenly spaced moments of the run: flat means bounded, a ramp means growth."""
+        if not self.rss_samples:
+            return "no RSS samples"
+        n = len(self.rss_samples)
+        picks = [self.rss_samples[min(n - 1, round(i * (n - 1) / (points - 1)))] for i in range(points)]
+        return "RSS over time: " + ", ".join(f"{t:.0f} s {mib:.0f} MiB" for t, mib in picks)
 
     def line(self) -> str:
         return (f"ranks={self.ranks} rate={self.steps_per_s}/s/rank duration={self.duration_s}s "
@@ -76,7 +85,9 @@ def run_load(folder: Path, *, ranks: int, steps_per_s: float, duration_s: float,
                  "--interval", str(interval_s), "--straggler", str(straggler)],
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         while any(p.poll() is None for p in procs):
-            result.rss_max_mib = max(result.rss_max_mib, proc.rss_bytes() / 2**20)
+            rss = proc.rss_bytes() / 2**20
+            result.rss_max_mib = max(result.rss_max_mib, rss)
+            result.rss_samples.append((round(time.monotonic() - began, 1), round(rss, 1)))
             try:
                 text = proc.metrics_text()
             except OSError:

@@ -15,7 +15,7 @@ STRAGGLER = 137
 
 def test_256_ranks_memory_and_lag_bounded_and_the_straggler_named(tmp_path):
     result = run_load(tmp_path, ranks=256, steps_per_s=2.0, duration_s=20.0, straggler=STRAGGLER)
-    print("\n" + result.line())
+    print("\n" + result.line() + "\n" + result.rss_trajectory())
     assert result.rows_stored == result.spans_sent  # every acknowledged step stored, nothing extra
     assert result.rss_max_mib < RSS_BOUND_MIB
     assert result.lag_samples and result.lag_max_s < LAG_BOUND_S

@@ -257,3 +257,36 @@ def test_a_sampler_with_its_own_drain_leaves_the_queue_wakeup_alone(recording):
         assert se.queue_wakeup("timing") is None
     finally:
         sampler.stop()
+
+
+def test_hook_timed_forward_and_optimizer_get_gpu_times_on_the_gpu_path(recording, fake_gpu, sink):
+    """The hooks' inline CPU fast path hands GPU regions to the general path (event pairs)."""
+    import torch
+    import traceml
+    from traceml.schema.vocabulary import RAW_OPTIMIZER_STEP
+
+    model = traceml.wrap_forward(torch.nn.Linear(2, 1))
+    opt = traceml.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    model(torch.ones(1, 2)).sum().backward()
+    fake_gpu.now_ms += 2.0
+    opt.step()
+    se.complete_step_capture()
+    fake_gpu.complete_all()
+    StepTimeSampler().run_once()
+    events = sink.steps[0].events
+    assert events[RAW_FORWARD].count == 1 and events[RAW_FORWARD].gpu_ms is not None
+    assert events[RAW_OPTIMIZER_STEP].count == 1 and events[RAW_OPTIMIZER_STEP].gpu_ms is not None
+
+
+def test_hook_timed_forward_on_the_cpu_path_records_cpu_time_only(recording, sink):
+    import torch
+    import traceml
+
+    model = traceml.wrap_forward(torch.nn.Linear(2, 1))
+    model(torch.ones(1, 2))
+    model(torch.ones(1, 2))
+    se.complete_step_capture()
+    StepTimeSampler().run_once()
+    totals = sink.steps[0].events[RAW_FORWARD]
+    assert totals.count == 2 and totals.cpu_ms > 0 and totals.gpu_ms is None
+    assert RAW_FORWARD not in se.open_regions

@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/bench_ingest.py            # everything (about 2-3 minutes)
     .venv/bin/python benchmarks/bench_ingest.py --quick    # shorter runs
+    .venv/bin/python benchmarks/bench_ingest.py --baseline-ref d3d0d60 --batch-sizes 2048 512
+        # only: OTLP/gRPC ingest of that git ref vs the working tree, alternating, same run
 
 What is measured (the processor is the real CLI in its own process; senders are
 threads in this process sending pre-serialised OTLP requests, so client-side

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import threading
 import zlib
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -26,6 +25,7 @@ from traceml.processor.decode import otlp_json_response, parse_otlp_json
 from traceml.processor.export_handler import ExportHandler
 from traceml.processor.ingest import Backpressure, IngestUnavailable
 from traceml.processor.security import BearerAuth, TlsConfig
+from traceml.processor.serving import ServerThread
 
 LOG = logging.getLogger(__name__)
 
@@ -222,15 +222,12 @@ class HttpReceiver:
             # The handshake runs on the handler thread, never on the accept loop.
             self._server.socket = tls.server_context().wrap_socket(
                 self._server.socket, server_side=True, do_handshake_on_connect=False)
+        self._serving = ServerThread(self._server, "traceml-otlp-http")
         self.host = host
-        self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name="traceml-otlp-http", daemon=True)
+        self.port = self._serving.port
 
     def start(self) -> None:
-        self._thread.start()
+        self._serving.start()
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(5)
+        self._serving.stop()

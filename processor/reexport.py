@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Iterable, Mapping, Sequence
 
+from traceml.processor.serving import ServerThread
 from traceml.schema import vocabulary as v
 
 LOG = logging.getLogger(__name__)
@@ -128,18 +129,15 @@ class PrometheusEndpoint:
 
     def __init__(self, host: str, port: int, collect: Callable[[], Sequence]):
         self._server = _PromServer((host, port), lambda: render_prometheus(collect()))
+        self._serving = ServerThread(self._server, "traceml-prometheus")
         self.host = host
-        self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name="traceml-prometheus", daemon=True)
+        self.port = self._serving.port
 
     def start(self) -> None:
-        self._thread.start()
+        self._serving.start()
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(5)
+        self._serving.stop()
 
 
 # --- OTLP push --------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ never invents values for a rank that did not measure them.
 """
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
@@ -91,10 +92,13 @@ class RuleContext:
         if step_median <= 0.0:
             return None
         median = float(statistics.median([col[r] for r in cohort]))
+        share = median / step_median
+        if not math.isfinite(share):  # a denormal step time overflows the ratio
+            return None
         worst_rank = max(cohort, key=lambda r: (col[r], -r))
         return ShareFacts(
             metric=metric,
-            share=median / step_median,
+            share=share,
             median_ms=median,
             step_time_median_ms=step_median,
             cohort=cohort,

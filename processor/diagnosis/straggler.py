@@ -9,6 +9,8 @@ victim's Step Time, is the score.
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 from traceml.processor.diagnosis.context import RuleContext
@@ -91,13 +93,15 @@ def rank_straggler(ctx: RuleContext) -> DiagnosisIssue | None:
         return None
     gap = victim.visible - culprit.visible
     score = gap / victim_step
+    if not math.isfinite(score):  # a denormal step time overflows the ratio
+        return None
     uncapped = ctx.policy.severity_for(score)
     if uncapped is None:
         return None
     severity, caps = ctx.capped(uncapped)
 
     excess = _excesses(ctx, culprit.values, victim.values)
-    coverage = {c: (None if e is None else e / gap) for c, e in excess.items()}
+    coverage = {c: (None if e is None or not math.isfinite(e / gap) else e / gap) for c, e in excess.items()}
     component = COMPONENT_UNATTRIBUTED
     for candidate in (COMPONENT_INPUT_WAIT, COMPONENT_H2D, COMPONENT_COMPUTE):
         covered = coverage[candidate]

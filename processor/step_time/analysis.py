@@ -29,6 +29,8 @@ The rules (step-time-pipeline-contract.md, "Canonical window invariants"):
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import fields, replace
 from typing import Mapping, Sequence
 
@@ -320,7 +322,7 @@ def _window(run_id: str, universe: tuple[int, ...], identities: Mapping[int, Ran
     metrics = {name: metrics[name] for name in WINDOW_METRICS}
     return StepTimeWindow(run_id=run_id, clock=clock, steps=steps, expected_ranks=universe,
                           rank_facts=rank_facts, metrics=metrics, coverage=coverage,
-                          shares=_shares(metrics), training_strategy=strategy)
+                          shares=window_shares(metrics), training_strategy=strategy)
 
 
 def _metric(name: str, series: _MedianSeries | int, values: np.ndarray,
@@ -340,6 +342,8 @@ def _metric(name: str, series: _MedianSeries | int, values: np.ndarray,
         w = int(np.argmax(values))  # first maximum; ranks ascend, so the lower rank on ties
         worst, worst_rank = float(values[w]), int(ranks[w])
         skew = (worst - median) / median if median > 0 else None
+        if skew is not None and not math.isfinite(skew):  # denormal median
+            skew = None
     rep = representative_index(values, ranks, median)
     return StepTimeMetric(
         name=name, series=series,
@@ -358,14 +362,17 @@ def representative_index(values: np.ndarray, ranks: np.ndarray, median: float) -
     return int(candidates[order[0]])
 
 
-def _shares(metrics: Mapping[str, StepTimeMetric]) -> dict[str, float | None]:
+def window_shares(metrics: Mapping[str, StepTimeMetric]) -> dict[str, float | None]:
+    """median(metric) / median(step_time); None where either is missing or the ratio is not finite."""
     step = metrics["step_time"].median
     out: dict[str, float | None] = {}
     for name, metric in metrics.items():
-        if step is None or step <= 0 or metric.median is None:
-            out[name] = None
-        else:
-            out[name] = metric.median / step
+        share = None
+        if step is not None and step > 0 and metric.median is not None:
+            share = metric.median / step
+            if not math.isfinite(share):  # a denormal step time overflows the ratio
+                share = None
+        out[name] = share
     return out
 
 

@@ -9,6 +9,7 @@ import dataclasses
 import statistics
 from typing import Mapping
 
+from traceml.processor.step_time.analysis import window_shares
 from traceml.processor.step_time.model import (
     RankIdentity,
     StepTimeMetric,
@@ -103,11 +104,7 @@ def window(
         vals = {r: f.average.get(name) for r, f in facts.items() if f.average.get(name) is not None}
         metrics[name] = _metric(name, vals, steps)
         coverage[name] = (len(vals), len(expected))
-    step_median = metrics["step_time"].median
-    shares = {
-        name: (None if m.median is None or not step_median else m.median / step_median)
-        for name, m in metrics.items()
-    }
+    shares = window_shares(metrics)
     return StepTimeWindow(
         run_id=run_id,
         clock=clock if steps else None,

@@ -13,7 +13,6 @@ not resolved.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -29,6 +28,7 @@ from grafana_foundation_sdk.models.dashboard import (  # noqa: E402
     DataSourceRef, FieldColorModeId, Threshold, ThresholdsMode, VariableOption, VariableRefresh, VariableSort)
 
 import promql_names as n  # noqa: E402
+from generated import generator_main  # noqa: E402
 from promql_names import L, M, sel  # noqa: E402
 
 OUT = HERE / "dashboards"
@@ -251,22 +251,7 @@ def generate() -> dict[str, str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="compare only; exit 1 if a file differs")
-    args = parser.parse_args(argv)
-    stale = []
-    for name, text in generate().items():
-        path = OUT / name
-        if args.check:
-            if not path.exists() or path.read_text() != text:
-                stale.append(name)
-        else:
-            OUT.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-    if stale:
-        print("stale dashboards (run deploy/grafana/generate_dashboards.py): " + ", ".join(stale), file=sys.stderr)
-        return 1
-    return 0
+    return generator_main(__doc__.splitlines()[0], generate, OUT, "dashboards", "deploy/grafana/generate_dashboards.py", argv)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ Output is JSON, which is valid YAML: no YAML library needed to write it.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 import promql_names as n  # noqa: E402
+from generated import generator_main  # noqa: E402
 from promql_names import L, M, sel  # noqa: E402
 
 RULES_DIR = HERE / "rules"
@@ -219,22 +219,7 @@ def generate() -> dict[str, str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="compare only; exit 1 if a file differs")
-    args = parser.parse_args(argv)
-    stale = []
-    for name, text in generate().items():
-        path = RULES_DIR / name
-        if args.check:
-            if not path.exists() or path.read_text() != text:
-                stale.append(name)
-        else:
-            RULES_DIR.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-    if stale:
-        print("stale rule files (run deploy/prometheus/generate_rules.py): " + ", ".join(stale), file=sys.stderr)
-        return 1
-    return 0
+    return generator_main(__doc__.splitlines()[0], generate, RULES_DIR, "rule files", "deploy/prometheus/generate_rules.py", argv)
 
 
 if __name__ == "__main__":

@@ -73,6 +73,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         for name, value in (headers or {}).items():
             self.send_header(name, value)
+        if self.close_connection:  # tell the client, rather than just hanging up after the answer
+            self.send_header("Connection", "close")
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
@@ -108,6 +110,25 @@ class _Handler(BaseHTTPRequestHandler):
             raise BodyTooLarge(f"body of {length} bytes exceeds {MAX_BODY_BYTES}")
         return self.rfile.read(length) if length else b""
 
+    def _drain_unread_body(self) -> None:
+        """Keep a keep-alive connection in step when refusing before the body is read.
+
+        A Content-Length body within the cap is read and dropped; anything else
+        (chunked, oversized, unparsable length) ends the connection instead, and
+        `_send` then says `Connection: close`.
+        """
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            self.close_connection = True
+            return
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if length < 0 or length > MAX_BODY_BYTES:
+            self.close_connection = True
+            return
+        self._discard(length)
+
     def _discard(self, length: int) -> None:
         """Read and drop an oversized body (bounded), so the client sees the 413 answer."""
         if length > 4 * MAX_BODY_BYTES:
@@ -139,13 +160,16 @@ class _Handler(BaseHTTPRequestHandler):
         content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
         answer_type = JSON if content_type == JSON else PROTOBUF
         if route is None:
+            self._drain_unread_body()
             self._send_status(404, f"no OTLP route {path}", answer_type)
             return
         if not self.server.auth.allows(self.headers.get("Authorization")):
+            self._drain_unread_body()
             self._send_status(401, "missing or wrong bearer token", answer_type,
                               {"WWW-Authenticate": "Bearer"})
             return
         if content_type not in (JSON, PROTOBUF):
+            self._drain_unread_body()
             self._send_status(415, f"unsupported content type {content_type!r}; "
                                    f"use {PROTOBUF} or {JSON}", PROTOBUF)
             return

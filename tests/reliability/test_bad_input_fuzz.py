@@ -331,10 +331,6 @@ def test_grpc_undecodable_is_counted_and_answered_invalid_argument(processor, cl
     assert h.wait_until(lambda: undecodable() == before + 1, 10)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: processor/receiver_http.py do_POST answers 404 (unknown path), "
-                   "401 (bad token) and 415 (content type) without reading the request body and without "
-                   "closing the connection; on a keep-alive connection the unread body is then parsed as the "
-                   "next request, so the client's NEXT request gets a wrong answer or a broken pipe")
 def test_refusal_before_reading_the_body_keeps_the_connection_in_step(processor):
     from fuzz_cases import Ledger
 

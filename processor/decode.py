@@ -643,17 +643,23 @@ def _hex_ids_to_base64(node):
 
 def parse_otlp_json(body: bytes, message):
     """Fill protobuf `message` from an OTLP/JSON body (unknown fields ignored). Raises ValueError."""
+    # Parsing, the id rewrite and ParseDict all recurse; a hostile nesting depth
+    # raises RecursionError in any of them, which is a bad body like any other.
     try:
         document = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"body is not JSON: {exc}") from exc
+    except RecursionError:
+        raise ValueError("OTLP/JSON body is nested too deeply") from None
     if not isinstance(document, dict):
         raise ValueError("OTLP/JSON body must be an object")
-    _hex_ids_to_base64(document)
     try:
+        _hex_ids_to_base64(document)
         json_format.ParseDict(document, message, ignore_unknown_fields=True)
     except json_format.ParseError as exc:
         raise ValueError(f"not an OTLP/JSON request: {exc}") from exc
+    except RecursionError:
+        raise ValueError("OTLP/JSON body is nested too deeply") from None
     return message
 
 

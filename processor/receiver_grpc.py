@@ -3,7 +3,8 @@
 The receive limit is raised (collectors batch beyond grpcio's 4 MiB default);
 gzip is handled by gRPC itself. Back-pressure and uncommitted batches answer
 UNAVAILABLE, which OTLP clients retry with back-off; a missing or wrong bearer
-token answers UNAUTHENTICATED.
+token answers UNAUTHENTICATED; a body that is not protobuf INVALID_ARGUMENT
+(counted `undecodable`, as HTTP counts its 400s).
 """
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import logging
 from concurrent import futures
 
 import grpc
-from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metrics_pb2
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb2
 
 from traceml.processor.export_handler import ExportHandler
 from traceml.processor.ingest import Backpressure, IngestUnavailable
@@ -31,30 +33,41 @@ def _authorise(context, auth: BearerAuth) -> None:
         context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
 
 
-def _call(context, auth: BearerAuth, handle, request):
-    _authorise(context, auth)
-    try:
-        return handle(request)
-    except Backpressure as exc:
-        context.abort(grpc.StatusCode.UNAVAILABLE, f"back-pressure: {exc}")
-    except IngestUnavailable as exc:
-        context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+# Requests arrive as raw bytes (no request deserializer) and are parsed here, so a
+# body that is not protobuf is answered INVALID_ARGUMENT and counted `undecodable`
+# like an HTTP 400, instead of grpcio answering INTERNAL and logging a traceback.
+_SERVICES = (
+    ("opentelemetry.proto.collector.trace.v1.TraceService", trace_pb2.ExportTraceServiceRequest, "traces"),
+    ("opentelemetry.proto.collector.metrics.v1.MetricsService", metrics_pb2.ExportMetricsServiceRequest,
+     "metrics"),
+)
 
 
-class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
-    def __init__(self, handler: ExportHandler, auth: BearerAuth):
-        self._handler, self._auth = handler, auth
+def _export_method(handler: ExportHandler, auth: BearerAuth, message_cls, signal: str):
+    handle = handler.traces if signal == "traces" else handler.metrics
 
-    def Export(self, request, context):  # noqa: N802 (gRPC method name)
-        return _call(context, self._auth, self._handler.traces, request)
+    def export(body: bytes, context):
+        _authorise(context, auth)
+        request = message_cls()
+        try:
+            request.ParseFromString(body)
+        except (DecodeError, RecursionError) as exc:
+            handler.stats.add("undecodable", signal, 1)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"undecodable {signal} request: {exc}")
+        try:
+            return handle(request)
+        except Backpressure as exc:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"back-pressure: {exc}")
+        except IngestUnavailable as exc:
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+
+    return grpc.unary_unary_rpc_method_handler(
+        export, request_deserializer=None, response_serializer=lambda response: response.SerializeToString())
 
 
-class _MetricsService(metrics_service_pb2_grpc.MetricsServiceServicer):
-    def __init__(self, handler: ExportHandler, auth: BearerAuth):
-        self._handler, self._auth = handler, auth
-
-    def Export(self, request, context):  # noqa: N802
-        return _call(context, self._auth, self._handler.metrics, request)
+def _generic_handlers(handler: ExportHandler, auth: BearerAuth) -> list:
+    return [grpc.method_handlers_generic_handler(service, {"Export": _export_method(handler, auth, cls, signal)})
+            for service, cls, signal in _SERVICES]
 
 
 class GrpcReceiver:
@@ -73,8 +86,7 @@ class GrpcReceiver:
             # Beyond this, RESOURCE_EXHAUSTED (retryable): bounds memory held by queued requests.
             maximum_concurrent_rpcs=workers * 16,
         )
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(handler, auth), self._server)
-        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(_MetricsService(handler, auth), self._server)
+        self._server.add_generic_rpc_handlers(_generic_handlers(handler, auth))
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         if tls.enabled:
             credentials = grpc.ssl_server_credentials([tls.pem_pair()])

@@ -27,6 +27,7 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not prometheus_available(), reason="needs the prometheus binary")]
 
 RUN_ID = "deploy-dash"
+OPEN_RUN_ID = "deploy-dash-open"  # never sends its end marker
 M, L = promql_names.M, promql_names.L
 
 
@@ -53,6 +54,10 @@ def stack(tmp_path_factory):
             _post(http, "/v1/metrics", memory_request(RUN_ID, rank, range(5), allocated=(rank + 1) << 28))
         # One span without its step number: refused and counted, the rest of the run unaffected.
         _post(http, "/v1/traces", trace_request(RUN_ID, 0, [step_span(0, 0, drop=[v.ATTR_STEP])]))
+        # A run that stays open (no end marker): the health dashboard's lag panel shows open runs only,
+        # and the trained run below may end between two scrapes.
+        _post(http, "/v1/traces", trace_request(OPEN_RUN_ID, 0, [step_span(0, 0)]))
+        prometheus.wait_for(f'{M.run_lag}{{{L.run}="{OPEN_RUN_ID}"}}')
         train_two_ranks(folder, RUN_ID, {0: (f"http://127.0.0.1:{processor.port(4317)}", "grpc"),
                                          1: (f"http://127.0.0.1:{http}", "http/protobuf")})
         sel = f'{L.run}="{RUN_ID}"'

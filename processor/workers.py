@@ -14,17 +14,68 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import signal
+import sys
 import threading
+import time
 from dataclasses import replace
 
 LOG = logging.getLogger(__name__)
 
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
-def _worker_main(config, grpc_addr, http_addr, shared_counts, ready, stop, index: int) -> None:
-    """Entry point of one spawned worker (a module-level function so spawn can import it)."""
+
+def _set_parent_death_signal(sig: int) -> bool:
+    """Ask Linux to send `sig` to this process when its parent dies; False where unavailable."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _watch_parent(parent_pid: int, done: threading.Event, interval_s: float = 1.0) -> threading.Thread:
+    """End the worker once its parent is gone (re-parented), e.g. after kill -9 of the main process."""
+    def loop():
+        while not done.is_set():
+            if os.getppid() != parent_pid:
+                LOG.warning("main processor %d is gone; ingest worker stopping", parent_pid)
+                done.set()
+                return
+            time.sleep(interval_s)
+
+    thread = threading.Thread(target=loop, name="traceml-parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def _worker_main(config, grpc_addr, http_addr, shared_counts, ready, stop, index: int,
+                 parent_pid: int | None = None, death_signal: bool = False) -> None:
+    """Entry point of one spawned worker (a module-level function so spawn can import it).
+
+    A worker must not outlive the main process (it would keep the shared ports and
+    the database open with nobody to stop it): on Linux the kernel sends SIGTERM
+    when the parent dies (PR_SET_PDEATHSIG), and a thread polling the parent pid
+    covers other systems and the race where the parent died before prctl ran.
+    """
+    # `done` is a thread-local Event: setting the shared multiprocessing `stop` from a
+    # signal handler would deadlock (its Condition.notify waits for the sleeper,
+    # which is this very thread), so SIGTERM, the parent watch and a relay of `stop`
+    # all set `done`, and this process waits on it alone.
+    done = threading.Event()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process decides when workers stop
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    threading.Thread(target=lambda: (stop.wait(), done.set()), name="traceml-worker-stop",
+                     daemon=True).start()
+    if death_signal:
+        _set_parent_death_signal(signal.SIGTERM)
+    if parent_pid is not None:
+        _watch_parent(parent_pid, done)
     logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s worker-{index} %(levelname)s %(name)s: %(message)s")
     from traceml.processor.decode import Decoder
     from traceml.processor.export_handler import ExportHandler
@@ -52,7 +103,7 @@ def _worker_main(config, grpc_addr, http_addr, shared_counts, ready, stop, index
         LOG.exception("ingest worker %d could not start", index)
         stop.set()
     ready.set()
-    stop.wait()
+    done.wait()
     for receiver in receivers:
         receiver.stop() if isinstance(receiver, HttpReceiver) else receiver.stop(grace_s=2.0)
     ingest.stop()
@@ -76,12 +127,15 @@ class WorkerPool:
         return self.shared_counts
 
     def start(self, grpc_addr, http_addr, timeout_s: float = 60.0) -> None:
+        # PR_SET_PDEATHSIG fires when the creating *thread* exits, so it is used only
+        # when the main thread starts the pool; the parent-pid watch works either way.
+        death_signal = threading.current_thread() is threading.main_thread()
         for index in range(self._count):
             ready = self._ctx.Event()
             proc = self._ctx.Process(
                 target=_worker_main, name=f"traceml-ingest-worker-{index + 1}", daemon=True,
                 args=(self._config, grpc_addr, http_addr, self.shared_counts, ready,
-                      self._stop, index + 1))
+                      self._stop, index + 1, os.getpid(), death_signal))
             proc.start()
             self._procs.append(proc)
             self._ready.append(ready)

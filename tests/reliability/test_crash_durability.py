@@ -47,10 +47,6 @@ def test_kill_9_mid_ingest_loses_no_acknowledged_step_and_replay_adds_nothing(tm
     assert h.stored_step_keys(proc.db, RUN) == stored
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: with --workers N, kill -9 of the main processor leaves its spawned "
-                   "ingest workers (and multiprocessing's resource tracker) running as orphans: they keep the "
-                   "ports (SO_REUSEPORT) and the database open with nobody to stop them "
-                   "(processor/workers.py _worker_main waits only on a multiprocessing Event)")
 def test_kill_9_of_a_multi_worker_processor_leaves_no_orphan_workers(tmp_path):
     import psutil
 

@@ -8,11 +8,13 @@ same readers with `latest=True` memory.
 """
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from pathlib import Path
 from typing import Sequence
 
+from traceml.schema import vocabulary as v
 from traceml.processor.reporting.inputs import RankMemory, RankTelemetry, RunMetadata, RunTelemetry
 
 
@@ -42,15 +44,36 @@ def read_rank_memory(conn: sqlite3.Connection, run_id: str, *, latest: bool) -> 
 
 
 def read_rank_telemetry(conn: sqlite3.Connection, run_id: str) -> list[RankTelemetry]:
-    """Per known rank: did it send its end marker, and what did it report dropped."""
-    finished = {rank: finished_time is not None for rank, finished_time in conn.execute(
-        "SELECT global_rank, finished_time FROM step_time_ranks WHERE run_id = ?", (run_id,))}
+    """Per known rank: did it send its end marker, what did it report dropped and lost, what is stored."""
+    finished: dict[int, bool] = {}
+    final: dict[int, dict] = {}
+    for rank, finished_time, counts in conn.execute(
+            "SELECT global_rank, finished_time, final_counts FROM step_time_ranks WHERE run_id = ?", (run_id,)):
+        finished[rank] = finished_time is not None
+        if finished_time is not None:
+            try:
+                final[rank] = json.loads(counts or "{}")
+            except ValueError:
+                final[rank] = {}
     drops: dict[int, dict[str, int]] = {}
     for rank, queue, dropped in conn.execute(
             "SELECT global_rank, queue, dropped FROM step_time_drops WHERE run_id = ?", (run_id,)):
         drops.setdefault(rank, {})[queue] = int(dropped)
+    stored = dict(conn.execute(
+        "SELECT global_rank, COUNT(DISTINCT step) FROM step_time_samples WHERE run_id = ? GROUP BY global_rank",
+        (run_id,)).fetchall())
     ranks = sorted(set(finished) | set(drops))
-    return [RankTelemetry(rank, finished.get(rank, False), drops.get(rank, {})) for rank in ranks]
+    return [RankTelemetry(rank, finished.get(rank, False), drops.get(rank, {}),
+                          export_failures=_count(final.get(rank), v.ATTR_RUN_END_EXPORT_FAILURES),
+                          steps_completed=_count(final.get(rank), v.ATTR_STEPS_COMPLETED),
+                          steps_stored=int(stored.get(rank, 0)))
+            for rank in ranks]
+
+
+def _count(counts: dict | None, key: str) -> int | None:
+    """A final count from a rank's end marker; None when the marker or the count is absent."""
+    value = None if counts is None else counts.get(key)
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 else None
 
 
 def read_run_facts(db_path: Path, run_id: str, *, latest_memory: bool) -> tuple[list[RankMemory], list[RankTelemetry]]:

@@ -211,12 +211,20 @@ def _telemetry_section(window: StepTimeWindow, telemetry: RunTelemetry) -> dict:
     for t in by_rank.values():
         for q, n in _dropped(t.dropped).items():
             totals[q] += n
+    # A gap in the stored steps is explained by queue drops and by the step records
+    # each rank's exporter lost to failed exports (both counted by the rank itself; the
+    # end marker carries its final counts, so these are known once a rank finished).
+    finished = sorted(r for r, t in by_rank.items() if t.finished)
     return {
         "ranks_expected": len(window.expected_ranks),
-        "ranks_finished": sorted(r for r, t in by_rank.items() if t.finished),
+        "ranks_finished": finished,
         "ranks_reporting_drops": sorted(r for r, t in by_rank.items() if any(_dropped(t.dropped).values())),
         "dropped": totals,
         "rejected_rows": {str(k): int(v) for k, v in sorted(telemetry.rejected_rows.items())},
+        "export_failures": {str(r): int(by_rank[r].export_failures) for r in finished
+                            if by_rank[r].export_failures is not None},
+        "steps_missing": {str(r): max(0, int(by_rank[r].steps_completed) - int(by_rank[r].steps_stored))
+                          for r in finished if by_rank[r].steps_completed is not None},
     }
 
 
@@ -320,6 +328,15 @@ def render_card(summary: Mapping) -> str:
         + ("; rejected rows " + ", ".join(f"{k} {v}" for k, v in tel["rejected_rows"].items())
            if tel["rejected_rows"] else "")
     )
+    failed = {r: n for r, n in tel["export_failures"].items() if n}
+    missing = {r: n for r, n in tel["steps_missing"].items() if n}
+    if failed or missing:
+        lines.append(
+            "Telemetry losses: "
+            + ("export failures " + ", ".join(f"r{r} {n} step(s)" for r, n in failed.items())
+               if failed else "no export failures")
+            + ("; steps missing " + ", ".join(f"r{r} {n}" for r, n in missing.items()) if missing else "")
+        )
     return "\n".join(lines) + "\n"
 
 

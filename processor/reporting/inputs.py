@@ -43,6 +43,11 @@ class RankTelemetry:
     global_rank: int
     finished: bool
     dropped: Mapping[str, int] = field(default_factory=dict)  # queue name -> records dropped
+    # From the rank's end marker (None before it arrives): step records its exporter
+    # lost to failed trace exports, and the steps it completed; plus the steps stored.
+    export_failures: int | None = None
+    steps_completed: int | None = None
+    steps_stored: int = 0
 
 
 @dataclass(frozen=True)

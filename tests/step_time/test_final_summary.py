@@ -123,6 +123,23 @@ def test_memory_and_telemetry_parts():
     jsonschema.validate(summary, SCHEMA)
 
 
+def test_telemetry_explains_missing_steps_by_export_failures():
+    telemetry = RunTelemetry(ranks=[
+        RankTelemetry(0, True, {"spans": 4}, export_failures=30, steps_completed=100, steps_stored=90),
+        RankTelemetry(1, True, {}, export_failures=0, steps_completed=100, steps_stored=100),
+        RankTelemetry(2, False, {}, steps_stored=40),  # no end marker: nothing known about its losses
+    ])
+    summary = project_final_summary(straggler_analysis(), RunMetadata("run-x"), telemetry=telemetry)
+    tel = summary["telemetry"]
+    assert tel["export_failures"] == {"0": 30, "1": 0}
+    assert tel["steps_missing"] == {"0": 10, "1": 0}
+    assert "export failures r0 30 step(s)" in summary["card"] and "steps missing r0 10" in summary["card"]
+    jsonschema.validate(summary, SCHEMA)
+    quiet = project_final_summary(straggler_analysis(), RunMetadata("run-x"))
+    assert quiet["telemetry"]["export_failures"] == {} and quiet["telemetry"]["steps_missing"] == {}
+    assert "Telemetry losses" not in quiet["card"]
+
+
 def test_memory_unavailable_is_null_not_zero():
     summary = project_final_summary(straggler_analysis(), RunMetadata("run-x"),
                                     memory=[RankMemory(0, "cpu", None, None)])

@@ -12,11 +12,14 @@ See docs/instrumentation.md for modes, lifecycle rules and misuse behaviour.
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import threading
+import time
 
 _get_ident = threading.get_ident
+_perf_ns = time.perf_counter_ns
 
 from traceml.schema.vocabulary import (
     RAW_BACKWARD,
@@ -325,10 +328,18 @@ class trace_step:
         if tracker._cuda:
             tracker.reset()
         region = _step_region  # reused: trace_step never nests
-        region._state = 0
         region._g0 = None
-        region._gpu = _timing._gpu_default
-        region.__enter__()
+        gpu = region._gpu = _timing._gpu_default
+        opened = se.open_regions
+        if gpu or RAW_STEP_TIME in opened:
+            region._state = 0
+            region.__enter__()
+            return self
+        # timed_region.__enter__'s CPU fast path inline (recording and thread checked above).
+        opened[RAW_STEP_TIME] = region
+        region._capture = self._capture
+        region._state = 1
+        region._t0 = _perf_ns()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -339,7 +350,22 @@ class trace_step:
         if _open_step is not self:
             return False  # superseded (see __enter__): its capture already ended
         _open_step = None
-        _step_region.__exit__(exc_type, exc, tb)
+        t1 = _perf_ns()
+        region = _step_region
+        capture = region._capture
+        if (exc_type is None and region._state == 1 and region._g0 is None
+                and capture is _se._active and not self._tracker._cuda):
+            # CPU fast path: what region.__exit__(), tracker.read() and
+            # complete_step_capture() do, in that one call.
+            region._state = 3
+            region._capture = None
+            opened = _se.open_regions
+            if opened.get(RAW_STEP_TIME) is region:
+                del opened[RAW_STEP_TIME]
+            complete_step_capture(capture, (RAW_STEP_TIME, region._t0, t1, None, None),
+                                  self._tracker.device)
+            return False
+        region.__exit__(exc_type, exc, tb)
         if exc_type is not None:
             abort_step_capture(self._capture)
             return False
@@ -372,22 +398,20 @@ def wrap_optimizer(optimizer):
     return optimizer
 
 
-def timed_forward() -> timed_region:
-    return timed_region(RAW_FORWARD)
+# The four region shorthands are partials of timed_region (a C-level call): with `with`
+# inside every step, a Python wrapper function would add one frame per region.
+timed_forward = functools.partial(timed_region, RAW_FORWARD)
+timed_forward.__doc__ = "`with traceml.timed_forward(): out = model(batch)` (a new timed_region)."
 
+timed_backward = functools.partial(timed_region, RAW_BACKWARD)
+timed_backward.__doc__ = "`with traceml.timed_backward(): loss.backward()` (a new timed_region)."
 
-def timed_backward() -> timed_region:
-    """`with traceml.timed_backward(): loss.backward()`."""
-    return timed_region(RAW_BACKWARD)
+timed_h2d = functools.partial(timed_region, RAW_H2D)
+timed_h2d.__doc__ = ("`with traceml.timed_h2d(): batch = batch.to(device, non_blocking=True)` "
+                     "(a new timed_region).")
 
-
-def timed_h2d() -> timed_region:
-    """`with traceml.timed_h2d(): batch = batch.to(device, non_blocking=True)`."""
-    return timed_region(RAW_H2D)
-
-
-def timed_optimizer_step() -> timed_region:
-    return timed_region(RAW_OPTIMIZER_STEP)
+timed_optimizer_step = functools.partial(timed_region, RAW_OPTIMIZER_STEP)
+timed_optimizer_step.__doc__ = "`with traceml.timed_optimizer_step(): optimizer.step()` (a new timed_region)."
 
 
 def _reset_for_tests() -> None:

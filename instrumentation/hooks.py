@@ -103,6 +103,15 @@ class HookRegionTimer:
         else:
             se.record_timing_event(event, capture)
 
+    def abandon(self) -> None:
+        """Close the call opened by `pre` without recording it (e.g. the epoch-ending `next()`)."""
+        depth = self._depth
+        if depth > 1:
+            self._depth = depth - 1
+        elif depth == 1:
+            self._depth = 0
+            self._region.discard()
+
 
 class ForwardTimer(HookRegionTimer):
     __slots__ = ()
@@ -176,26 +185,35 @@ def remove_optimizer_instrumentation(optimizer) -> None:
         pass
 
 
-def timed_next(next_fn, *args):
-    """Call `next_fn(*args)` as one input-wait region; epoch-end StopIteration is not recorded.
+def timed_next_method(orig_next):
+    """A `__next__` that times each `orig_next(self)` as input wait; epoch-end StopIteration is not recorded.
 
     On CUDA the region also gets an event pair: the GPU time between them is how
     long the stream sat idle waiting for the batch (the processor's GPU-clock Input
-    Wait); the CPU time is the host's fetch time.
+    Wait); the CPU time is the host's fetch time. Honours `dataloader_timing_scope`.
     """
-    if not _timing._dataloader_timing or not _se._recording:
-        return next_fn(*args)
-    region = timed_region(RAW_DATALOADER_NEXT).start()
-    try:
-        item = next_fn(*args)
-    except StopIteration:
-        region.discard()
-        raise
-    except BaseException:
-        region.stop()
-        raise
-    region.stop()
-    return item
+    shared = HookRegionTimer(RAW_DATALOADER_NEXT)
+
+    def __next__(self):
+        if not _timing._dataloader_timing or not _se._recording:
+            return orig_next(self)
+        # The shared timer on the training thread; another thread gets its own (its
+        # region counts the foreign thread) and never touches the shared one's depth.
+        timer = shared if _get_ident() == _se._owner else HookRegionTimer(RAW_DATALOADER_NEXT)
+        timer.pre()
+        try:
+            item = orig_next(self)
+        except StopIteration:
+            timer.abandon()
+            raise
+        except BaseException:
+            timer.post()
+            raise
+        timer.post()
+        return item
+
+    __next__.__wrapped__ = orig_next
+    return __next__
 
 
 class TimedIterable:
@@ -278,25 +296,25 @@ def timed_h2d() -> timed_region:
     return timed_region(RAW_H2D)
 
 
-def _is_cuda_target(target) -> bool:
-    if target is None:
-        return False
-    if isinstance(target, str):
-        return target.startswith("cuda")
-    kind = getattr(target, "type", None)  # torch.device
-    if isinstance(kind, str):
-        return kind == "cuda"
-    if isinstance(target, int) and not isinstance(target, bool):
-        return True  # a bare int is a CUDA device ordinal
-    is_cuda = getattr(target, "is_cuda", None)  # a tensor: .to(other) takes its device
-    return is_cuda is True
-
-
 def moves_host_to_device(tensor, args: tuple, kwargs: dict) -> bool:
-    """True when `tensor.to(*args, **kwargs)` copies a CPU tensor onto a CUDA device."""
-    target = kwargs.get("device")
-    if target is None and args:
+    """True when `tensor.to(*args, **kwargs)` copies a CPU tensor onto a CUDA device.
+
+    Runs on every `Tensor.to` call in automatic mode, so it is one function (no
+    helper call); a string target, the common case, is decided first.
+    """
+    target = kwargs.get("device") if kwargs else None
+    if target is None:
+        if not args:
+            return False
         target = args[0]
-    if not _is_cuda_target(target):
-        return False
-    return getattr(tensor, "is_cpu", False) is True
+    if isinstance(target, str):
+        is_cuda = target.startswith("cuda")
+    else:
+        kind = getattr(target, "type", None)  # torch.device
+        if isinstance(kind, str):
+            is_cuda = kind == "cuda"
+        elif isinstance(target, int) and not isinstance(target, bool):
+            is_cuda = True  # a bare int is a CUDA device ordinal
+        else:
+            is_cuda = getattr(target, "is_cuda", None) is True  # a tensor: .to(other) takes its device
+    return is_cuda and getattr(tensor, "is_cpu", False) is True

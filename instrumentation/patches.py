@@ -19,6 +19,8 @@ from . import hooks as _hooks
 from . import step_events as _se
 from .timing import timed_region
 
+_get_ident = threading.get_ident
+
 _lock = threading.Lock()
 _installed = False
 _originals: list = []  # (owner, attribute, original)
@@ -55,20 +57,23 @@ def install() -> bool:
         iter_cls = _dl._BaseDataLoaderIter
         orig_next = iter_cls.__dict__["__next__"]
 
-        def __next__(self):
-            return _hooks.timed_next(orig_next, self)
-
-        __next__.__wrapped__ = orig_next
-        _patch(iter_cls, "__next__", __next__)
+        _patch(iter_cls, "__next__", _hooks.timed_next_method(orig_next))
 
         tensor_cls = torch.Tensor
         orig_backward = tensor_cls.__dict__["backward"]
+        backward_timer = _hooks.HookRegionTimer(RAW_BACKWARD)
 
         def backward(self, *args, **kwargs):
             if not _se._recording:
                 return orig_backward(self, *args, **kwargs)
-            with timed_region(RAW_BACKWARD):
+            # One reused timer on the training thread (its pre/post are the region, two
+            # calls in all); another thread gets its own (its region counts the thread).
+            timer = backward_timer if _get_ident() == _se._owner else _hooks.HookRegionTimer(RAW_BACKWARD)
+            timer.pre()
+            try:
                 return orig_backward(self, *args, **kwargs)
+            finally:
+                timer.post()
 
         backward.__wrapped__ = orig_backward
         _patch(tensor_cls, "backward", backward)

@@ -281,19 +281,38 @@ def _close_boundary(warn: bool = True) -> None:
                   "boundary; they will be discarded when they close")
 
 
-def complete_step_capture(capture: StepCapture | None = None) -> int | None:
+def complete_step_capture(capture: StepCapture | None = None, last_event: tuple | None = None,
+                          memory_device: str | None = None) -> int | None:
     """Detach the active capture, number it, and publish its timing batch and memory.
 
     Returns the step number, or None when nothing was published: `capture` is given
     and no longer active (already completed/aborted), the capture is empty, or
     recording is off (the capture is then discarded).
+
+    `last_event` and `memory_device` serve `trace_step`'s CPU fast path, which ends
+    a step in this one call: `last_event` (the step's own, already closed timing
+    event) is appended first, and `memory_device` (a non-CUDA device label) records
+    a memory reading without peaks, as `StepMemoryTracker.read()` does off CUDA.
+    Both are ignored when `capture` is not the active capture.
     """
-    global _active, _next_step
+    global _active, _next_step, _events_dropped
     active = _active
     if active is None or (capture is not None and capture is not active):
         return None
     _active = None
     active.detached = True
+    if last_event is not None and _recording:
+        if len(active.events) < MAX_EVENTS_PER_CAPTURE:
+            active.events.append(last_event)
+        else:
+            _events_dropped += 1
+    if memory_device is not None and _recording:
+        # MemoryReading(...) without its __init__ frame; peaks are unavailable off CUDA.
+        reading = _new(MemoryReading)
+        reading.device = memory_device
+        reading.peak_allocated_bytes = reading.peak_reserved_bytes = None
+        reading.time_ns = time.time_ns()
+        active.memory = reading
     if open_regions:
         _close_boundary()
     if not _recording or (not active.events and active.memory is None):

@@ -338,3 +338,50 @@ def test_auto_mode_without_torch_falls_back_to_manual(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["ok", "1"]
+
+
+def test_auto_mode_dataloader_on_another_thread_leaves_the_training_threads_input_wait_intact(sink):
+    """The patched `next()` reuses one timer on the training thread; another thread's
+    concurrent `next()` must neither hold back nor close the training thread's region."""
+    import threading
+
+    traceml.init(mode="auto")
+    inside, release = threading.Event(), threading.Event()
+
+    class Blocking(torch.utils.data.Dataset):
+        def __len__(self):
+            return 1
+
+        def __getitem__(self, index):
+            inside.set()
+            release.wait(30)
+            return torch.zeros(1)
+
+    foreign_loader = torch.utils.data.DataLoader(Blocking())
+    foreign = threading.Thread(target=lambda: next(iter(foreign_loader)))
+
+    class StartsTheOtherThread(torch.utils.data.Dataset):
+        def __len__(self):
+            return 1
+
+        def __getitem__(self, index):
+            foreign.start()
+            if not inside.wait(30):
+                raise RuntimeError("the other thread never reached its next()")
+            return torch.zeros(1)
+
+    try:
+        next(iter(torch.utils.data.DataLoader(StartsTheOtherThread())))
+        # Recorded as soon as the training thread's next() returned, while the other
+        # thread's next() is still open.
+        assert [event[0] for event in se._active.events] == [RAW_DATALOADER_NEXT]
+    finally:
+        release.set()
+        foreign.join(30)
+    model = _tiny()[0]
+    with traceml.trace_step(model):
+        pass
+    traceml.shutdown()
+    _flush()
+    assert _counts(sink.steps[0]) == {RAW_DATALOADER_NEXT: 1, RAW_STEP_TIME: 1}
+    assert traceml.dropped_counts()["foreign_thread"] == 1

@@ -60,6 +60,9 @@ def gunzip_capped(data: bytes, cap: int = MAX_BODY_BYTES) -> bytes:
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "traceml-processor"
+    # Headers and body go out as two writes; with Nagle on, the body waits for the
+    # client's (delayed, ~40 ms) ACK of the headers. TCP_NODELAY sends both at once.
+    disable_nagle_algorithm = True
     server: "_Server"
 
     def log_message(self, fmt, *args):  # route http.server chatter to logging at debug

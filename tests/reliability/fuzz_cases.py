@@ -399,7 +399,7 @@ def to_otlp_json(request) -> bytes:
 class OtlpClient:
     """One gRPC channel and one keep-alive HTTP connection, reused for every request."""
 
-    def __init__(self, grpc_port: int, http_port: int, ledger: Ledger | None = None, *, quickack: bool = True):
+    def __init__(self, grpc_port: int, http_port: int, ledger: Ledger | None = None, *, quickack: bool = False):
         self.http_port = http_port
         self.channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}", options=[
             ("grpc.max_send_message_length", 256 * 1024 * 1024),
@@ -463,8 +463,9 @@ class OtlpClient:
             self.conn.request(method, path, body=body, headers={"Content-Type": content_type, **(headers or {})},
                               encode_chunked=chunked)
             if self.quickack:
-                # Ack the answer's header segment at once: the receiver writes headers and body
-                # in two segments, and Nagle + delayed ACK would stall each answer ~40 ms.
+                # Ack the answer's header segment at once. Not needed since the receiver sets
+                # TCP_NODELAY (the ~40 ms Nagle + delayed-ACK stall is gone); kept off by default
+                # so that benchmarks/bench_fuzz.py can show both clients answer equally fast.
                 self.conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
             response = self.conn.getresponse()
             data = response.read()

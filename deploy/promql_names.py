@@ -47,6 +47,7 @@ class Names:
     analysis_duration: str = metric("traceml.processor.analysis.duration")
     run_lag: str = metric("traceml.processor.run.lag")
     runs: str = metric("traceml.processor.runs")
+    export_failures: str = metric("traceml.processor.export.failures")
 
 
 @dataclass(frozen=True)

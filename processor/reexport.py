@@ -281,7 +281,7 @@ class OtlpMetricsPusher:
                 if attempt < len(delays) and not self._stop.is_set():
                     if self._stop.wait(delays[attempt]):
                         break
-        self.failed += 1
+        self.failed += 1  # the `traceml.processor.export.failures` self-metric (service.points)
         LOG.warning("summary metrics export to %s failed: %s", self.config.endpoint, self.last_error)
         return False
 

@@ -132,6 +132,9 @@ class ProcessorService:
         for (outcome, signal), count in sorted(self.stats.snapshot().items()):
             points.append(Point("traceml.processor.records", {v.ATTR_OUTCOME: outcome, v.ATTR_SIGNAL: signal},
                                 float(count)))
+        # Lost summary pushes, on /metrics and downstream; always present (0 when not pushing).
+        points.append(Point("traceml.processor.export.failures", {},
+                            float(0 if self.pusher is None else self.pusher.failed)))
         return points
 
     def readiness(self) -> tuple[bool, str]:

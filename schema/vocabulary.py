@@ -255,6 +255,9 @@ PROCESSOR_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("traceml.processor.run.lag", "s",
                "Seconds between now and the newest step end received for a run.", (ATTR_RUN_ID,)),
     MetricSpec("traceml.processor.runs", "{run}", "Runs currently tracked.", ()),
+    MetricSpec("traceml.processor.export.failures", "{request}",
+               "Summary-metric pushes to the OTLP export endpoint that failed after their retries.",
+               (), kind="counter"),
 )
 
 # What each rank's exporter sends (step-keyed raw input; see docs/wire-format.md).

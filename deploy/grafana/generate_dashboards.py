@@ -233,6 +233,11 @@ def processor_dashboard() -> dash.Dashboard:
                            q(f"{M.analysis_duration}", f"{{{{{L.run}}}}} {{{{instance}}}}")))
         .with_panel(series("Runs per replica", "Runs tracked by each processor replica (scale-out: runs are "
                            "sharded by run id).", "none", q(f"{M.runs}", "{{instance}}")))
+        .with_panel(series("Summary export failures", "Pushes of the summary metrics to the OTLP export "
+                           "endpoint that failed after their retries, per replica (always 0 without "
+                           "--export-endpoint); the downstream backend misses those intervals.", "none",
+                           q(f"increase({M.export_failures}[$__rate_interval])", "{{instance}}"),
+                           steps=((None, "green"), (1, "red"))))
     )
 
 

@@ -91,6 +91,8 @@ def test_destination_down_then_up_ingest_continues_and_the_gap_is_reported(tmp_p
         during = step
         assert h.stored_step_keys(config.db, RUN) == {(RUN, r, s) for r in (0, 1) for s in range(1, during + 1)}
         assert service.pusher.sent == 0 and service.pusher.last_error
+        # The lost pushes are a self-metric (on /metrics and in the next successful push).
+        assert {p.name: p.value for p in service.points()}["traceml.processor.export.failures"] >= 2
         assert any("summary metrics export" in r.getMessage() and "failed" in r.getMessage()
                    for r in logged.records)
         failed_during_outage = service.pusher.failed
@@ -103,6 +105,9 @@ def test_destination_down_then_up_ingest_continues_and_the_gap_is_reported(tmp_p
         assert h.wait_until(lambda: accepted_records(receiver) >= 2 * step, 30, 0.2)
         names = {metric.name for _r, metric, _p in receiver.metric_points()}
         assert {"traceml.window.steps", "traceml.processor.run.lag"} <= names, names
+        pushed_failures = [p.as_double or p.as_int for _r, metric, p in receiver.metric_points()
+                           if metric.name == "traceml.processor.export.failures"]
+        assert pushed_failures and max(pushed_failures) >= failed_during_outage, pushed_failures
         print(f"\npushes failed during the outage: {failed_during_outage}; sent after: {service.pusher.sent}; "
               f"steps ingested during the outage: {2 * during}")
     finally:

@@ -17,6 +17,8 @@ Run it through `traceml demo`, or by hand: `traceml run --nproc-per-node 2 demo_
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 
 SCENARIOS = ("balanced", "input-bound", "input-straggler", "compute-straggler")
@@ -157,3 +159,11 @@ def main(argv=None) -> None:
 
 if __name__ == "__main__":
     main()
+    import traceml
+
+    traceml.shutdown()  # flush this rank's telemetry now (the bootstrap would do it after us)
+    # torch 2.13 DDP on gloo can abort ("terminate called without an active exception") in interpreter
+    # teardown on a loaded CPU, with or without TraceML; all output is flushed, so leave without it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

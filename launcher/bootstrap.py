@@ -13,11 +13,14 @@ failures are reported on stderr and never stop training.
 """
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import os
 import runpy
 import sys
 from typing import Sequence
+
+from traceml.schema.environment import TRACEML_EXIT_AFTER_FLUSH, env_flag
 
 _PREFIX = "[traceml]"
 
@@ -99,6 +102,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         _run_target(argv)
     finally:
         _shutdown()
+    if env_flag(os.environ.get(TRACEML_EXIT_AFTER_FLUSH)):
+        _exit_now()
+
+
+def _exit_now() -> None:
+    """Leave like a normal exit, minus interpreter teardown (see TRACEML_EXIT_AFTER_FLUSH)."""
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

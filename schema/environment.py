@@ -52,6 +52,11 @@ TRACEML_EXPORT_QUEUE_SIZE = "TRACEML_EXPORT_QUEUE_SIZE"
 """Finished steps (and, separately, memory snapshots) the exporter buffers; beyond it new ones are dropped and counted (default 8192)."""
 TRACEML_LAUNCHED = "TRACEML_LAUNCHED"
 """Set by `traceml run` in each rank: enable instrumentation without code changes."""
+TRACEML_EXIT_AFTER_FLUSH = "TRACEML_EXIT_AFTER_FLUSH"
+"""Opt-in for `traceml run`: once the script has returned and telemetry is flushed, run the
+atexit handlers, flush stdio and leave with os._exit, skipping interpreter teardown (where
+torch 2.13 DDP on gloo can abort under CPU load). Unclosed files are not finalised: opt in
+only for scripts that close what they open."""
 
 # --- TraceML processor ----------------------------------------------------------
 TRACEML_PROCESSOR_DB = "TRACEML_PROCESSOR_DB"

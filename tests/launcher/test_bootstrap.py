@@ -62,3 +62,17 @@ def test_kill_switch_leaves_the_script_running_without_traceml(tmp_path):
     out = _bootstrap([str(script)], tmp_path, TRACEML_DISABLE="1")
     assert out.returncode == 0, out.stderr
     assert "initialized False" in out.stdout
+
+
+def test_exit_after_flush_runs_atexit_handlers_and_keeps_failure_statuses(tmp_path):
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE + textwrap.dedent("""
+        import atexit
+        atexit.register(lambda: print("atexit ran", flush=True))
+        print("unflushed tail", end="")
+    """))
+    out = _bootstrap([str(script)], tmp_path, TRACEML_EXIT_AFTER_FLUSH="1")
+    assert out.returncode == 0, out.stderr
+    assert "unflushed tail" in out.stdout and "atexit ran" in out.stdout
+    failed = _bootstrap([str(script), "--exit", "5"], tmp_path, TRACEML_EXIT_AFTER_FLUSH="1")
+    assert failed.returncode == 5, failed.stderr

@@ -98,14 +98,14 @@ def test_sigterm_reaches_the_ranks_and_the_run_is_still_summarised(workdir):
 
 
 def test_hugging_face_trainer_script_is_instrumented_without_code_changes(workdir):
-    run = traceml(["run", "--nproc-per-node", "2", str(SCRIPTS / "hf_trainer.py"), "8"], workdir)
+    run = traceml(["run", "--nproc-per-node", "2", str(SCRIPTS / "hf_trainer.py"), "8"], workdir, TRACEML_EXIT_AFTER_FLUSH="1")
     assert run.returncode == 0, run.output[-3000:]
     assert _ranks_and_steps(run.summary) == {0: 8, 1: 8}  # one TraceML step per optimizer step
     assert run.summary["global"]["median"]["forward_ms"]["value"] is not None
 
 
 def test_lightning_script_is_instrumented_without_code_changes(workdir):
-    run = traceml(["run", "--nproc-per-node", "2", str(SCRIPTS / "lightning_fit.py"), "8", "2"], workdir)
+    run = traceml(["run", "--nproc-per-node", "2", str(SCRIPTS / "lightning_fit.py"), "8", "2"], workdir, TRACEML_EXIT_AFTER_FLUSH="1")
     assert run.returncode == 0, run.output[-3000:]
     assert _ranks_and_steps(run.summary) == {0: 8, 1: 8}
     assert run.summary["global"]["median"]["backward_ms"]["value"] is not None

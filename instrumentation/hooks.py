@@ -136,17 +136,23 @@ def instrument_forward(module) -> ForwardTimer:
     return timer
 
 
-def remove_forward_instrumentation(module) -> None:
-    timer = getattr(module, _FORWARD_ATTR, None)
+def _remove_timer(target, attr: str) -> None:
+    """Remove the hooks of the timer stored on `target` under `attr`, then the attribute itself."""
+    timer = getattr(target, attr, None)
     if timer is None:
         return
     for handle in timer.handles:
         handle.remove()
     timer.handles.clear()
     try:
-        object.__delattr__(module, _FORWARD_ATTR)
+        object.__delattr__(target, attr)  # bypasses nn.Module.__delattr__, which only knows its own registries
     except AttributeError:
         pass
+
+
+def remove_forward_instrumentation(module) -> None:
+    """Undo `instrument_forward` (remove both forward hooks)."""
+    _remove_timer(module, _FORWARD_ATTR)
 
 
 class OptimizerTimer(HookRegionTimer):
@@ -173,16 +179,7 @@ def instrument_optimizer(optimizer) -> OptimizerTimer:
 
 def remove_optimizer_instrumentation(optimizer) -> None:
     """Undo `instrument_optimizer` (remove both step hooks)."""
-    timer = getattr(optimizer, _OPTIMIZER_ATTR, None)
-    if timer is None:
-        return
-    for handle in timer.handles:
-        handle.remove()
-    timer.handles.clear()
-    try:
-        delattr(optimizer, _OPTIMIZER_ATTR)
-    except AttributeError:
-        pass
+    _remove_timer(optimizer, _OPTIMIZER_ATTR)
 
 
 def timed_next_method(orig_next):

@@ -125,14 +125,22 @@ _FORWARD_ATTR = "_traceml_forward_timer"
 
 def instrument_forward(module) -> ForwardTimer:
     """Time every call of `module` (only this module, not its children). Idempotent."""
-    timer = getattr(module, _FORWARD_ATTR, None)
+    # always_call: the closing hook runs even when forward raises, so nothing leaks.
+    return _install_timer(module, _FORWARD_ATTR, ForwardTimer, lambda t: (
+        module.register_forward_pre_hook(t.pre), module.register_forward_hook(t.post, always_call=True)))
+
+
+def _install_timer(target, attr: str, timer_cls, register) -> HookRegionTimer:
+    """Store a `timer_cls` on `target` under `attr` with the hook handles `register(timer)` returns.
+
+    Idempotent: a timer already installed (with live hooks) is returned as it is.
+    """
+    timer = getattr(target, attr, None)
     if timer is not None and timer.handles:
         return timer
-    timer = ForwardTimer()
-    timer.handles.append(module.register_forward_pre_hook(timer.pre))
-    # always_call: the closing hook runs even when forward raises, so nothing leaks.
-    timer.handles.append(module.register_forward_hook(timer.post, always_call=True))
-    object.__setattr__(module, _FORWARD_ATTR, timer)
+    timer = timer_cls()
+    timer.handles.extend(register(timer))
+    object.__setattr__(target, attr, timer)  # bypasses nn.Module.__setattr__ (not a submodule/parameter)
     return timer
 
 
@@ -167,14 +175,8 @@ _OPTIMIZER_ATTR = "_traceml_optimizer_timer"
 
 def instrument_optimizer(optimizer) -> OptimizerTimer:
     """Time `optimizer.step()` through its own step hooks. Idempotent."""
-    timer = getattr(optimizer, _OPTIMIZER_ATTR, None)
-    if timer is not None and timer.handles:
-        return timer
-    timer = OptimizerTimer()
-    timer.handles.append(optimizer.register_step_pre_hook(timer.pre))
-    timer.handles.append(optimizer.register_step_post_hook(timer.post))
-    setattr(optimizer, _OPTIMIZER_ATTR, timer)
-    return timer
+    return _install_timer(optimizer, _OPTIMIZER_ATTR, OptimizerTimer, lambda t: (
+        optimizer.register_step_pre_hook(t.pre), optimizer.register_step_post_hook(t.post)))
 
 
 def remove_optimizer_instrumentation(optimizer) -> None:

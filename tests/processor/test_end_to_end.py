@@ -145,6 +145,12 @@ def train_two_ranks(folder: Path, run_id: str, endpoints: dict[int, tuple[str, s
 
 def assert_diagnosed_in_prometheus(prometheus: PrometheusServer, run_id: str):
     sel = f'traceml_run_id="{run_id}"'
+    # The ranks have exited and flushed; the processor's re-export and Prometheus'
+    # scrape follow on their own intervals. Wait (bounded) until a scrape holds the
+    # full common window, then every figure below describes the whole run.
+    prometheus.wait_for(f'traceml_window_steps{{{sel}}}',
+                        lambda r: len(r) == 1 and float(r[0]["value"][1]) >= 20)
+    assert prometheus.query_value(f'traceml_window_ranks{{{sel}}}') == 2
     straggler = prometheus.wait_for(
         f'traceml_diagnosis_active_ratio{{{sel},traceml_diagnosis_kind="INPUT_STRAGGLER"}}')
     assert straggler[0]["metric"]["traceml_diagnosis_culprit_rank"] == "0"
@@ -158,8 +164,6 @@ def assert_diagnosed_in_prometheus(prometheus: PrometheusServer, run_id: str):
         f'traceml_rank_metric_seconds{{{sel},traceml_metric="input_wait",traceml_rank="0"}}'
         f' > ignoring(traceml_rank) traceml_rank_metric_seconds{{{sel},traceml_metric="input_wait",traceml_rank="1"}}')
     assert len(slower) == 1
-    assert prometheus.query_value(f'traceml_window_ranks{{{sel}}}') == 2
-    assert prometheus.query_value(f'traceml_window_steps{{{sel}}}') >= 20
     # Low cardinality: no re-exported series carries a step label.
     assert prometheus.query(f'{{{sel},traceml_step!=""}}') == []
 

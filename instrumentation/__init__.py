@@ -12,7 +12,6 @@ See docs/instrumentation.md for modes, lifecycle rules and misuse behaviour.
 from __future__ import annotations
 
 import atexit
-import functools
 import logging
 import os
 import threading
@@ -280,7 +279,7 @@ class trace_step:
     (A class rather than a function returning one: one call less per step.)
     """
 
-    __slots__ = ("_model", "_capture", "_tracker", "_active")
+    __slots__ = ("_model", "_capture", "_tracker", "_active", "_t0", "_region")
 
     def __init__(self, model=None) -> None:
         self._model = model
@@ -327,19 +326,16 @@ class trace_step:
         self._capture = capture if capture is not None else se.current_capture()
         if tracker._cuda:
             tracker.reset()
-        region = _step_region  # reused: trace_step never nests
-        region._g0 = None
-        gpu = region._gpu = _timing._gpu_default
-        opened = se.open_regions
-        if gpu or RAW_STEP_TIME in opened:
+        if tracker._cuda or _timing._gpu_default or se.held:
+            region = self._region = _step_region  # reused: trace_step never nests
             region._state = 0
+            region._g0 = None
+            region._gpu = None
             region.__enter__()
             return self
-        # timed_region.__enter__'s CPU fast path inline (recording and thread checked above).
-        opened[RAW_STEP_TIME] = region
-        region._capture = self._capture
-        region._state = 1
-        region._t0 = _perf_ns()
+        # CPU: the step's own region is just its start stamp (see __exit__).
+        self._region = None
+        self._t0 = _perf_ns()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -351,19 +347,15 @@ class trace_step:
             return False  # superseded (see __enter__): its capture already ended
         _open_step = None
         t1 = _perf_ns()
-        region = _step_region
-        capture = region._capture
-        if (exc_type is None and region._state == 1 and region._g0 is None
-                and capture is _se._active and not self._tracker._cuda):
-            # CPU fast path: what region.__exit__(), tracker.read() and
-            # complete_step_capture() do, in that one call.
-            region._state = 3
-            region._capture = None
-            opened = _se.open_regions
-            if opened.get(RAW_STEP_TIME) is region:
-                del opened[RAW_STEP_TIME]
-            complete_step_capture(capture, (RAW_STEP_TIME, region._t0, t1, None, None),
-                                  self._tracker.device)
+        region = self._region
+        if region is None:
+            # CPU: the step's event, a memory reading without peaks (as the tracker's
+            # read() gives off CUDA) and the completion, in one call.
+            if exc_type is None:
+                complete_step_capture(self._capture, (RAW_STEP_TIME, self._t0, t1, None, None),
+                                      self._tracker.device)
+            else:
+                abort_step_capture(self._capture)
             return False
         region.__exit__(exc_type, exc, tb)
         if exc_type is not None:
@@ -398,19 +390,19 @@ def wrap_optimizer(optimizer):
     return optimizer
 
 
-# The four region shorthands are partials of timed_region (a C-level call): with `with`
-# inside every step, a Python wrapper function would add one frame per region.
-timed_forward = functools.partial(timed_region, RAW_FORWARD)
+# The four region shorthands are timed_region classes without a Python __init__: with
+# `with` inside every step, a Python constructor or wrapper would add one frame per region.
+timed_forward = _timing.region_type(RAW_FORWARD, "timed_forward")
 timed_forward.__doc__ = "`with traceml.timed_forward(): out = model(batch)` (a new timed_region)."
 
-timed_backward = functools.partial(timed_region, RAW_BACKWARD)
+timed_backward = _timing.region_type(RAW_BACKWARD, "timed_backward")
 timed_backward.__doc__ = "`with traceml.timed_backward(): loss.backward()` (a new timed_region)."
 
-timed_h2d = functools.partial(timed_region, RAW_H2D)
+timed_h2d = _timing.region_type(RAW_H2D, "timed_h2d")
 timed_h2d.__doc__ = ("`with traceml.timed_h2d(): batch = batch.to(device, non_blocking=True)` "
                      "(a new timed_region).")
 
-timed_optimizer_step = functools.partial(timed_region, RAW_OPTIMIZER_STEP)
+timed_optimizer_step = _timing.region_type(RAW_OPTIMIZER_STEP, "timed_optimizer_step")
 timed_optimizer_step.__doc__ = "`with traceml.timed_optimizer_step(): optimizer.step()` (a new timed_region)."
 
 

@@ -10,10 +10,8 @@ import threading
 import time
 
 from traceml.schema.vocabulary import (
-    RAW_BACKWARD,
     RAW_DATALOADER_NEXT,
     RAW_FORWARD,
-    RAW_H2D,
     RAW_OPTIMIZER_STEP,
 )
 
@@ -45,7 +43,7 @@ class HookRegionTimer:
 
     # pre/post (and _TimedIterator.__next__) repeat the CPU fast paths of
     # timed_region.__enter__/__exit__ inline, for the common case (CPU clock, the
-    # training thread, no open region of that name); anything else calls them.
+    # training thread, no hold); anything else calls them.
     # These run every step, and inside a real step each Python call costs about a
     # microsecond of the training thread's time (cold caches), several times its
     # hot-loop cost.
@@ -61,17 +59,14 @@ class HookRegionTimer:
             region.discard()  # stale: its post-hook never ran
         self._depth = 1
         region._g0 = None
-        gpu = _timing._gpu_default if not _timing._gpu_undecided else _timing._cuda_ready()
-        region._gpu = gpu
-        raw = region.raw_event
-        opened = se.open_regions
-        if not gpu and _get_ident() == se._owner and raw not in opened:
-            opened[raw] = region
+        if not (_timing._gpu_default or _timing._gpu_undecided) and _get_ident() == se._owner \
+                and not se.held:
             capture = se._active
             region._capture = capture if capture is not None else se.current_capture()
             region._state = 1
             region._t0 = _perf_ns()
             return None
+        region._gpu = _timing.default_gpu()
         region._state = 0
         region.__enter__()
         return None
@@ -90,15 +85,11 @@ class HookRegionTimer:
             region.__exit__()
             return
         region._state = 3
-        se = _se
-        raw = region.raw_event
-        opened = se.open_regions
-        if opened.get(raw) is region:
-            del opened[raw]
         capture = region._capture
         region._capture = None
-        event = (raw, region._t0, t1, None, None)
-        if se._recording and capture is se._active and len(capture.events) < se.MAX_EVENTS_PER_CAPTURE:
+        event = (region.raw_event, region._t0, t1, None, None)
+        se = _se
+        if capture is se._active and len(capture.events) < se.MAX_EVENTS_PER_CAPTURE:
             capture.events.append(event)
         else:
             se.record_timing_event(event, capture)
@@ -248,17 +239,14 @@ class _TimedIterator:
         # Open: the CPU fast path of timed_region.__enter__ inline (as in HookRegionTimer.pre).
         se = _se
         region._g0 = None
-        gpu = _timing._gpu_default if not _timing._gpu_undecided else _timing._cuda_ready()
-        region._gpu = gpu
-        raw = region.raw_event
-        opened = se.open_regions
-        if not gpu and _get_ident() == se._owner and raw not in opened:
-            opened[raw] = region
+        if not (_timing._gpu_default or _timing._gpu_undecided) and _get_ident() == se._owner \
+                and not se.held:
             capture = se._active
             region._capture = capture if capture is not None else se.current_capture()
             region._state = 1
             region._t0 = _perf_ns()
         else:
+            region._gpu = _timing.default_gpu()
             region._state = 0
             region.__enter__()
         try:
@@ -275,24 +263,14 @@ class _TimedIterator:
             region.__exit__()
             return item
         region._state = 3
-        if opened.get(raw) is region:
-            del opened[raw]
         capture = region._capture
         region._capture = None
-        event = (raw, region._t0, t1, None, None)
-        if se._recording and capture is se._active and len(capture.events) < se.MAX_EVENTS_PER_CAPTURE:
+        event = (region.raw_event, region._t0, t1, None, None)
+        if capture is se._active and len(capture.events) < se.MAX_EVENTS_PER_CAPTURE:
             capture.events.append(event)
         else:
             se.record_timing_event(event, capture)
         return item
-
-
-def timed_backward() -> timed_region:
-    return timed_region(RAW_BACKWARD)
-
-
-def timed_h2d() -> timed_region:
-    return timed_region(RAW_H2D)
 
 
 def moves_host_to_device(tensor, args: tuple, kwargs: dict) -> bool:

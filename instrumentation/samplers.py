@@ -3,7 +3,9 @@
 `StepTimeSampler` keeps a FIFO of published batches. A batch resolves when every
 CUDA end event reports `query() == True`; an unresolved earlier batch holds back the
 later ones, so records leave in step order. Repeated events of one raw name are
-summed within a batch with CPU and GPU kept separate; two batches that carry the
+summed within a batch with CPU and GPU kept separate, after dropping occurrences
+nested in another occurrence of the same name (the outermost one wins, as the
+contract says; the training thread does not track nesting); two batches that carry the
 same step number are delivered separately, never merged. Nothing here synchronises
 the device: only `query()` and, once it is True, `elapsed_time()`.
 
@@ -86,17 +88,57 @@ def batch_resolved(batch) -> bool:
     return True
 
 
+def outermost_events(events: list, pool=None) -> list:
+    """The events of one batch that count, ordered by start: the outermost of each name.
+
+    The training thread records every region it closes; an occurrence that starts
+    inside a counted occurrence of the same raw event (a manual wrapper inside an
+    automatic patch, a re-entrant call) is dropped here, and its CUDA events go back
+    to `pool`. Regions of one name on one thread either nest or follow each other.
+    """
+    ordered = sorted(events, key=_by_start)
+    ends: dict = {}  # raw event -> (index in kept, start, end) of its last counted occurrence
+    kept: list = []
+    for event in ordered:
+        name = event[0]
+        last = ends.get(name)
+        if last is not None and event[1] < last[2]:
+            index, start, end = last
+            if event[1] == start and event[2] > end:
+                # Same start stamp, later end: this one encloses the counted one.
+                _release(kept[index], pool)
+                kept[index] = event
+                ends[name] = (index, start, event[2])
+            else:
+                _release(event, pool)
+            continue
+        ends[name] = (len(kept), event[1], event[2])
+        kept.append(event)
+    return kept
+
+
+def _release(event: tuple, pool) -> None:
+    if pool is not None:
+        for gpu_event in event[3:]:
+            if gpu_event is not None:
+                pool.release(gpu_event)
+
+
 def resolve_batch(batch, wall_offset_ns: int, *, gpu_available: bool = True,
                   pool=None) -> ResolvedStepTime:
     """Sum a batch per raw event (CPU and GPU separate) and build its typed record.
 
-    A raw event gets `gpu_ms` only when every occurrence has a resolved GPU time;
-    otherwise None (unavailable, never 0). With `gpu_available=False` (shutdown
-    timeout) all GPU times are None. CUDA events go back to `pool` afterwards.
+    Only the outermost occurrences count (`outermost_events`). A raw event gets
+    `gpu_ms` only when every occurrence has a resolved GPU time; otherwise None
+    (unavailable, never 0). With `gpu_available=False` (shutdown timeout) all GPU
+    times are None. CUDA events go back to `pool` afterwards.
     """
+    ordered = outermost_events(batch.events, pool)
     sums: dict[str, list] = {}
-    events = batch.events
-    for name, t0, t1, g0, g1 in events:
+    phases = []
+    new_tuple = tuple.__new__  # EventTotals/PhaseInterval(...) without their Python __new__ frame
+    for event in ordered:
+        name, t0, t1, g0, g1 = event
         acc = sums.get(name)
         if acc is None:
             acc = sums[name] = [0, 0.0, 0, True]
@@ -109,22 +151,15 @@ def resolve_batch(batch, wall_offset_ns: int, *, gpu_available: bool = True,
                 acc[1] += float(g0.elapsed_time(g1))
             except Exception:
                 acc[3] = False
-        if pool is not None:
-            if g0 is not None:
-                pool.release(g0)
-            if g1 is not None:
-                pool.release(g1)
-    # Regions are appended as they close (an outer one after its inner ones): order
-    # the tuples by start once, so no key function runs per PhaseInterval.
-    ordered = sorted(events, key=_by_start)
-    phases = tuple([PhaseInterval(e[0], e[1] + wall_offset_ns, e[2] + wall_offset_ns) for e in ordered])
+        _release(event, pool)
+        phases.append(new_tuple(PhaseInterval, (name, t0 + wall_offset_ns, t1 + wall_offset_ns)))
     totals = {
-        name: EventTotals(acc[0] / 1e6, acc[1] if acc[3] else None, acc[2])  # cpu_ms, gpu_ms, count
+        name: new_tuple(EventTotals, (acc[0] / 1e6, acc[1] if acc[3] else None, acc[2]))  # cpu_ms, gpu_ms, count
         for name, acc in sums.items()
     }
     # step, start_time_ns, end_time_ns, events, phases
     return ResolvedStepTime(batch.step, ordered[0][1] + wall_offset_ns,
-                            max(map(_end, events)) + wall_offset_ns, totals, phases)
+                            max(map(_end, ordered)) + wall_offset_ns, totals, tuple(phases))
 
 
 _by_start = itemgetter(_se.EV_CPU_START)

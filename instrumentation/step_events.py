@@ -14,6 +14,14 @@ Lifecycle (contract, "Training-to-sampler handoff"):
   caller can never finalise a later step.
 - `set_recording(False)` detaches and discards the active capture; while recording
   is off nothing is recorded. The samplers keep draining what was published.
+- A region belongs to the capture that was active when it opened: one that closes
+  after that capture completed or aborted spans a boundary and is discarded.
+
+Nesting ("the outermost region of a name wins") is not tracked here: the training
+thread records every region it closes, and the timing sampler drops an occurrence
+that starts inside a counted occurrence of the same name (`samplers.outermost_events`).
+That keeps the per-region work on the training thread to two clock reads, a few
+attribute stores and one append.
 
 A timing event is a plain tuple `(raw_event, cpu_start_ns, cpu_end_ns, gpu_start,
 gpu_end)` where the GPU items are CUDA-event-like objects (`query()`,
@@ -150,8 +158,8 @@ _timing_queue = BoundedDropQueue()
 _memory_queue = BoundedDropQueue()
 _events_dropped = 0
 _foreign_dropped = 0
-open_regions: dict = {}
-"""raw event -> the outermost open region of that name (timing.py nests on this)."""
+held: dict = {}
+"""raw event -> the RegionHold keeping regions of that name from recording (usually empty)."""
 
 _warned: set = set()
 _misuse: dict = {}
@@ -233,52 +241,27 @@ def record_timing_event(event: tuple, capture: StepCapture | None = None) -> boo
     return True
 
 
-_region_types: tuple = ()
-"""Set by timing.py: the types whose entries in `open_regions` are real open regions."""
-
-
 class RegionHold:
-    """Marks raw event names as open, so regions of those names record nothing until `release()`.
+    """Keeps regions of the given raw event names from recording until `release()`.
 
-    For integrations that time a phase at their own boundaries (or must keep
-    automatic patches quiet during validation): a hold survives step boundaries,
-    unlike a real open region.
+    For integrations that time a phase at their own boundaries, or must keep the
+    automatic patches quiet (validation inside `fit`): a hold survives step
+    boundaries. A name already held stays with its first holder. Regions opened
+    while their name is held record nothing, whatever code opens them.
     """
 
     __slots__ = ("names",)
 
     def __init__(self, names) -> None:
-        self.names = [name for name in names if name not in open_regions]
+        self.names = [name for name in names if name not in held]
         for name in self.names:
-            open_regions[name] = self
+            held[name] = self
 
     def release(self) -> None:
         for name in self.names:
-            if open_regions.get(name) is self:
-                del open_regions[name]
+            if held.get(name) is self:
+                del held[name]
         self.names = []
-
-
-def _forget_open_regions() -> list:
-    """Drop real open regions (not holds) from `open_regions`; returns their names."""
-    stale = [name for name, region in open_regions.items() if isinstance(region, _region_types)]
-    for name in stale:
-        del open_regions[name]
-    return stale
-
-
-def _close_boundary(warn: bool = True) -> None:
-    """Forget regions still open at a step boundary: they must not span captures.
-
-    After an abort (an exception) open regions are expected, so no warning then.
-    Holds (`RegionHold` or any other non-region marker) stay.
-    """
-    if not open_regions:
-        return
-    stale = _forget_open_regions()
-    if stale and warn:
-        warn_once("spanning_region", f"regions {sorted(stale)} were still open at a step "
-                  "boundary; they will be discarded when they close")
 
 
 def complete_step_capture(capture: StepCapture | None = None, last_event: tuple | None = None,
@@ -313,8 +296,6 @@ def complete_step_capture(capture: StepCapture | None = None, last_event: tuple 
         reading.peak_allocated_bytes = reading.peak_reserved_bytes = None
         reading.time_ns = time.time_ns()
         active.memory = reading
-    if open_regions:
-        _close_boundary()
     if not _recording or (not active.events and active.memory is None):
         return None
     step = _next_step
@@ -355,7 +336,6 @@ def abort_step_capture(capture: StepCapture | None = None) -> None:
         return
     _active = None
     active.detached = True
-    _close_boundary(warn=False)
 
 
 def publish_step_memory_event(snapshot: StepMemorySnapshot) -> bool:
@@ -402,7 +382,6 @@ def set_recording(enabled: bool) -> None:
     if not enabled and _active is not None:
         _active.detached = True
         _active = None
-        _forget_open_regions()
     _recording = bool(enabled)
 
 
@@ -452,7 +431,7 @@ def _reset_for_tests() -> None:
     _memory_queue = BoundedDropQueue()
     _events_dropped = 0
     _foreign_dropped = 0
-    open_regions.clear()
+    held.clear()
     _warned.clear()
     _misuse.clear()
 

@@ -5,9 +5,10 @@ attribute stores and one list append; on CUDA also two `Event.record()` calls on
 current stream. Nothing here synchronises the device or waits for the GPU: the timing
 sampler resolves the events later with `Event.query()`.
 
-Nesting: a region nested inside an open region of the same raw event is not recorded
-(the outermost one wins), so an automatic patch and a manual wrapper around the same
-work never count it twice.
+Nesting: every region is recorded; the timing sampler counts only the outermost
+occurrence of a raw event (one that starts inside a counted occurrence of the same
+name is dropped), so an automatic patch and a manual wrapper around the same work
+never count it twice. A name held by a `step_events.RegionHold` records nothing.
 """
 from __future__ import annotations
 
@@ -143,17 +144,19 @@ class timed_region:
     region that was never entered, warns once and records nothing.
     """
 
-    __slots__ = ("raw_event", "_gpu", "_capture", "_t0", "_g0", "_state")
+    # No __slots__: the state starts as class attributes, so `region_type()` classes
+    # are built by a C-level call (no Python __init__ frame on the training thread).
+    raw_event: str
+    _gpu: bool | None = None  # None: the process policy, decided on entry
+    _capture = None
+    _t0 = 0
+    _g0 = None
+    _state = 0  # 0 new, 1 open and recording, 2 open but inert, 3 closed
 
     def __init__(self, raw_event: str, *, device=None) -> None:
         self.raw_event = raw_event
-        if device is None:
-            self._gpu = _gpu_default if not _gpu_undecided else _cuda_ready()
-        else:
+        if device is not None:
             self._gpu = device != "cpu" and _device_is_cuda(device)
-        self._capture = None
-        self._g0 = None
-        self._state = 0  # 0 new, 1 open and recording, 2 open but inert, 3 closed
 
     def __enter__(self):
         if self._state != 0:
@@ -166,16 +169,17 @@ class timed_region:
         if not (se._recording and _get_ident() == se._owner) and not se.recording_allowed():
             self._state = 2
             return self
-        raw = self.raw_event
-        opened = se.open_regions
-        if raw in opened:
+        held = se.held
+        if held and self.raw_event in held:
             self._state = 2
             return self
-        opened[raw] = self
         capture = se._active
         self._capture = capture if capture is not None else se.current_capture()
         self._state = 1
-        if self._gpu and _pool is not None:
+        gpu = self._gpu
+        if gpu is None:
+            gpu = _gpu_default or (_gpu_undecided and _cuda_ready())
+        if gpu and _pool is not None:
             try:
                 g0 = _pool.acquire()
                 g0.record()
@@ -189,7 +193,6 @@ class timed_region:
         t1 = _perf_ns()
         if self._state == 1:
             self._state = 3
-            raw = self.raw_event
             g0 = self._g0
             g1 = None
             if g0 is not None:
@@ -199,14 +202,13 @@ class timed_region:
                 except Exception as exc:  # the CPU time is kept; the GPU time is unavailable
                     _cuda_event_failed(exc)
                     g0 = g1 = None
-            se = _se
-            opened = se.open_regions
-            if opened.get(raw) is self:
-                del opened[raw]
             capture = self._capture
             self._capture = None
-            event = (raw, self._t0, t1, g0, g1)
-            if se._recording and capture is se._active and len(capture.events) < se.MAX_EVENTS_PER_CAPTURE:
+            event = (self.raw_event, self._t0, t1, g0, g1)
+            se = _se
+            # The capture it opened in is still the active one (so recording is on):
+            # record_timing_event's common case, inline.
+            if capture is se._active and len(capture.events) < se.MAX_EVENTS_PER_CAPTURE:
                 capture.events.append(event)
             elif not se.record_timing_event(event, capture) and g0 is not None:
                 _pool.release(g0)
@@ -226,15 +228,24 @@ class timed_region:
     def discard(self) -> None:
         """Close an open region without recording it (e.g. the epoch-ending `next()`)."""
         if self._state == 1:
-            if _se.open_regions.get(self.raw_event) is self:
-                del _se.open_regions[self.raw_event]
             if self._g0 is not None:
                 _pool.release(self._g0)
+                self._g0 = None
             self._capture = None
         self._state = 3
 
 
-_se._region_types = (timed_region,)
+
+
+def region_type(raw_event: str, name: str) -> type:
+    """A `timed_region` subclass for one raw event, called with no arguments.
+
+    `with traceml.timed_backward():` builds one per use: with no Python `__init__`
+    that costs one C-level call instead of a Python frame on the training thread.
+    """
+    return type(name, (timed_region,), {
+        "raw_event": raw_event, "__init__": object.__init__, "__slots__": (),
+        "__module__": "traceml", "__doc__": f"A timed_region for {raw_event!r} (no arguments)."})
 
 
 class _DataLoaderTimingScope:

@@ -44,6 +44,7 @@ from traceml.schema.vocabulary import (
     RAW_OPTIMIZER_STEP,
     RAW_STEP_TIME,
 )
+from traceml.step_events import RegionHold
 
 __all__ = [
     "NAMESPACES",
@@ -156,8 +157,8 @@ class TraceMLCallback:
             raise ValueError(f"namespace {namespace!r} does not match {type(self).namespace!r}")
         self._session: _TrainSession | None = None
         self._scope = None
-        self._stage_hold: _Hold | None = None
-        self._eval_hold: _Hold | None = None
+        self._stage_hold: RegionHold | None = None
+        self._eval_hold: RegionHold | None = None
 
     def __reduce__(self):
         return (_rebuild, (type(self).namespace,))
@@ -179,13 +180,13 @@ class TraceMLCallback:
             self._scope = scope
         if stage != "fit" and self._stage_hold is None:
             # validate/test/predict: nothing here is a training step
-            self._stage_hold = _Hold(_PHASES)
+            self._stage_hold = RegionHold(_PHASES)
 
     @_guarded
     def on_validation_start(self, trainer, pl_module) -> None:
         """Sanity check and validation inside fit never count towards a training step."""
         if self._eval_hold is None and not _disabled():
-            self._eval_hold = _Hold(_PHASES)
+            self._eval_hold = RegionHold(_PHASES)
 
     @_guarded
     def on_validation_end(self, trainer, pl_module) -> None:
@@ -316,37 +317,6 @@ _SHOULD_ACCUMULATE = "_should_accumulate"
 _PHASES = (RAW_DATALOADER_NEXT, RAW_H2D, RAW_FORWARD, RAW_BACKWARD, RAW_OPTIMIZER_STEP)
 
 
-class _Hold:
-    """Marks raw events as already open so that automatic-mode patches stay inert.
-
-    A timed region records only the outermost open region of its name, so holding a
-    name keeps `traceml.init(mode="auto")`'s global patches (optimizer step hooks,
-    `Tensor.backward`, `Tensor.to`) from recording work that Lightning's own
-    boundaries time, or that is not training at all (validation, test, predict).
-    This sits on `step_events.open_regions` because the core has no public switch
-    for it yet.
-    """
-
-    __slots__ = ("names",)
-
-    def __init__(self, names) -> None:
-        from traceml import step_events
-
-        regions = step_events.open_regions
-        self.names = [name for name in names if name not in regions]
-        for name in self.names:
-            regions[name] = self
-
-    def release(self) -> None:
-        from traceml import step_events
-
-        regions = step_events.open_regions
-        for name in self.names:
-            if regions.get(name) is self:
-                del regions[name]
-        self.names = []
-
-
 class _TrainSession:
     """Hooks, wrappers and group state for one `fit` of one trainer (training thread only)."""
 
@@ -366,7 +336,7 @@ class _TrainSession:
         self.optimizer_region = None
         self.fetch_region = None
         self.forward_region = None
-        self.optimizer_hold: _Hold | None = None
+        self.optimizer_hold: RegionHold | None = None
         self.forward_depth = 0
         self.forward_stack: list[bool] = []
         self.armed = 0
@@ -581,7 +551,7 @@ class _TrainSession:
         # The closure (training_step and backward) runs inside optimizer.step():
         # keep global optimizer hooks inert until on_before_optimizer_step.
         if self.optimizer_hold is None:
-            self.optimizer_hold = _Hold((RAW_OPTIMIZER_STEP,))
+            self.optimizer_hold = RegionHold((RAW_OPTIMIZER_STEP,))
 
     def _optimizer_call_end(self) -> None:
         self._release_optimizer_hold()

@@ -76,6 +76,41 @@ def test_repeated_events_are_summed_per_event_with_cpu_and_gpu_separate():
     assert [p.raw_event for p in record.phases] == [RAW_FORWARD, RAW_BACKWARD, RAW_FORWARD, RAW_H2D]
 
 
+def test_only_the_outermost_occurrence_of_a_name_counts():
+    clock = FakeGpuClock()
+    outer = _gpu_event(clock, RAW_FORWARD, 0.0, 9.0, t0=1_000, t1=9_000)
+    inner = _gpu_event(clock, RAW_FORWARD, 1.0, 2.0, t0=2_000, t1=3_000)  # a wrapper inside a patch
+    inner2 = _gpu_event(clock, RAW_FORWARD, 4.0, 5.0, t0=4_000, t1=5_000)
+    later = (RAW_FORWARD, 10_000, 12_000, None, None)  # after the outer one: counted
+    backward = (RAW_BACKWARD, 2_500, 2_600, None, None)  # other names are independent
+    for e in (outer, inner, inner2):
+        for g in e[3:]:
+            g.done = True
+    released = []
+    pool = type("Pool", (), {"release": lambda self, event: released.append(event)})()
+    sink = RecordingSink()
+    # Regions are appended as they close: inner ones before their outer one.
+    batches = [se.StepTimeBatch(0, [inner, backward, inner2, outer, later])]
+    StepTimeSampler(sinks=[sink], drain=lambda: batches[:1] and [batches.pop()], pool=pool).run_once()
+    (record,) = sink.steps
+    fwd = record.events[RAW_FORWARD]
+    assert (fwd.cpu_ms, fwd.count, fwd.gpu_ms) == ((8_000 + 2_000) / 1e6, 2, None)  # `later` has no GPU time
+    assert record.events[RAW_BACKWARD].count == 1
+    offset = record.start_time_ns - 1_000  # the wall-clock offset added to every stamp
+    assert [(p.raw_event, p.start_time_ns - offset) for p in record.phases] == [
+        (RAW_FORWARD, 1_000), (RAW_BACKWARD, 2_500), (RAW_FORWARD, 10_000)]
+    assert len(released) == 6  # the dropped occurrences' CUDA events are returned too
+
+
+def test_an_occurrence_with_the_same_start_and_a_later_end_is_the_outer_one():
+    from traceml.samplers import outermost_events
+
+    inner = (RAW_FORWARD, 100, 200, None, None)
+    outer = (RAW_FORWARD, 100, 300, None, None)
+    assert outermost_events([inner, outer]) == [outer]
+    assert outermost_events([outer, inner]) == [outer]
+
+
 def test_batches_with_the_same_step_number_are_not_merged():
     sink = RecordingSink()
     a = se.StepTimeBatch(3, [(RAW_STEP_TIME, 0, 1_000_000, None, None)])
@@ -91,7 +126,8 @@ def test_partially_resolved_gpu_occurrences_make_the_event_gpu_unavailable():
     for g in good[3:]:
         g.done = True
     sink = RecordingSink()
-    _sampler([se.StepTimeBatch(0, [good, (RAW_FORWARD, 0, 10, None, None)])], sink).run_once()
+    later = (RAW_FORWARD, 2_000_000, 2_000_010, None, None)  # follows `good` (0 .. 1_000_000 ns)
+    _sampler([se.StepTimeBatch(0, [good, later])], sink).run_once()
     assert sink.steps[0].events[RAW_FORWARD].gpu_ms is None
     assert sink.steps[0].events[RAW_FORWARD].count == 2
 
@@ -289,4 +325,4 @@ def test_hook_timed_forward_on_the_cpu_path_records_cpu_time_only(recording, sin
     StepTimeSampler().run_once()
     totals = sink.steps[0].events[RAW_FORWARD]
     assert totals.count == 2 and totals.cpu_ms > 0 and totals.gpu_ms is None
-    assert RAW_FORWARD not in se.open_regions
+    assert RAW_FORWARD not in se.held

@@ -385,3 +385,50 @@ def test_auto_mode_dataloader_on_another_thread_leaves_the_training_threads_inpu
     _flush()
     assert _counts(sink.steps[0]) == {RAW_DATALOADER_NEXT: 1, RAW_STEP_TIME: 1}
     assert traceml.dropped_counts()["foreign_thread"] == 1
+
+
+def test_manual_wrappers_around_patched_calls_count_each_region_once(sink):
+    """Auto patches and hooks inside manual regions of the same names: the outermost counts."""
+    traceml.init(mode="auto")
+    model, opt, loader = _tiny()
+    traceml.wrap_optimizer(opt)  # optimizer hooks on top of the global ones
+    batches = traceml.wrap_dataloader(loader)  # the patched __next__ runs inside this wrapper
+    for x, y in batches:
+        with traceml.trace_step(model):
+            with traceml.timed_forward():
+                out = model(x)  # forward hook inside
+            with traceml.timed_backward():
+                with traceml.timed_backward():  # a manual region nested in itself
+                    torch.nn.functional.mse_loss(out, y).backward()  # Tensor.backward patch inside
+            with traceml.timed_optimizer_step():
+                opt.step()  # global and per-optimizer step hooks inside
+            opt.zero_grad()
+    traceml.shutdown()
+    _flush()
+    assert [r.step for r in sink.steps] == [0, 1, 2]
+    for record in sink.steps:
+        assert _counts(record) == {RAW_DATALOADER_NEXT: 1, RAW_FORWARD: 1, RAW_BACKWARD: 1,
+                                   RAW_OPTIMIZER_STEP: 1, RAW_STEP_TIME: 1}
+        assert [p.raw_event for p in record.phases].count(RAW_BACKWARD) == 1
+
+
+def test_a_hold_quiets_hooks_patches_and_the_timed_loader(sink):
+    traceml.init(mode="auto")
+    model, opt, loader = _tiny()
+    batches = iter(traceml.wrap_dataloader(loader))
+    hold = se.RegionHold([RAW_DATALOADER_NEXT, RAW_FORWARD, RAW_BACKWARD, RAW_OPTIMIZER_STEP])
+    x, y = next(batches)
+    with traceml.trace_step(model):
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    hold.release()
+    x, y = next(batches)
+    with traceml.trace_step(model):
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    traceml.shutdown()
+    _flush()
+    held_step, free_step = sink.steps
+    assert _counts(held_step) == {RAW_STEP_TIME: 1}
+    assert _counts(free_step) == {RAW_DATALOADER_NEXT: 1, RAW_FORWARD: 1, RAW_BACKWARD: 1,
+                                  RAW_OPTIMIZER_STEP: 1, RAW_STEP_TIME: 1}

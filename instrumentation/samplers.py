@@ -262,15 +262,18 @@ class StepTimeSampler(_Sampler):
             pool = self._pool
             if pool is None:
                 pool = _timing._pool
-            while pending:
-                batch = pending[0]
-                ready = batch_resolved(batch)
-                if not ready and not force:
-                    break
-                pending.pop(0)
-                record = resolve_batch(batch, self._offset_ns, gpu_available=ready, pool=pool)
-                _deliver("on_step_time", record, sinks)
-                done += 1
+            taken = 0
+            try:
+                for batch in pending:
+                    ready = batch_resolved(batch)
+                    if not ready and not force:
+                        break
+                    taken += 1  # leaves the FIFO even if resolving it fails
+                    record = resolve_batch(batch, self._offset_ns, gpu_available=ready, pool=pool)
+                    _deliver("on_step_time", record, sinks)
+                    done += 1
+            finally:
+                del pending[:taken]  # once, not a pop(0) per batch (quadratic on a full queue)
             self.delivered += done
             return done
 

@@ -13,8 +13,11 @@ loader, automatic blocks install and uninstall the patches. Uninstrumented block
 run with no patch, hook or wrapper.
 
 - Per-step cost inside a real small step (tiny MLP forward/backward/SGD over a
-  DataLoader): CPU time of the training thread (`thread_time`) per step; the figure
-  is the difference of the per-variant medians, so preemption lands in the tails.
+  DataLoader): CPU time of the training thread (`thread_time`) per step; per round,
+  the difference between the variant's and the uninstrumented variant's median step
+  (preemption lands in the tails), and the figure is the median of those paired
+  differences over the rounds (the machine's speed drifts between rounds); a second
+  uninstrumented variant shows what the estimator reads when nothing is added.
   Real steps, not only a hot empty loop: caches shared with real work make the
   same code several times slower than in a hot loop (the empty-step figure).
 - Throughput of a ~10 ms step: each block of steps is timed as a whole (so periodic
@@ -45,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import sys
 import time
@@ -186,12 +190,13 @@ def _variant(job: _Job, mode: str | None):
         try:
             if warmup:
                 _block_traced(job, warmup, clock, [], mode)
+            if drains is not None:
+                _drain_samplers()  # the warm-up steps' records, untimed
             _block_traced(job, steps, clock, out, mode)
-            if drains is not None:  # charge this block with its own sampler work
+            if drains is not None:  # this block's own sampler work, timed
                 t0 = clock()
                 _drain_samplers()
-                out.append(clock() - t0)
-                drains.append(out[-1])
+                drains.append(clock() - t0)
         finally:
             if mode == "manual_hooks":
                 hooks.remove_forward_instrumentation(job.model)
@@ -237,15 +242,38 @@ def _empty_block(steps: int, clock, out: list, traced: bool) -> None:
         out.append(clock() - t0)
 
 
-def _rounds(rounds: int, block: int, clock, variants: dict) -> dict[str, list[float]]:
-    """variants: name -> callable(steps, clock, out). Rotating order each round."""
+def _rounds(rounds: int, block: int, clock, variants: dict, warmup: int = 0) -> dict[str, list[list[float]]]:
+    """variants: name -> callable(steps, clock, out, warmup). A new random order each round.
+
+    Returns, per variant, one list of step times per round. The order is shuffled
+    (seeded) rather than rotated so that no variant always follows the same one:
+    removing the automatic patches invalidates `torch.Tensor` attribute caches, and
+    a fixed successor would pay for it every round.
+    """
     names = list(variants)
-    out: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(rounds):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            variants[name](block, clock, out[name])
+    order = random.Random(0)
+    out: dict[str, list[list[float]]] = {n: [] for n in names}
+    for _ in range(rounds):
+        order.shuffle(names)
+        for name in names:
+            steps: list = []
+            variants[name](block, clock, steps, warmup)
+            out[name].append(steps)
     return out
+
+
+def _paired_added(samples: dict, variant: str, base: str = "off") -> tuple[float, float, float]:
+    """Added time per step of `variant` over `base`, paired by round: (median, q1, q3) in us.
+
+    Per round: the difference of the two variants' median step times in that round
+    (blocks a few milliseconds apart, so in the same machine state); the figure is
+    the median of those differences over all rounds. This machine's speed drifts by
+    tens of percent over seconds (a shared VM), which a difference of overall
+    medians picks up whenever the two variants' rounds sample the drift unevenly.
+    """
+    med = statistics.median
+    diffs = sorted((med(v) - med(b)) * 1e6 for v, b in zip(samples[variant], samples[base]))
+    return med(diffs), diffs[len(diffs) // 4], diffs[(3 * len(diffs)) // 4]
 
 
 def _wall_and_cpu() -> complex:
@@ -253,34 +281,34 @@ def _wall_and_cpu() -> complex:
     return complex(time.perf_counter(), time.thread_time())
 
 
-def _timed_blocks(rounds: int, block: int, variants: dict, warmup: int,
-                  drains: list) -> dict[str, list[complex]]:
-    """Per variant, one value per block: wall time (real) + training-thread CPU (imag) of its steps.
-
-    Instrumented blocks end with a synchronous sampler drain inside the timed window
-    (its time is also appended to `drains`).
+def _timed_blocks(rounds: int, block: int, variants: dict, warmup: int):
+    """Per variant and round: the step times (wall + i*training-thread CPU) and the drain time.
 
     Each block first runs `warmup` untimed steps (every variant alike): installing
     the automatic patches rebinds attributes of `torch.Tensor`, which invalidates the
     interpreter's attribute caches for the next step or two. A real job installs
     them once; timing those steps in every block would charge that one-off cost to
-    each block of ten steps.
+    each block of ten steps. Instrumented blocks end with a synchronous drain of both
+    samplers, timed separately (0 for uninstrumented blocks).
     """
-    names = list(variants)
-    out: dict[str, list[complex]] = {n: [] for n in names}
-    for r in range(rounds):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            steps: list = []
-            variants[name](block, _wall_and_cpu, steps, warmup, drains)
-            out[name].append(sum(steps))
-    return out
+    drains: dict[str, list[complex]] = {name: [] for name in variants}
+
+    def with_drain(name, run):
+        def go(steps, clock, out, warm):
+            timed: list = []
+            run(steps, clock, out, warm, timed)
+            drains[name].append(timed[0] if timed else 0j)
+        return go
+
+    per_round = _rounds(rounds, block, _wall_and_cpu,
+                        {name: with_drain(name, run) for name, run in variants.items()}, warmup)
+    return per_round, drains
 
 
 MODES = ("manual", "manual_hooks", "auto")
 
 
-def measure(quick: bool) -> dict:
+def measure(quick: bool, block: int = 10, block_rounds: int | None = None) -> dict:
     results: dict = {"cpu_count": os.cpu_count(), "torch": torch.__version__,
                      "load_avg_start": round(os.getloadavg()[0], 2)}
     sink = _CountingSink()
@@ -288,26 +316,30 @@ def measure(quick: bool) -> dict:
     cpu = time.thread_time
     med = statistics.median
 
-    rounds = 20 if quick else 60
+    rounds = 40 if quick else 200
     traceml.init(mode="manual")  # samplers + recording; automatic blocks add the patches
     empty = _rounds(rounds, 200, cpu, {
-        "off": lambda n, c, o: _empty_block(n, c, o, False),
-        "on": lambda n, c, o: _empty_block(n, c, o, True),
+        "off": lambda n, c, o, w: _empty_block(n, c, o, False),
+        "on": lambda n, c, o, w: _empty_block(n, c, o, True),
     })
-    results["empty_step_added_us"] = (med(empty["on"]) - med(empty["off"])) * 1e6
+    results["empty_step_added_us"] = _paired_added(empty, "on")[0]
 
     job = _Job(64, 16, 64)
-    variants = {"off": _variant(job, None), **{mode: _variant(job, mode) for mode in MODES}}
+    # "control" is a second uninstrumented variant: what the estimator reads when
+    # nothing is added (0 us on a steady machine).
+    variants = {"off": _variant(job, None), **{mode: _variant(job, mode) for mode in MODES},
+                "control": _variant(job, None)}
     for run in variants.values():
         run(30, cpu, [])
-    small = _rounds(rounds, 25, cpu, variants)
-    results["small_step_ms"] = med(small["off"]) * 1e3
-    for mode in MODES:
-        results[f"small_step_added_us_{mode}"] = (med(small[mode]) - med(small["off"])) * 1e6
-    results["small_steps_per_variant"] = len(small["off"])
+    small = _rounds(rounds, 25, cpu, variants, warmup=2)
+    results["small_step_ms"] = med(t for steps in small["off"] for t in steps) * 1e3
+    for mode in (*MODES, "control"):
+        added, q1, q3 = _paired_added(small, mode)
+        results[f"small_step_added_us_{mode}"] = added
+        results[f"small_step_added_us_{mode}_iqr"] = (q1, q3)
+    results["small_steps_per_variant"] = sum(len(steps) for steps in small["off"])
 
     job = _Job(896, 128, 32)
-    block = 10
     # "control" is a second uninstrumented variant: its ratio to "off" is what the
     # machine's noise alone produces (1.0 on a quiet machine).
     variants = {"off": _variant(job, None), **{mode: _variant(job, mode) for mode in MODES},
@@ -315,28 +347,34 @@ def measure(quick: bool) -> dict:
     for run in variants.values():
         run(3, _wall_and_cpu, [])
     other0 = time.process_time() - time.thread_time()
-    drains: list = []
-    big = _timed_blocks(10 if quick else 120, block, variants, warmup=2, drains=drains)
+    if block_rounds is None:
+        block_rounds = 10 if quick else 120
+    steps, drains = _timed_blocks(block_rounds, block, variants, warmup=2)
     traceml.shutdown(timeout_s=10)  # the samplers' last work is counted too
     other_threads_s = time.process_time() - time.thread_time() - other0
-    results["throughput_step_ms"] = med(b.real for b in big["off"]) / block * 1e3
-    results["throughput_blocks_per_variant"] = len(big["off"])
+    blocks = {name: [sum(s) + d for s, d in zip(steps[name], drains[name])] for name in variants}
+    off_step_cpu = med(t.imag for block_steps in steps["off"] for t in block_steps)
+    results["throughput_step_ms"] = med(b.real for b in blocks["off"]) / block * 1e3
+    results["throughput_blocks_per_variant"] = len(blocks["off"])
     results["throughput_steps_per_block"] = block
+    cpu_steps = {name: [[t.imag for t in s] for s in per_round] for name, per_round in steps.items()}
     for mode in (*MODES, "control"):
-        pairs = list(zip(big["off"], big[mode]))
+        # Direct: the wall-clock ratio of whole blocks (steps + their sampler drain), per round.
+        pairs = list(zip(blocks["off"], blocks[mode]))
         ratios = sorted(o.real / m.real for o, m in pairs)
         results[f"throughput_ratio_{mode}"] = med(ratios)
         results[f"throughput_ratio_{mode}_iqr"] = (ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4])
         results[f"throughput_ratio_{mode}_pooled"] = sum(o.real for o, _ in pairs) / sum(m.real for _, m in pairs)
-        results[f"throughput_added_us_{mode}"] = med((m.real - o.real) / block for o, m in pairs) * 1e6
-        results[f"cpu_ratio_{mode}"] = med(o.imag / m.imag for o, m in pairs)
-        results[f"cpu_added_us_{mode}"] = med((m.imag - o.imag) / block for o, m in pairs) * 1e6
-    # The sampler work each block's steps caused, done at the end of the block (and
-    # included in its time); the sampler threads' own CPU is then mostly wake-ups.
-    instrumented_steps = len(MODES) * len(big["off"]) * block
-    results["sampler_drain_us_per_step"] = sum(d.imag for d in drains) / instrumented_steps * 1e6
-    results["sampler_cpu_us_per_step"] = other_threads_s / instrumented_steps * 1e6
-    results["throughput_phase_wall_s"] = sum(sum(v).real for v in big.values())
+        # CPU accounting: what a step adds to the training thread inside a ~10 ms step
+        # (paired by round, like the small step) plus the sampler work per step.
+        added, q1, q3 = _paired_added(cpu_steps, mode)
+        drain = med(d.imag for d in drains[mode]) / block * 1e6
+        results[f"big_step_added_us_{mode}"] = added
+        results[f"big_step_added_us_{mode}_iqr"] = (q1, q3)
+        results[f"sampler_drain_us_per_step_{mode}"] = drain
+        results[f"cpu_accounted_ratio_{mode}"] = off_step_cpu / (off_step_cpu + (added + drain) / 1e6)
+    results["sampler_cpu_us_per_step"] = other_threads_s / (len(MODES) * len(blocks["off"]) * block) * 1e6
+    results["throughput_phase_wall_s"] = sum(sum(v).real for v in blocks.values())
     traceml.unregister_sink(sink)
     results["steps_delivered"] = sink.steps
     results["load_avg_end"] = round(os.getloadavg()[0], 2)
@@ -347,24 +385,35 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--block", type=int, default=10, help="steps per timed throughput block (default 10)")
+    parser.add_argument("--block-rounds", type=int, help="rounds of throughput blocks (default 120, 10 with --quick)")
     args = parser.parse_args(argv)
-    r = measure(args.quick)
+    r = measure(args.quick, args.block, args.block_rounds)
     print(f"TraceML training-side overhead on CPU (torch {r['torch']}, {r['cpu_count']} cores, "
           f"load avg {r['load_avg_start']} -> {r['load_avg_end']})")
     print(f"  empty step, trace_step + 5 regions : {r['empty_step_added_us']:6.1f} us (thread CPU time)")
-    print(f"  real small step ({r['small_step_ms']:.3f} ms CPU), added: manual {r['small_step_added_us_manual']:.1f} us, "
-          f"manual with hooks {r['small_step_added_us_manual_hooks']:.1f} us, auto {r['small_step_added_us_auto']:.1f} us "
-          f"(targets: manual <= 30, auto <= 50)")
-    print(f"  ~10 ms step ({r['throughput_step_ms']:.2f} ms wall), throughput ratio (target >= 0.99; median of per-round "
-          f"block ratios, per-round IQR, pooled):")
+    print(f"  real small step ({r['small_step_ms']:.3f} ms CPU), added training-thread CPU per step (median of "
+          f"per-round paired differences, IQR; targets: manual <= 30, auto <= 50):")
+    for mode in (*MODES, "control"):
+        lo, hi = r[f"small_step_added_us_{mode}_iqr"]
+        label = "control (plain vs plain)" if mode == "control" else mode
+        print(f"    {label:24s} {r[f'small_step_added_us_{mode}']:6.1f} us (IQR {lo:.1f} to {hi:.1f})")
+    print(f"  ~10 ms step ({r['throughput_step_ms']:.2f} ms wall), {r['throughput_blocks_per_variant']} rounds of "
+          f"{r['throughput_steps_per_block']}-step blocks (target >= 0.99):")
+    print("    wall-clock throughput ratio: median of per-round block ratios (IQR; pooled)")
     for mode in (*MODES, "control"):
         lo, hi = r[f"throughput_ratio_{mode}_iqr"]
         label = "control (plain vs plain)" if mode == "control" else mode
-        print(f"    {label:24s} wall {r[f'throughput_ratio_{mode}']:.4f} (IQR {lo:.3f}-{hi:.3f}, pooled "
-              f"{r[f'throughput_ratio_{mode}_pooled']:.4f}); training-thread CPU {r[f'cpu_ratio_{mode}']:.4f} "
-              f"(+{r[f'cpu_added_us_{mode}']:.0f} us per step)")
-    print(f"  sampler work per instrumented step     : {r['sampler_drain_us_per_step']:.1f} us (charged to its "
-          f"block, included above); sampler threads' own CPU (wake-ups): {r['sampler_cpu_us_per_step']:.1f} us")
+        print(f"      {label:24s} {r[f'throughput_ratio_{mode}']:.4f} (IQR {lo:.3f}-{hi:.3f}; "
+              f"{r[f'throughput_ratio_{mode}_pooled']:.4f})")
+    print("    CPU accounting: training thread added per step (paired, IQR) + sampler work per step "
+          "-> ratio")
+    for mode in (*MODES, "control"):
+        lo, hi = r[f"big_step_added_us_{mode}_iqr"]
+        label = "control (plain vs plain)" if mode == "control" else mode
+        print(f"      {label:24s} {r[f'big_step_added_us_{mode}']:6.1f} us (IQR {lo:.1f} to {hi:.1f}) + "
+              f"{r[f'sampler_drain_us_per_step_{mode}']:5.1f} us -> {r[f'cpu_accounted_ratio_{mode}']:.4f}")
+    print(f"  sampler threads' own CPU per instrumented step (wake-ups): {r['sampler_cpu_us_per_step']:.1f} us")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(r, fh, indent=2)

@@ -133,33 +133,59 @@ def resolve_batch(batch, wall_offset_ns: int, *, gpu_available: bool = True,
     (unavailable, never 0). With `gpu_available=False` (shutdown timeout) all GPU
     times are None. CUDA events go back to `pool` afterwards.
     """
-    ordered = outermost_events(batch.events, pool)
-    sums: dict[str, list] = {}
-    phases = []
+    events = batch.events
     new_tuple = tuple.__new__  # EventTotals/PhaseInterval(...) without their Python __new__ frame
-    for event in ordered:
-        name, t0, t1, g0, g1 = event
+    if len({event[0] for event in events}) == len(events):
+        # The common case, each raw event once (so nothing nests): its totals are the
+        # occurrence itself.
+        ordered = sorted(events, key=_by_start)
+        totals = {}
+        for name, t0, t1, g0, g1 in ordered:
+            totals[name] = new_tuple(EventTotals, (
+                (t1 - t0) / 1e6, None if g0 is None else _gpu_ms(g0, g1, gpu_available, pool), 1))
+    else:
+        ordered = outermost_events(events, pool)
+        totals = _sum_occurrences(ordered, gpu_available, pool)
+    phases = tuple([new_tuple(PhaseInterval, (e[0], e[1] + wall_offset_ns, e[2] + wall_offset_ns))
+                    for e in ordered])
+    return new_tuple(ResolvedStepTime, (batch.step, ordered[0][1] + wall_offset_ns,
+                                        max(map(_end, ordered)) + wall_offset_ns, totals, phases))
+
+
+def _gpu_ms(g0, g1, gpu_available: bool, pool) -> float | None:
+    """One occurrence's GPU time in ms (None when unavailable); its events go back to `pool`."""
+    if g0 is None:
+        return None
+    gpu = None
+    if g1 is not None and gpu_available:
+        try:
+            gpu = float(g0.elapsed_time(g1))
+        except Exception:
+            gpu = None
+    if pool is not None:
+        pool.release(g0)
+        if g1 is not None:
+            pool.release(g1)
+    return gpu
+
+
+def _sum_occurrences(ordered: list, gpu_available: bool, pool) -> dict:
+    """Per raw event, the sum over its occurrences (CPU exact in ns; GPU None if any is missing)."""
+    sums: dict[str, list] = {}
+    for name, t0, t1, g0, g1 in ordered:
         acc = sums.get(name)
         if acc is None:
             acc = sums[name] = [0, 0.0, 0, True]
         acc[0] += t1 - t0
         acc[2] += 1
-        if g0 is None or g1 is None or not gpu_available:
+        gpu = _gpu_ms(g0, g1, gpu_available, pool)
+        if gpu is None:
             acc[3] = False
         else:
-            try:
-                acc[1] += float(g0.elapsed_time(g1))
-            except Exception:
-                acc[3] = False
-        _release(event, pool)
-        phases.append(new_tuple(PhaseInterval, (name, t0 + wall_offset_ns, t1 + wall_offset_ns)))
-    totals = {
-        name: new_tuple(EventTotals, (acc[0] / 1e6, acc[1] if acc[3] else None, acc[2]))  # cpu_ms, gpu_ms, count
-        for name, acc in sums.items()
-    }
-    # step, start_time_ns, end_time_ns, events, phases
-    return ResolvedStepTime(batch.step, ordered[0][1] + wall_offset_ns,
-                            max(map(_end, ordered)) + wall_offset_ns, totals, tuple(phases))
+            acc[1] += gpu
+    new_tuple = tuple.__new__
+    return {name: new_tuple(EventTotals, (acc[0] / 1e6, acc[1] if acc[3] else None, acc[2]))
+            for name, acc in sums.items()}
 
 
 _by_start = itemgetter(_se.EV_CPU_START)

@@ -346,11 +346,12 @@ def publish_step_memory_event(snapshot: StepMemorySnapshot) -> bool:
 def drain_step_memory_events() -> list[StepMemorySnapshot]:
     """Everything queued, as snapshots (built here, on the draining sampler thread)."""
     out = []
+    new_tuple = tuple.__new__  # StepMemorySnapshot(...) without its Python __new__ frame
     for item in _memory_queue.drain():
-        if type(item) is tuple:
+        if type(item) is tuple:  # (step, MemoryReading) from complete_step_capture
             step, r = item
-            item = StepMemorySnapshot(step, r.device, r.peak_allocated_bytes,
-                                      r.peak_reserved_bytes, r.time_ns)
+            item = new_tuple(StepMemorySnapshot, (step, r.device, r.peak_allocated_bytes,
+                                                  r.peak_reserved_bytes, r.time_ns))
         out.append(item)
     return out
 

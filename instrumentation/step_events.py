@@ -289,42 +289,41 @@ def complete_step_capture(capture: StepCapture | None = None, last_event: tuple 
             active.events.append(last_event)
         else:
             _events_dropped += 1
-    if memory_device is not None and _recording:
-        # MemoryReading(...) without its __init__ frame; peaks are unavailable off CUDA.
-        reading = _new(MemoryReading)
-        reading.device = memory_device
-        reading.peak_allocated_bytes = reading.peak_reserved_bytes = None
-        reading.time_ns = time.time_ns()
-        active.memory = reading
-    if not _recording or (not active.events and active.memory is None):
+    if not _recording or (not active.events and active.memory is None and memory_device is None):
         return None
     step = _next_step
     _next_step = step + 1
+    # Both puts are BoundedDropQueue.put inlined, and both queue plain tuples: the
+    # records (StepTimeBatch, StepMemorySnapshot) are built when drained, on the
+    # sampler thread. Every object this touches is a cache miss in a real step.
     events = active.events
     if events:
         queue = _timing_queue
         items = queue._items
         size = len(items)
-        if size < queue.capacity:  # BoundedDropQueue.put, inlined
-            batch = _new(StepTimeBatch)  # StepTimeBatch(step, events) without the __init__ frame
-            batch.step = step
-            batch.events = events
-            items.append(batch)
-            if size + 1 == queue.wake_at and queue.wakeup is not None:
-                _call_wakeup(queue.wakeup)
-        else:
-            queue.dropped += 1
-    reading = active.memory
-    if reading is not None:  # the snapshot is built when drained; put() inlined
-        queue = _memory_queue
-        items = queue._items
-        size = len(items)
         if size < queue.capacity:
-            items.append((step, reading))
+            items.append((step, events))
             if size + 1 == queue.wake_at and queue.wakeup is not None:
                 _call_wakeup(queue.wakeup)
         else:
             queue.dropped += 1
+    if memory_device is not None:
+        # Off CUDA: no peaks, so the reading is just the device and when the step ended
+        # (a perf_counter stamp, mapped to the wall clock when drained).
+        item = (step, memory_device, last_event[EV_CPU_END] if last_event is not None else time.perf_counter_ns())
+    elif active.memory is not None:
+        item = (step, active.memory)
+    else:
+        return step
+    queue = _memory_queue
+    items = queue._items
+    size = len(items)
+    if size < queue.capacity:
+        items.append(item)
+        if size + 1 == queue.wake_at and queue.wakeup is not None:
+            _call_wakeup(queue.wakeup)
+    else:
+        queue.dropped += 1
     return step
 
 
@@ -347,17 +346,32 @@ def drain_step_memory_events() -> list[StepMemorySnapshot]:
     """Everything queued, as snapshots (built here, on the draining sampler thread)."""
     out = []
     new_tuple = tuple.__new__  # StepMemorySnapshot(...) without its Python __new__ frame
+    offset = None
     for item in _memory_queue.drain():
-        if type(item) is tuple:  # (step, MemoryReading) from complete_step_capture
-            step, r = item
-            item = new_tuple(StepMemorySnapshot, (step, r.device, r.peak_allocated_bytes,
-                                                  r.peak_reserved_bytes, r.time_ns))
+        if type(item) is tuple:  # from complete_step_capture
+            if len(item) == 2:  # (step, MemoryReading)
+                step, r = item
+                item = new_tuple(StepMemorySnapshot, (step, r.device, r.peak_allocated_bytes,
+                                                      r.peak_reserved_bytes, r.time_ns))
+            else:  # (step, device, perf_counter_ns at the step's end): no peaks off CUDA
+                if offset is None:
+                    offset = wall_offset_ns()
+                step, device, stamp = item
+                item = new_tuple(StepMemorySnapshot, (step, device, None, None, stamp + offset))
         out.append(item)
     return out
 
 
 def drain_step_time_batches() -> list[StepTimeBatch]:
-    return _timing_queue.drain()
+    """Everything queued, as StepTimeBatch objects (built here, on the draining sampler thread)."""
+    out = []
+    for item in _timing_queue.drain():
+        if type(item) is tuple:  # (step, events) from complete_step_capture
+            batch = _new(StepTimeBatch)  # without the __init__ frame
+            batch.step, batch.events = item
+            item = batch
+        out.append(item)
+    return out
 
 
 def dropped_counts() -> dict[str, int]:

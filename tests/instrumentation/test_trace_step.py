@@ -432,3 +432,23 @@ def test_a_hold_quiets_hooks_patches_and_the_timed_loader(sink):
     assert _counts(held_step) == {RAW_STEP_TIME: 1}
     assert _counts(free_step) == {RAW_DATALOADER_NEXT: 1, RAW_FORWARD: 1, RAW_BACKWARD: 1,
                                   RAW_OPTIMIZER_STEP: 1, RAW_STEP_TIME: 1}
+
+
+def test_cpu_memory_snapshot_is_stamped_on_the_wall_clock_at_the_step_end(sink):
+    import time
+
+    traceml.init(mode="manual")
+    model, _, _ = _tiny()
+    before = time.time_ns()
+    with traceml.trace_step(model):
+        model(torch.ones(1, 8))
+    after = time.time_ns()
+    traceml.shutdown()
+    _flush()
+    (snapshot,) = sink.memory
+    (record,) = sink.steps
+    assert (snapshot.step, snapshot.device, snapshot.peak_allocated_bytes, snapshot.peak_reserved_bytes) == \
+        (0, "cpu", None, None)
+    # Wall clock at the step's end: within the step's bounds (up to the clock mapping's rounding).
+    assert before <= snapshot.time_ns <= after + 1_000_000
+    assert abs(snapshot.time_ns - record.end_time_ns) < 1_000_000

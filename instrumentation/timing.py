@@ -235,8 +235,6 @@ class timed_region:
         self._state = 3
 
 
-
-
 def region_type(raw_event: str, name: str) -> type:
     """A `timed_region` subclass for one raw event, called with no arguments.
 

@@ -1,10 +1,10 @@
 """What the training-side samplers hand to the exporter (one typed record per finished step).
 
 These are the boundary between `traceml` (instrumentation) and `traceml.exporter`.
-Standard library only. Immutable named tuples rather than frozen dataclasses: the
-samplers build about ten per step while holding the GIL, and a frozen dataclass
-costs three times as much to construct (they are built with `tuple.__new__`). Values are exactly what the samplers measured: a missing
-GPU time is `None`, never 0.
+Standard library only. Values are exactly what the samplers measured: a missing
+GPU time is `None`, never 0. Immutable named tuples rather than frozen dataclasses:
+the samplers build about ten per step while holding the GIL, and a frozen dataclass
+costs three times as much to construct (they are built with `tuple.__new__`).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Reference point: what PyTorch's own profiler costs per step, beside TraceML, in one run.
 
-    .venv/bin/python benchmarks/bench_profiler_reference.py [--rounds 6] [--steps 150]
+    .venv/bin/python benchmarks/bench_profiler_reference.py [--rounds 100] [--steps 30]
 
 The same real CPU training step (MLP forward/backward/SGD, one thread) runs in
 alternating blocks: uninstrumented, TraceML manual mode (trace_step + four timed
@@ -8,8 +8,11 @@ regions, samplers running, no exporter), and `torch.profiler.profile` with CPU
 activities recording every step (the usual always-on way to use it to see per-op
 time; `record_shapes`, memory and stacks off, i.e. its cheapest useful setting).
 Two step sizes: a small step and a ~10 ms step. Reported: median wall time per
-step, the added time per step against the uninstrumented median, and the
-throughput ratio (uninstrumented / variant). Block order rotates every round.
+step; the added time per step, as the median over rounds of the per-round
+difference between the variant's and the uninstrumented blocks' median steps (the
+same paired estimator as bench_overhead.py: this shared VM's speed drifts between
+rounds); and the throughput ratio that implies (uninstrumented / (uninstrumented +
+added)). Block order is shuffled every round (seeded).
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import torch  # noqa: E402
 import traceml_checkout  # noqa: E402,F401
 
 import traceml  # noqa: E402
+from bench_overhead import _paired_added, _rounds  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -83,28 +87,28 @@ def block(variant: str, job, steps: int) -> list[float]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--rounds", type=int, default=6)
-    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--rounds", type=int, default=100)
+    p.add_argument("--steps", type=int, default=30)
     args = p.parse_args()
     traceml.init("manual")
     variants = ["uninstrumented", "TraceML (manual)", "torch.profiler"]
     shapes = {"small step": (64, 2, 16), "~10 ms step": (384, 5, 128)}
-    print("shared 2-core machine, contended (other engineers' jobs): compare the rows of one run")
+    print(f"{os.cpu_count()} cores, load avg {os.getloadavg()[0]:.2f}: compare the rows of one run")
     for label, shape in shapes.items():
         job = make(*shape)
         block("uninstrumented", job, 20)  # warm-up
-        times: dict[str, list[float]] = {name: [] for name in variants}
-        for r in range(args.rounds):
-            order = variants[r % 3:] + variants[:r % 3]
-            for name in order:
-                times[name] += block(name, job, args.steps)
-        base = statistics.median(times["uninstrumented"])
+        runners = {name: (lambda steps, clock, out, warmup, name=name: out.extend(block(name, job, steps)))
+                   for name in variants}
+        times = _rounds(args.rounds, args.steps, None, runners)
+        base = statistics.median(t for per_round in times["uninstrumented"] for t in per_round)
         print(f"\n{label} (width {shape[0]}, depth {shape[1]}, batch {shape[2]}; "
               f"{args.rounds} x {args.steps} steps per variant)")
-        print(f"{'variant':20s} {'median step':>12s} {'added':>10s} {'ratio':>6s}")
+        print(f"{'variant':20s} {'median step':>12s} {'added (IQR)':>24s} {'ratio':>6s}")
         for name in variants:
-            med = statistics.median(times[name])
-            print(f"{name:20s} {med * 1e3:9.3f} ms {(med - base) * 1e6:7.0f} us {base / med:6.3f}")
+            med = statistics.median(t for per_round in times[name] for t in per_round)
+            added, q1, q3 = _paired_added(times, name, "uninstrumented") if name != "uninstrumented" else (0, 0, 0)
+            print(f"{name:20s} {med * 1e3:9.3f} ms {added:7.0f} us ({q1:6.0f} to {q3:6.0f}) "
+                  f"{base / (base + added / 1e6):6.3f}")
     traceml.shutdown()
     return 0
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from operator import methodcaller
 
 from traceml.schema.vocabulary import (
     RAW_DATALOADER_NEXT,
@@ -41,9 +42,9 @@ class HookRegionTimer:
         self._depth = 0
         self.handles: list = []
 
-    # pre/post (and _TimedIterator.__next__) repeat the CPU fast paths of
-    # timed_region.__enter__/__exit__ inline, for the common case (CPU clock, the
-    # training thread, no hold); anything else calls them.
+    # pre/post repeat the CPU fast paths of timed_region.__enter__/__exit__ inline,
+    # for the common case (CPU clock, the training thread, no hold); anything else
+    # calls them.
     # These run every step, and inside a real step each Python call costs about a
     # microsecond of the training thread's time (cold caches), several times its
     # hot-loop cost.
@@ -66,7 +67,7 @@ class HookRegionTimer:
             region._state = 1
             region._t0 = _perf_ns()
             return None
-        region._gpu = _timing.default_gpu()
+        region._gpu = None  # the process policy, decided by __enter__
         region._state = 0
         region.__enter__()
         return None
@@ -223,54 +224,22 @@ class TimedIterable:
 
 
 class _TimedIterator:
-    __slots__ = ("_it", "_region")
+    """The iterator of a `TimedIterable`: each `next()` is one input-wait region.
+
+    Its `__next__` is `timed_next_method` around the wrapped iterator's own
+    `__next__` (called through `methodcaller`, a C-level call), so the wrapped loader
+    and the automatic DataLoader patch share one timing path.
+    """
+
+    __slots__ = ("_next",)
 
     def __init__(self, it) -> None:
-        self._it = it
-        self._region = timed_region(RAW_DATALOADER_NEXT)
+        self._next = it.__next__
 
     def __iter__(self):
         return self
 
-    def __next__(self):
-        if not _timing._dataloader_timing or not _se._recording:
-            return next(self._it)
-        region = self._region  # reused: one `next()` is open at a time
-        # Open: the CPU fast path of timed_region.__enter__ inline (as in HookRegionTimer.pre).
-        se = _se
-        region._g0 = None
-        if not (_timing._gpu_default or _timing._gpu_undecided) and _get_ident() == se._owner \
-                and not se.held:
-            capture = se._active
-            region._capture = capture if capture is not None else se.current_capture()
-            region._state = 1
-            region._t0 = _perf_ns()
-        else:
-            region._gpu = _timing.default_gpu()
-            region._state = 0
-            region.__enter__()
-        try:
-            item = next(self._it)
-        except StopIteration:
-            region.discard()
-            raise
-        except BaseException:
-            region.__exit__()
-            raise
-        t1 = _perf_ns()
-        # Close: timed_region.__exit__'s CPU fast path inline (as in HookRegionTimer.post).
-        if region._state != 1 or region._g0 is not None:
-            region.__exit__()
-            return item
-        region._state = 3
-        capture = region._capture
-        region._capture = None
-        event = (region.raw_event, region._t0, t1, None, None)
-        if capture is se._active and len(capture.events) < se.MAX_EVENTS_PER_CAPTURE:
-            capture.events.append(event)
-        else:
-            se.record_timing_event(event, capture)
-        return item
+    __next__ = timed_next_method(methodcaller("_next"))
 
 
 def moves_host_to_device(tensor, args: tuple, kwargs: dict) -> bool:

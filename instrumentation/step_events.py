@@ -293,37 +293,18 @@ def complete_step_capture(capture: StepCapture | None = None, last_event: tuple 
         return None
     step = _next_step
     _next_step = step + 1
-    # Both puts are BoundedDropQueue.put inlined, and both queue plain tuples: the
-    # records (StepTimeBatch, StepMemorySnapshot) are built when drained, on the
-    # sampler thread. Every object this touches is a cache miss in a real step.
+    # Both queues get plain tuples: the records (StepTimeBatch, StepMemorySnapshot)
+    # are built when drained, on the sampler thread.
     events = active.events
     if events:
-        queue = _timing_queue
-        items = queue._items
-        size = len(items)
-        if size < queue.capacity:
-            items.append((step, events))
-            if size + 1 == queue.wake_at and queue.wakeup is not None:
-                _call_wakeup(queue.wakeup)
-        else:
-            queue.dropped += 1
+        _timing_queue.put((step, events))
     if memory_device is not None:
         # Off CUDA: no peaks, so the reading is just the device and when the step ended
         # (a perf_counter stamp, mapped to the wall clock when drained).
-        item = (step, memory_device, last_event[EV_CPU_END] if last_event is not None else time.perf_counter_ns())
+        stamp = last_event[EV_CPU_END] if last_event is not None else time.perf_counter_ns()
+        _memory_queue.put((step, memory_device, stamp))
     elif active.memory is not None:
-        item = (step, active.memory)
-    else:
-        return step
-    queue = _memory_queue
-    items = queue._items
-    size = len(items)
-    if size < queue.capacity:
-        items.append(item)
-        if size + 1 == queue.wake_at and queue.wakeup is not None:
-            _call_wakeup(queue.wakeup)
-    else:
-        queue.dropped += 1
+        _memory_queue.put((step, active.memory))
     return step
 
 

@@ -140,9 +140,10 @@ def resolve_batch(batch, wall_offset_ns: int, *, gpu_available: bool = True,
         # occurrence itself.
         ordered = sorted(events, key=_by_start)
         totals = {}
-        for name, t0, t1, g0, g1 in ordered:
+        for event in ordered:
+            name, t0, t1, g0, _ = event
             totals[name] = new_tuple(EventTotals, (
-                (t1 - t0) / 1e6, None if g0 is None else _gpu_ms(g0, g1, gpu_available, pool), 1))
+                (t1 - t0) / 1e6, None if g0 is None else _gpu_ms(event, gpu_available, pool), 1))
     else:
         ordered = outermost_events(events, pool)
         totals = _sum_occurrences(ordered, gpu_available, pool)
@@ -152,33 +153,30 @@ def resolve_batch(batch, wall_offset_ns: int, *, gpu_available: bool = True,
                                         max(map(_end, ordered)) + wall_offset_ns, totals, phases))
 
 
-def _gpu_ms(g0, g1, gpu_available: bool, pool) -> float | None:
+def _gpu_ms(event: tuple, gpu_available: bool, pool) -> float | None:
     """One occurrence's GPU time in ms (None when unavailable); its events go back to `pool`."""
-    if g0 is None:
-        return None
+    g0, g1 = event[_se.EV_GPU_START], event[_se.EV_GPU_END]
     gpu = None
-    if g1 is not None and gpu_available:
+    if g0 is not None and g1 is not None and gpu_available:
         try:
             gpu = float(g0.elapsed_time(g1))
         except Exception:
             gpu = None
-    if pool is not None:
-        pool.release(g0)
-        if g1 is not None:
-            pool.release(g1)
+    _release(event, pool)
     return gpu
 
 
 def _sum_occurrences(ordered: list, gpu_available: bool, pool) -> dict:
     """Per raw event, the sum over its occurrences (CPU exact in ns; GPU None if any is missing)."""
     sums: dict[str, list] = {}
-    for name, t0, t1, g0, g1 in ordered:
+    for event in ordered:
+        name, t0, t1 = event[0], event[1], event[2]
         acc = sums.get(name)
         if acc is None:
             acc = sums[name] = [0, 0.0, 0, True]
         acc[0] += t1 - t0
         acc[2] += 1
-        gpu = _gpu_ms(g0, g1, gpu_available, pool)
+        gpu = _gpu_ms(event, gpu_available, pool)
         if gpu is None:
             acc[3] = False
         else:
@@ -287,7 +285,7 @@ class StepTimeSampler(_Sampler):
             sinks = self.sinks()
             pool = self._pool
             if pool is None:
-                pool = _timing._pool
+                pool = _timing.event_pool()
             taken = 0
             try:
                 for batch in pending:

@@ -177,8 +177,8 @@ class timed_region:
         self._capture = capture if capture is not None else se.current_capture()
         self._state = 1
         gpu = self._gpu
-        if gpu is None:
-            gpu = _gpu_default or (_gpu_undecided and _cuda_ready())
+        if gpu is None:  # the process policy: default_gpu(), inline (every region's path)
+            gpu = _gpu_default if not _gpu_undecided else _cuda_ready()
         if gpu and _pool is not None:
             try:
                 g0 = _pool.acquire()

@@ -17,6 +17,10 @@ from traceml.schema.vocabulary import (
 )
 
 
+EVERY_REGION_ONCE = {RAW_DATALOADER_NEXT: 1, RAW_FORWARD: 1, RAW_BACKWARD: 1, RAW_OPTIMIZER_STEP: 1,
+                     RAW_STEP_TIME: 1}
+
+
 def _tiny():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
@@ -48,8 +52,7 @@ def test_auto_mode_times_every_region_once_per_step(sink):
     _flush()
     assert [r.step for r in sink.steps] == [0, 1, 2]
     for record in sink.steps:
-        assert _counts(record) == {RAW_DATALOADER_NEXT: 1, RAW_FORWARD: 1, RAW_BACKWARD: 1,
-                                   RAW_OPTIMIZER_STEP: 1, RAW_STEP_TIME: 1}
+        assert _counts(record) == EVERY_REGION_ONCE
         assert all(t.gpu_ms is None for t in record.events.values())  # CPU run
         assert record.events[RAW_STEP_TIME].cpu_ms >= record.events[RAW_FORWARD].cpu_ms
     assert [(m.step, m.peak_allocated_bytes) for m in sink.memory] == [(0, None), (1, None), (2, None)]
@@ -131,20 +134,27 @@ def test_manual_mode_installs_no_patches_and_wrappers_time_each_region(sink):
 
 
 def test_manual_wrappers_in_auto_mode_do_not_double_count(sink):
+    """Auto patches and hooks inside manual regions of the same names: the outermost counts."""
     traceml.init(mode="auto")
     model, opt, loader = _tiny()
-    traceml.wrap_optimizer(opt)
-    traceml.wrap_forward(model)
-    for x, y in traceml.wrap_dataloader(loader):
+    traceml.wrap_optimizer(opt)  # optimizer hooks on top of the global ones
+    traceml.wrap_forward(model)  # the same forward hooks auto mode adds: installed once
+    for x, y in traceml.wrap_dataloader(loader):  # the patched __next__ runs inside this wrapper
         with traceml.trace_step(model):
+            with traceml.timed_forward():
+                out = model(x)  # forward hook inside
             with traceml.timed_backward():
-                model(x).sum().backward()
-            opt.step()
-        break
+                with traceml.timed_backward():  # a manual region nested in itself
+                    torch.nn.functional.mse_loss(out, y).backward()  # Tensor.backward patch inside
+            with traceml.timed_optimizer_step():
+                opt.step()  # global and per-optimizer step hooks inside
+            opt.zero_grad()
     traceml.shutdown()
     _flush()
-    assert _counts(sink.steps[0]) == {RAW_DATALOADER_NEXT: 1, RAW_FORWARD: 1, RAW_BACKWARD: 1,
-                                      RAW_OPTIMIZER_STEP: 1, RAW_STEP_TIME: 1}
+    assert [r.step for r in sink.steps] == [0, 1, 2]
+    for record in sink.steps:
+        assert _counts(record) == EVERY_REGION_ONCE
+        assert [p.raw_event for p in record.phases].count(RAW_BACKWARD) == 1
 
 
 def test_exception_in_trace_step_aborts_and_propagates_unchanged(sink):
@@ -387,31 +397,6 @@ def test_auto_mode_dataloader_on_another_thread_leaves_the_training_threads_inpu
     assert traceml.dropped_counts()["foreign_thread"] == 1
 
 
-def test_manual_wrappers_around_patched_calls_count_each_region_once(sink):
-    """Auto patches and hooks inside manual regions of the same names: the outermost counts."""
-    traceml.init(mode="auto")
-    model, opt, loader = _tiny()
-    traceml.wrap_optimizer(opt)  # optimizer hooks on top of the global ones
-    batches = traceml.wrap_dataloader(loader)  # the patched __next__ runs inside this wrapper
-    for x, y in batches:
-        with traceml.trace_step(model):
-            with traceml.timed_forward():
-                out = model(x)  # forward hook inside
-            with traceml.timed_backward():
-                with traceml.timed_backward():  # a manual region nested in itself
-                    torch.nn.functional.mse_loss(out, y).backward()  # Tensor.backward patch inside
-            with traceml.timed_optimizer_step():
-                opt.step()  # global and per-optimizer step hooks inside
-            opt.zero_grad()
-    traceml.shutdown()
-    _flush()
-    assert [r.step for r in sink.steps] == [0, 1, 2]
-    for record in sink.steps:
-        assert _counts(record) == {RAW_DATALOADER_NEXT: 1, RAW_FORWARD: 1, RAW_BACKWARD: 1,
-                                   RAW_OPTIMIZER_STEP: 1, RAW_STEP_TIME: 1}
-        assert [p.raw_event for p in record.phases].count(RAW_BACKWARD) == 1
-
-
 def test_a_hold_quiets_hooks_patches_and_the_timed_loader(sink):
     traceml.init(mode="auto")
     model, opt, loader = _tiny()
@@ -430,8 +415,7 @@ def test_a_hold_quiets_hooks_patches_and_the_timed_loader(sink):
     _flush()
     held_step, free_step = sink.steps
     assert _counts(held_step) == {RAW_STEP_TIME: 1}
-    assert _counts(free_step) == {RAW_DATALOADER_NEXT: 1, RAW_FORWARD: 1, RAW_BACKWARD: 1,
-                                  RAW_OPTIMIZER_STEP: 1, RAW_STEP_TIME: 1}
+    assert _counts(free_step) == EVERY_REGION_ONCE
 
 
 def test_cpu_memory_snapshot_is_stamped_on_the_wall_clock_at_the_step_end(sink):

@@ -40,7 +40,8 @@ def attributes(kvs) -> dict:
 
 
 class OtlpTestReceiver:
-    def __init__(self, mode: str = "ok", stall_s: float = 30.0, keep: bool = True, grpc_port: int = 0):
+    def __init__(self, mode: str = "ok", stall_s: float = 30.0, keep: bool = True, grpc_port: int = 0,
+                 http_port: int = 0):
         self.mode = mode
         self.keep = keep  # False: count spans/points only (benchmarks), keep no requests
         self.span_count = 0
@@ -55,7 +56,7 @@ class OtlpTestReceiver:
         self._grpc_server = None
         self._http_server = None
         self.grpc_port = grpc_port  # 0: any free port
-        self.http_port = 0
+        self.http_port = http_port  # 0: any free port
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -66,7 +67,7 @@ class OtlpTestReceiver:
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(_MetricsServicer(self), self._grpc_server)
         self.grpc_port = self._grpc_server.add_insecure_port(f"127.0.0.1:{self.grpc_port}")
         self._grpc_server.start()
-        self._http_server = ThreadingHTTPServer(("127.0.0.1", 0), _http_handler(self))
+        self._http_server = ThreadingHTTPServer(("127.0.0.1", self.http_port), _http_handler(self))
         self._http_server.daemon_threads = True
         self.http_port = self._http_server.server_address[1]
         threading.Thread(target=self._http_server.serve_forever, name="otlp-test-http", daemon=True).start()

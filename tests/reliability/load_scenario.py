@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import reliability_helpers as h
+from traceml.schema import vocabulary as v
 
 LOAD_SENDER = Path(__file__).resolve().parent / "load_sender.py"
 
@@ -59,11 +60,11 @@ class LoadResult:
 
 def _labels_value(text: str, name: str, run: str) -> list[tuple[dict, float]]:
     return [(labels, val) for labels, val in h.prometheus_samples(text, name)
-            if any(val_ == run for key, val_ in labels.items() if key.endswith("run_id"))]
+            if labels.get(v.prometheus_label(v.ATTR_RUN_ID)) == run]
 
 
-def _label(labels: dict, suffix: str) -> str:
-    return next((val for key, val in labels.items() if key.endswith(suffix)), "")
+def _label(labels: dict, attribute: str) -> str:
+    return labels.get(v.prometheus_label(attribute), "")
 
 
 def run_load(folder: Path, *, ranks: int, steps_per_s: float, duration_s: float, straggler: int,
@@ -95,7 +96,7 @@ def run_load(folder: Path, *, ranks: int, steps_per_s: float, duration_s: float,
             lags = _labels_value(text, "traceml_processor_run_lag_seconds", run)
             if lags:
                 result.lag_samples.append(lags[0][1])
-            culprits = {_label(labels, "culprit_rank") for labels, _ in
+            culprits = {_label(labels, v.ATTR_CULPRIT_RANK) for labels, _ in
                         _labels_value(text, "traceml_diagnosis_active_ratio", run)} - {""}
             if culprits:
                 result.diagnosis_samples += 1
@@ -121,7 +122,8 @@ def run_load(folder: Path, *, ranks: int, steps_per_s: float, duration_s: float,
 
         def diagnosis():
             found = _labels_value(proc.metrics_text(), "traceml_diagnosis_active_ratio", run)
-            result.diagnosis = sorted((_label(labels, "kind"), _label(labels, "culprit_rank"), round(score, 3))
+            result.diagnosis = sorted((_label(labels, v.ATTR_DIAGNOSIS_KIND), _label(labels, v.ATTR_CULPRIT_RANK),
+                                       round(score, 3))
                                       for labels, score in found)
             return any(culprit == str(straggler) for _, culprit, _ in result.diagnosis)
 

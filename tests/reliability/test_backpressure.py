@@ -17,6 +17,19 @@ import reliability_helpers as h
 from traceml.processor.service import ProcessorConfig, ProcessorService
 
 RUN = "overload"
+ACKNOWLEDGED = (grpc.StatusCode.OK, 200)  # gRPC OK, HTTP 200
+
+
+def retry_until_acknowledged(call, statuses: list | None = None):
+    """A patient OTLP client: repeats `call()` (one export) while it is refused, until acknowledged.
+
+    Every answer's status is appended to `statuses` when given."""
+    while True:
+        answer = call()
+        if statuses is not None:
+            statuses.append(answer.status)
+        if answer.status in ACKNOWLEDGED:
+            return answer
 
 
 def test_a_stalled_writer_refuses_new_work_at_once_and_nothing_acknowledged_is_lost(tmp_path):
@@ -30,12 +43,8 @@ def test_a_stalled_writer_refuses_new_work_at_once_and_nothing_acknowledged_is_l
     client_for = {name: OtlpClient(service.grpc_port, service.http_port) for name in "ab"}
 
     def send(name: str) -> None:
-        """A patient OTLP client: retries retryable refusals until acknowledged."""
-        while True:
-            answer = client_for[name].grpc(TRACES, requests[name])
-            answers.setdefault(name, []).append(answer.status)
-            if answer.status == grpc.StatusCode.OK:
-                return
+        retry_until_acknowledged(lambda: client_for[name].grpc(TRACES, requests[name]),
+                                 answers.setdefault(name, []))
 
     lock = sqlite3.connect(config.db, timeout=30, isolation_level=None)
     try:
@@ -59,11 +68,9 @@ def test_a_stalled_writer_refuses_new_work_at_once_and_nothing_acknowledged_is_l
         first.join(120)
         second.join(120)
         assert not first.is_alive() and not second.is_alive()
-        # The refused clients retry now that the writer is free.
-        for name in "cd":
-            answer = client.grpc(TRACES, requests[name]) if name == "c" else client.http(TRACES, requests[name])
-            while answer.status not in (grpc.StatusCode.OK, 200):
-                answer = client.grpc(TRACES, requests[name])
+        # The refused clients retry, each over the transport it was refused on, now that the writer is free.
+        for name, export in (("c", client.grpc), ("d", client.http)):
+            retry_until_acknowledged(lambda: export(TRACES, requests[name]))
         stored = h.stored_step_keys(config.db, RUN)
         want = {(RUN, rank, s) for rank, n in ((0, 50), (1, 50), (2, 60), (3, 60)) for s in range(1, n + 1)}
         assert stored == want

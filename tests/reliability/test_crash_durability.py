@@ -8,10 +8,20 @@ right after the kill and at the end; replaying everything adds no rows.
 """
 from __future__ import annotations
 
-import pytest
 from crash_scenario import GROUPS, RUN, acknowledged, finish, start_senders
 
 import reliability_helpers as h
+
+
+def _kill_all(children) -> None:
+    """SIGKILL every process in `children` that is still there."""
+    import psutil
+
+    for child in children:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 def test_kill_9_mid_ingest_loses_no_acknowledged_step_and_replay_adds_nothing(tmp_path):
@@ -60,11 +70,7 @@ def test_kill_9_of_a_multi_worker_processor_leaves_no_orphan_workers(tmp_path):
 
         assert h.wait_until(all_gone, 20)
     finally:
-        for child in children:  # never leak them into the rest of the suite
-            try:
-                child.kill()
-            except psutil.NoSuchProcess:
-                pass
+        _kill_all(children)  # never leak them into the rest of the suite
 
 
 def test_kill_9_of_a_multi_worker_processor_loses_no_acknowledged_step(tmp_path):
@@ -79,16 +85,11 @@ def test_kill_9_of_a_multi_worker_processor_loses_no_acknowledged_step(tmp_path)
     try:
         assert h.wait_until(lambda: len(acknowledged(logs)) >= 400, 120), "senders made no progress"
         proc.kill9()
-        for child in children:  # the whole processor goes down, workers included (see the test above)
-            try:
-                child.kill()
-            except psutil.NoSuchProcess:
-                pass
+        _kill_all(children)  # the whole processor goes down, workers included (see the test above)
         psutil.wait_procs(children, timeout=10)
         before_restart = acknowledged(logs)
         assert before_restart <= h.stored_step_keys(proc.db, RUN)
         proc.start()
-        children = psutil.Process(proc.proc.pid).children(recursive=True)
         assert h.wait_until(lambda: len(acknowledged(logs)) >= len(before_restart) + 400, 120)
     finally:
         stop.touch()

@@ -8,15 +8,10 @@ record counters include everything ingested during the outage.
 from __future__ import annotations
 
 import logging
-import threading
-from concurrent import futures
-from http.server import ThreadingHTTPServer
 
 import grpc
 from fuzz_cases import TRACES, OtlpClient
-from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
-from otlp_test_receiver import OtlpTestReceiver, _http_handler, _MetricsServicer, _TraceServicer, attributes
+from otlp_test_receiver import OtlpTestReceiver, attributes
 
 import reliability_helpers as h
 from traceml.processor.reexport import OtlpExportConfig
@@ -24,19 +19,6 @@ from traceml.processor.service import ProcessorConfig, ProcessorService
 from traceml.schema import vocabulary as v
 
 RUN = "outage-run"
-
-
-class ReceiverOnPort(OtlpTestReceiver):
-    """The shared test receiver, bound to a chosen gRPC port (the one the processor was told)."""
-
-    def start_on(self, port: int) -> "ReceiverOnPort":
-        self._grpc_server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceServicer(self), self._grpc_server)
-        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(_MetricsServicer(self), self._grpc_server)
-        self.grpc_port = self._grpc_server.add_insecure_port(f"127.0.0.1:{port}")
-        assert self.grpc_port == port
-        self._grpc_server.start()
-        return self
 
 
 class Records(logging.Handler):
@@ -69,7 +51,7 @@ def test_destination_down_then_up_ingest_continues_and_the_gap_is_reported(tmp_p
                                                      timeout_s=1.0, interval_s=0.5))
     service = ProcessorService(config).start()
     client = OtlpClient(service.grpc_port, service.http_port)
-    receiver = ReceiverOnPort()
+    receiver = OtlpTestReceiver(grpc_port=port)  # started once the outage has been seen
     logged = Records()
     logger = logging.getLogger("traceml.processor.reexport")
     logger.addHandler(logged)
@@ -98,7 +80,7 @@ def test_destination_down_then_up_ingest_continues_and_the_gap_is_reported(tmp_p
         failed_during_outage = service.pusher.failed
 
         # Recovery: the destination comes up on the same address; pushes resume by themselves.
-        receiver.start_on(port)
+        receiver.start()
         assert h.wait_until(lambda: service.pusher.sent >= 1 and accepted_records(receiver) >= 2 * during, 90, 0.2), \
             (service.pusher.sent, service.pusher.failed, service.pusher.last_error)
         ingest()
@@ -120,8 +102,8 @@ def test_destination_down_then_up_ingest_continues_and_the_gap_is_reported(tmp_p
 
 def test_http_destination_down_then_up(tmp_path):
     """The same over OTLP/HTTP: a test receiver started after the outage is found on its port."""
-    receiver = OtlpTestReceiver()
     port = h.free_port()
+    receiver = OtlpTestReceiver(http_port=port)  # started once the outage has been seen
     config = ProcessorConfig(db=tmp_path / "traceml.db", otlp_grpc=("127.0.0.1", 0), otlp_http=None,
                              refresh_interval_s=0.3,
                              export=OtlpExportConfig(endpoint=f"http://127.0.0.1:{port}", protocol="http/protobuf",
@@ -131,13 +113,11 @@ def test_http_destination_down_then_up(tmp_path):
     try:
         assert client.grpc(TRACES, h.steps_request(RUN, 0, range(1, 6), world_size=1)).rejected == 0
         assert h.wait_until(lambda: service.pusher.failed >= 1, 60, 0.2)
-        server = ThreadingHTTPServer(("127.0.0.1", port), _http_handler(receiver))
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        receiver.start()
         try:
             assert h.wait_until(lambda: service.pusher.sent >= 1 and accepted_records(receiver) >= 5, 60, 0.2)
         finally:
-            server.shutdown()
-            server.server_close()
+            receiver.stop()
     finally:
         client.close()
         service.stop()

@@ -19,17 +19,13 @@
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests" / "reliability"))
 sys.path.insert(0, str(ROOT / "tests"))
 
@@ -37,9 +33,10 @@ import traceml_checkout  # noqa: E402,F401
 
 import reliability_helpers as h  # noqa: E402
 from crash_scenario import GROUPS, RUN, acknowledged, finish, start_senders  # noqa: E402
-
-SCRIPT = ROOT / "tests" / "reliability" / "train_script.py"
-
+from fault_training import finish as finish_training  # noqa: E402
+from fault_training import lost as lost_spans  # noqa: E402
+from fault_training import progress_steps  # noqa: E402
+from fault_training import train as run_training  # noqa: E402
 
 def crash_cycles(cycles: int) -> bool:
     folder = Path(tempfile.mkdtemp(prefix="bench-crash-"))
@@ -80,18 +77,7 @@ def crash_cycles(cycles: int) -> bool:
 
 
 def train(env_extra: dict, steps: int, progress: Path | None = None, wait: bool = True):
-    env = {k: val for k, val in os.environ.items() if not k.startswith(("OTEL_", "TRACEML_"))}
-    env.update(OTEL_EXPORTER_OTLP_TIMEOUT="1000", TRACEML_EXPORT_QUEUE_SIZE="256", FAULT_STEPS=str(steps),
-               FAULT_SLEEP_S="0.005", FAULT_SHUTDOWN_S="3", OMP_NUM_THREADS="1", **env_extra)
-    if progress is not None:
-        env["FAULT_PROGRESS"] = str(progress)
-    proc = subprocess.Popen([sys.executable, str(SCRIPT)], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    if not wait:
-        return proc
-    out, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, out[-2000:]
-    return json.loads(out.strip().splitlines()[-1])
+    return run_training(env_extra, steps=steps, queue_size=256, progress=progress, wait=wait, timeout_s=600)
 
 
 def training_faults(steps: int, repeats: int) -> bool:
@@ -122,17 +108,13 @@ def training_faults(steps: int, repeats: int) -> bool:
                          "TRACEML_RUN_ID": f"restart-{r}"}, steps, progress, wait=False)
 
         def done() -> int:
-            try:
-                return int(progress.read_text() or 0)
-            except (OSError, ValueError):
-                return 0
+            return progress_steps(progress)
 
         h.wait_until(lambda: done() >= steps // 4 or trainer.poll() is not None, 120)
         proc.kill9()
         h.wait_until(lambda: done() >= steps // 2 or trainer.poll() is not None, 120)
         proc.start()
-        out, _ = trainer.communicate(timeout=600)
-        result = json.loads(out.strip().splitlines()[-1])
+        result = finish_training(trainer, timeout_s=600, check=False)
         time.sleep(1.0)
         result["stored"] = len(h.stored_step_keys(proc.db, f"restart-{r}"))
         proc.stop()
@@ -148,7 +130,7 @@ def training_faults(steps: int, repeats: int) -> bool:
         steps_done = min(x["steps"] for x in runs)
         ok &= steps_done == steps
         delivered = exp["steps_exported"] if exp else "-"
-        lost = (exp["dropped"].get("spans", 0) + exp["failures"].get("traces", 0)) if exp else "-"
+        lost = lost_spans(exp) if exp else "-"
         if exp:
             ok &= exp["steps_exported"] + lost >= steps
         print(f"{name:40s} {median * 1e3:10.2f} ms {median / base:6.2f} {steps_done:6d} {delivered!s:>9s} {lost!s:>5s}")

@@ -27,7 +27,6 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests" / "reliability"))
 sys.path.insert(0, str(ROOT / "tests"))
 

@@ -10,44 +10,22 @@ step-time medians are printed, and compared in benchmarks/bench_faults.py.
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from fault_training import HANG_BOUND_S, finish, lost, progress_steps
+from fault_training import train as run_training
 from otlp_test_receiver import OtlpTestReceiver
 
 import reliability_helpers as h
 
-SCRIPT = Path(__file__).resolve().parent / "train_script.py"
-HANG_BOUND_S = 180
-
 
 def train(run_id: str, endpoint: str, protocol: str, *, steps: int, progress: Path | None = None,
           sleep_s: float = 0.005, wait: bool = True, extra_env: dict | None = None):
-    env = {k: val for k, val in os.environ.items() if not k.startswith(("OTEL_", "TRACEML_"))}
-    env.update(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_EXPORTER_OTLP_PROTOCOL=protocol,
-               OTEL_EXPORTER_OTLP_TIMEOUT="1000", TRACEML_RUN_ID=run_id, TRACEML_EXPORT_QUEUE_SIZE="64",
-               FAULT_STEPS=str(steps), FAULT_SLEEP_S=str(sleep_s), FAULT_SHUTDOWN_S="3", OMP_NUM_THREADS="1",
-               **(extra_env or {}))
-    if progress is not None:
-        env["FAULT_PROGRESS"] = str(progress)
-    proc = subprocess.Popen([sys.executable, str(SCRIPT)], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    return finish(proc) if wait else proc
-
-
-def finish(proc: subprocess.Popen) -> dict:
-    out, _ = proc.communicate(timeout=HANG_BOUND_S)
-    assert proc.returncode == 0, out[-3000:]
-    return json.loads(out.strip().splitlines()[-1])
-
-
-def lost(exporter: dict) -> int:
-    """Step spans the exporter itself counts as not delivered (dropped from its queue or failed)."""
-    return exporter["dropped"].get("spans", 0) + exporter["failures"].get("traces", 0)
+    return run_training({"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+                         "TRACEML_RUN_ID": run_id, **(extra_env or {})},
+                        steps=steps, sleep_s=sleep_s, progress=progress, wait=wait)
 
 
 @pytest.mark.parametrize("protocol", ["grpc"])
@@ -79,10 +57,7 @@ def test_processor_restarted_mid_run_training_completes_and_the_summary_accounts
                     sleep_s=0.01, wait=False)
     try:
         def done() -> int:
-            try:
-                return int(progress.read_text() or 0)
-            except (OSError, ValueError):
-                return 0
+            return progress_steps(progress)
 
         assert h.wait_until(lambda: done() >= 100 or trainer.poll() is not None, HANG_BOUND_S)
         proc.kill9()

@@ -43,8 +43,13 @@ def read_rank_memory(conn: sqlite3.Connection, run_id: str, *, latest: bool) -> 
     return list(by_rank.values())
 
 
-def read_rank_telemetry(conn: sqlite3.Connection, run_id: str) -> list[RankTelemetry]:
-    """Per known rank: did it send its end marker, what did it report dropped and lost, what is stored."""
+def read_rank_telemetry(conn: sqlite3.Connection, run_id: str, *, count_stored: bool = True
+                        ) -> list[RankTelemetry]:
+    """Per known rank: did it send its end marker, what did it report dropped and lost, what is stored.
+
+    `count_stored=False` skips counting the stored steps (a scan of the run's step
+    rows), which only the final summary reads; `steps_stored` is then left at 0.
+    """
     finished: dict[int, bool] = {}
     final: dict[int, dict] = {}
     for rank, finished_time, counts in conn.execute(
@@ -59,9 +64,9 @@ def read_rank_telemetry(conn: sqlite3.Connection, run_id: str) -> list[RankTelem
     for rank, queue, dropped in conn.execute(
             "SELECT global_rank, queue, dropped FROM step_time_drops WHERE run_id = ?", (run_id,)):
         drops.setdefault(rank, {})[queue] = int(dropped)
-    stored = dict(conn.execute(
-        "SELECT global_rank, COUNT(DISTINCT step) FROM step_time_samples WHERE run_id = ? GROUP BY global_rank",
-        (run_id,)).fetchall())
+    stored = dict(conn.execute(  # (run_id, global_rank, step) is UNIQUE: a row is a step
+        "SELECT global_rank, COUNT(*) FROM step_time_samples WHERE run_id = ? GROUP BY global_rank",
+        (run_id,)).fetchall()) if count_stored else {}
     ranks = sorted(set(finished) | set(drops))
     return [RankTelemetry(rank, finished.get(rank, False), drops.get(rank, {}),
                           export_failures=_count(final.get(rank), v.ATTR_RUN_END_EXPORT_FAILURES),
@@ -76,13 +81,15 @@ def _count(counts: dict | None, key: str) -> int | None:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 else None
 
 
-def read_run_facts(db_path: Path, run_id: str, *, latest_memory: bool) -> tuple[list[RankMemory], list[RankTelemetry]]:
+def read_run_facts(db_path: Path, run_id: str, *, latest_memory: bool,
+                   count_stored: bool = True) -> tuple[list[RankMemory], list[RankTelemetry]]:
     """Both readers in one short read-only connection; empty lists before the tables exist."""
     if not Path(db_path).exists():
         return [], []
     conn = _connect(db_path)
     try:
-        return read_rank_memory(conn, run_id, latest=latest_memory), read_rank_telemetry(conn, run_id)
+        return (read_rank_memory(conn, run_id, latest=latest_memory),
+                read_rank_telemetry(conn, run_id, count_stored=count_stored))
     except sqlite3.OperationalError:
         return [], []
     finally:
@@ -123,5 +130,7 @@ def live_points(result, db_path: Path) -> Sequence:
     """Summary metric points of one live refresh (latest memory peaks, reported drops)."""
     from traceml.processor.reporting.summary_metrics import summary_metric_points
 
-    memory, telemetry = read_run_facts(db_path, result.analysis.window.run_id, latest_memory=True)
+    # The live metrics read drops, not stored-step counts: no scan of the run's rows per refresh.
+    memory, telemetry = read_run_facts(db_path, result.analysis.window.run_id, latest_memory=True,
+                                       count_stored=False)
     return summary_metric_points(result.analysis, freshness=result.freshness, memory=memory, telemetry=telemetry)

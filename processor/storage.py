@@ -297,6 +297,11 @@ def _optional_int(value: object) -> int | None:
     return int(value) if _is_int(value) and value >= 0 else None
 
 
+def _event_values(raw) -> tuple:
+    """(cpu_ms, gpu_ms, count) of one decoded event value; None for whatever it lacks."""
+    return getattr(raw, "cpu_ms", None), getattr(raw, "gpu_ms", None), getattr(raw, "count", None)
+
+
 def normalise_step_record(
     record: StepTimeIngestRecord, receive_time: float, issues: Counter
 ) -> tuple | str:
@@ -317,7 +322,6 @@ def normalise_step_record(
         return REJECT_BAD_EVENTS
 
     flat: list[float | int | None] = [None] * len(METRIC_VALUE_COLUMNS)
-    payload: dict[str, list[object]] = {}
     # While every name is known and every value a plain None / finite float / int, the
     # audit JSON is written directly (same text as json.dumps, a fraction of the cost).
     plain: list[tuple[str, str]] | None = []
@@ -328,10 +332,7 @@ def normalise_step_record(
         if raw.__class__ is RawEventValue:
             cpu, gpu, count = raw.cpu_ms, raw.gpu_ms, raw.count
         else:
-            cpu = getattr(raw, "cpu_ms", None)
-            gpu = getattr(raw, "gpu_ms", None)
-            count = getattr(raw, "count", None)
-        payload[raw_name] = [cpu, gpu, count]
+            cpu, gpu, count = _event_values(raw)
         k = slots.get(raw_name)
         if k is None:
             issues[VALUE_UNKNOWN_EVENT] += 1
@@ -354,6 +355,8 @@ def normalise_step_record(
         plain.sort()
         payload_text = "{" + ",".join([text for _, text in plain]) + "}"
     else:
+        # Only this path needs the values as a mapping (the plain path wrote the text).
+        payload = {name: list(_event_values(raw)) for name, raw in record.events.items()}
         try:
             payload_text = json.dumps(payload, sort_keys=True, separators=(",", ":"),
                                       allow_nan=False)

@@ -10,7 +10,7 @@ class ServerThread:
 
     def __init__(self, server: socketserver.BaseServer, name: str):
         self.server = server
-        self.host, self.port = server.server_address[:2]
+        self.port = server.server_address[1]
         self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
                                         name=name, daemon=True)
 

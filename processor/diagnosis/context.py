@@ -5,13 +5,12 @@ never invents values for a rank that did not measure them.
 """
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from traceml.processor.diagnosis.policy import DiagnosisPolicy
-from traceml.processor.step_time.model import StepTimeValues, StepTimeWindow
+from traceml.processor.step_time.model import StepTimeValues, StepTimeWindow, finite_ratio
 from traceml.schema.diagnosis import (
     CAP_FSDP,
     CAP_SHORT_WINDOW,
@@ -89,11 +88,9 @@ class RuleContext:
             return None
         col, steps = self.column(metric), self.column(METRIC_STEP_TIME)
         step_median = float(statistics.median([steps[r] for r in cohort]))
-        if step_median <= 0.0:
-            return None
         median = float(statistics.median([col[r] for r in cohort]))
-        share = median / step_median
-        if not math.isfinite(share):  # a denormal step time overflows the ratio
+        share = finite_ratio(median, step_median)
+        if share is None:
             return None
         worst_rank = max(cohort, key=lambda r: (col[r], -r))
         return ShareFacts(

@@ -9,12 +9,11 @@ victim's Step Time, is the score.
 """
 from __future__ import annotations
 
-import math
 
 from dataclasses import dataclass
 
 from traceml.processor.diagnosis.context import RuleContext
-from traceml.processor.step_time.model import DiagnosisIssue, StepTimeValues
+from traceml.processor.step_time.model import DiagnosisIssue, StepTimeValues, finite_ratio
 from traceml.schema.diagnosis import (
     COMPONENT_COMPUTE,
     COMPONENT_H2D,
@@ -89,11 +88,11 @@ def rank_straggler(ctx: RuleContext) -> DiagnosisIssue | None:
     middle = ordered[len(ordered) // 2]
     victim = _Candidate(middle[1], middle[0], ctx.values(middle[1]))
     victim_step = ctx.column(METRIC_STEP_TIME)[victim.rank]
-    if victim.rank == culprit.rank or victim_step <= 0.0:
+    if victim.rank == culprit.rank:
         return None
     gap = victim.visible - culprit.visible
-    score = gap / victim_step
-    if not math.isfinite(score):  # a denormal step time overflows the ratio
+    score = finite_ratio(gap, victim_step)
+    if score is None:
         return None
     uncapped = ctx.policy.severity_for(score)
     if uncapped is None:
@@ -101,7 +100,7 @@ def rank_straggler(ctx: RuleContext) -> DiagnosisIssue | None:
     severity, caps = ctx.capped(uncapped)
 
     excess = _excesses(ctx, culprit.values, victim.values)
-    coverage = {c: (None if e is None or not math.isfinite(e / gap) else e / gap) for c, e in excess.items()}
+    coverage = {c: (None if e is None else finite_ratio(e, gap)) for c, e in excess.items()}
     component = COMPONENT_UNATTRIBUTED
     for candidate in (COMPONENT_INPUT_WAIT, COMPONENT_H2D, COMPONENT_COMPUTE):
         covered = coverage[candidate]

@@ -29,7 +29,6 @@ The rules (step-time-pipeline-contract.md, "Canonical window invariants"):
 """
 from __future__ import annotations
 
-import math
 
 from dataclasses import fields, replace
 from typing import Mapping, Sequence
@@ -46,6 +45,7 @@ from traceml.processor.step_time.model import (
     StepTimeSourceGrid,
     StepTimeStepFacts,
     StepTimeValues,
+    finite_ratio,
     StepTimeWindow,
 )
 from traceml.schema.vocabulary import (
@@ -341,9 +341,7 @@ def _metric(name: str, series: _MedianSeries | int, values: np.ndarray,
     if values.size >= 2:
         w = int(np.argmax(values))  # first maximum; ranks ascend, so the lower rank on ties
         worst, worst_rank = float(values[w]), int(ranks[w])
-        skew = (worst - median) / median if median > 0 else None
-        if skew is not None and not math.isfinite(skew):  # denormal median
-            skew = None
+        skew = finite_ratio(worst - median, median)
     rep = representative_index(values, ranks, median)
     return StepTimeMetric(
         name=name, series=series,
@@ -367,12 +365,7 @@ def window_shares(metrics: Mapping[str, StepTimeMetric]) -> dict[str, float | No
     step = metrics["step_time"].median
     out: dict[str, float | None] = {}
     for name, metric in metrics.items():
-        share = None
-        if step is not None and step > 0 and metric.median is not None:
-            share = metric.median / step
-            if not math.isfinite(share):  # a denormal step time overflows the ratio
-                share = None
-        out[name] = share
+        out[name] = None if step is None or metric.median is None else finite_ratio(metric.median, step)
     return out
 
 

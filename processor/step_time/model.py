@@ -12,6 +12,8 @@ the aligned steps); a measured zero stays `0.0`.
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
@@ -330,3 +332,13 @@ class LiveStepTimeResult:
     freshness: str
     age_s: float | None  # seconds since the analysis was last good (monotonic)
     error: str | None = None
+
+
+def finite_ratio(numerator: float, denominator: float) -> float | None:
+    """numerator / denominator, or None when the denominator is not positive or the
+    ratio is not finite (a denormal step time overflows it). One rule for every share,
+    skew and score the analysis and the diagnosis rules derive."""
+    if not denominator > 0:
+        return None
+    ratio = numerator / denominator
+    return ratio if math.isfinite(ratio) else None

@@ -15,7 +15,7 @@ def _gpu_event(clock, name, start_ms, end_ms, t0=0, t1=1_000_000):
     return (name, t0, t1, FakeCudaEvent(clock, start_ms), FakeCudaEvent(clock, end_ms))
 
 
-def _sampler(batches, sink):
+def _sampler(batches, sink, pool=None):
     queue = list(batches)
 
     def drain():
@@ -23,7 +23,7 @@ def _sampler(batches, sink):
         queue.clear()
         return out
 
-    return StepTimeSampler(sinks=(sink,), drain=drain, pool=CudaEventPool(factory=lambda: None))
+    return StepTimeSampler(sinks=(sink,), drain=drain, pool=pool or CudaEventPool(factory=lambda: None))
 
 
 def test_unresolved_earlier_batch_holds_back_later_ones():
@@ -86,12 +86,10 @@ def test_only_the_outermost_occurrence_of_a_name_counts():
     for e in (outer, inner, inner2):
         for g in e[3:]:
             g.done = True
-    released = []
-    pool = type("Pool", (), {"release": lambda self, event: released.append(event)})()
+    pool = CudaEventPool(factory=lambda: None)
     sink = RecordingSink()
     # Regions are appended as they close: inner ones before their outer one.
-    batches = [se.StepTimeBatch(0, [inner, backward, inner2, outer, later])]
-    StepTimeSampler(sinks=[sink], drain=lambda: batches[:1] and [batches.pop()], pool=pool).run_once()
+    _sampler([se.StepTimeBatch(0, [inner, backward, inner2, outer, later])], sink, pool).run_once()
     (record,) = sink.steps
     fwd = record.events[RAW_FORWARD]
     assert (fwd.cpu_ms, fwd.count, fwd.gpu_ms) == ((8_000 + 2_000) / 1e6, 2, None)  # `later` has no GPU time
@@ -99,7 +97,7 @@ def test_only_the_outermost_occurrence_of_a_name_counts():
     offset = record.start_time_ns - 1_000  # the wall-clock offset added to every stamp
     assert [(p.raw_event, p.start_time_ns - offset) for p in record.phases] == [
         (RAW_FORWARD, 1_000), (RAW_BACKWARD, 2_500), (RAW_FORWARD, 10_000)]
-    assert len(released) == 6  # the dropped occurrences' CUDA events are returned too
+    assert pool.free_count() == 6  # the dropped occurrences' CUDA events are returned too
 
 
 def test_an_occurrence_with_the_same_start_and_a_later_end_is_the_outer_one():

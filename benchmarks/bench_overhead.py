@@ -262,6 +262,11 @@ def _rounds(rounds: int, block: int, clock, variants: dict, warmup: int = 0) -> 
     return out
 
 
+def _quartiles(ordered: list) -> tuple:
+    """(first, third) quartile of an already sorted list."""
+    return ordered[len(ordered) // 4], ordered[(3 * len(ordered)) // 4]
+
+
 def _paired_added(samples: dict, variant: str, base: str = "off") -> tuple[float, float, float]:
     """Added time per step of `variant` over `base`, paired by round: (median, q1, q3) in us.
 
@@ -273,7 +278,7 @@ def _paired_added(samples: dict, variant: str, base: str = "off") -> tuple[float
     """
     med = statistics.median
     diffs = sorted((med(v) - med(b)) * 1e6 for v, b in zip(samples[variant], samples[base]))
-    return med(diffs), diffs[len(diffs) // 4], diffs[(3 * len(diffs)) // 4]
+    return (med(diffs), *_quartiles(diffs))
 
 
 def _wall_and_cpu() -> complex:
@@ -306,6 +311,15 @@ def _timed_blocks(rounds: int, block: int, variants: dict, warmup: int):
 
 
 MODES = ("manual", "manual_hooks", "auto")
+LABELS = {**{mode: mode for mode in MODES}, "control": "control (plain vs plain)"}
+
+
+def _variants(job: _Job) -> dict:
+    """Block runners: "off", the instrumented modes, and "control", a second
+    uninstrumented variant: what each estimator reads when nothing is added (0 us,
+    ratio 1.0 on a steady machine)."""
+    return {"off": _variant(job, None), **{mode: _variant(job, mode) for mode in MODES},
+            "control": _variant(job, None)}
 
 
 def measure(quick: bool, block: int = 10, block_rounds: int | None = None) -> dict:
@@ -325,10 +339,7 @@ def measure(quick: bool, block: int = 10, block_rounds: int | None = None) -> di
     results["empty_step_added_us"] = _paired_added(empty, "on")[0]
 
     job = _Job(64, 16, 64)
-    # "control" is a second uninstrumented variant: what the estimator reads when
-    # nothing is added (0 us on a steady machine).
-    variants = {"off": _variant(job, None), **{mode: _variant(job, mode) for mode in MODES},
-                "control": _variant(job, None)}
+    variants = _variants(job)
     for run in variants.values():
         run(30, cpu, [])
     small = _rounds(rounds, 25, cpu, variants, warmup=2)
@@ -340,10 +351,7 @@ def measure(quick: bool, block: int = 10, block_rounds: int | None = None) -> di
     results["small_steps_per_variant"] = sum(len(steps) for steps in small["off"])
 
     job = _Job(896, 128, 32)
-    # "control" is a second uninstrumented variant: its ratio to "off" is what the
-    # machine's noise alone produces (1.0 on a quiet machine).
-    variants = {"off": _variant(job, None), **{mode: _variant(job, mode) for mode in MODES},
-                "control": _variant(job, None)}
+    variants = _variants(job)
     for run in variants.values():
         run(3, _wall_and_cpu, [])
     other0 = time.process_time() - time.thread_time()
@@ -363,7 +371,7 @@ def measure(quick: bool, block: int = 10, block_rounds: int | None = None) -> di
         pairs = list(zip(blocks["off"], blocks[mode]))
         ratios = sorted(o.real / m.real for o, m in pairs)
         results[f"throughput_ratio_{mode}"] = med(ratios)
-        results[f"throughput_ratio_{mode}_iqr"] = (ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4])
+        results[f"throughput_ratio_{mode}_iqr"] = _quartiles(ratios)
         results[f"throughput_ratio_{mode}_pooled"] = sum(o.real for o, _ in pairs) / sum(m.real for _, m in pairs)
         # CPU accounting: what a step adds to the training thread inside a ~10 ms step
         # (paired by round, like the small step) plus the sampler work per step.
@@ -396,22 +404,19 @@ def main(argv=None) -> int:
           f"per-round paired differences, IQR; targets: manual <= 30, auto <= 50):")
     for mode in (*MODES, "control"):
         lo, hi = r[f"small_step_added_us_{mode}_iqr"]
-        label = "control (plain vs plain)" if mode == "control" else mode
-        print(f"    {label:24s} {r[f'small_step_added_us_{mode}']:6.1f} us (IQR {lo:.1f} to {hi:.1f})")
+        print(f"    {LABELS[mode]:24s} {r[f'small_step_added_us_{mode}']:6.1f} us (IQR {lo:.1f} to {hi:.1f})")
     print(f"  ~10 ms step ({r['throughput_step_ms']:.2f} ms wall), {r['throughput_blocks_per_variant']} rounds of "
           f"{r['throughput_steps_per_block']}-step blocks (target >= 0.99):")
     print("    wall-clock throughput ratio: median of per-round block ratios (IQR; pooled)")
     for mode in (*MODES, "control"):
         lo, hi = r[f"throughput_ratio_{mode}_iqr"]
-        label = "control (plain vs plain)" if mode == "control" else mode
-        print(f"      {label:24s} {r[f'throughput_ratio_{mode}']:.4f} (IQR {lo:.3f}-{hi:.3f}; "
+        print(f"      {LABELS[mode]:24s} {r[f'throughput_ratio_{mode}']:.4f} (IQR {lo:.3f}-{hi:.3f}; "
               f"{r[f'throughput_ratio_{mode}_pooled']:.4f})")
     print("    CPU accounting: training thread added per step (paired, IQR) + sampler work per step "
           "-> ratio")
     for mode in (*MODES, "control"):
         lo, hi = r[f"big_step_added_us_{mode}_iqr"]
-        label = "control (plain vs plain)" if mode == "control" else mode
-        print(f"      {label:24s} {r[f'big_step_added_us_{mode}']:6.1f} us (IQR {lo:.1f} to {hi:.1f}) + "
+        print(f"      {LABELS[mode]:24s} {r[f'big_step_added_us_{mode}']:6.1f} us (IQR {lo:.1f} to {hi:.1f}) + "
               f"{r[f'sampler_drain_us_per_step_{mode}']:5.1f} us -> {r[f'cpu_accounted_ratio_{mode}']:.4f}")
     print(f"  sampler threads' own CPU per instrumented step (wake-ups): {r['sampler_cpu_us_per_step']:.1f} us")
     if args.json:

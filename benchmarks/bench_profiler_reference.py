@@ -21,10 +21,8 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 import traceml_checkout  # noqa: E402,F401

@@ -224,10 +224,16 @@ def _attributes(kvs, limits: DecodeLimits) -> dict:
 
 
 def _int_attr(attrs: Mapping, key: str, *, allow_string: bool, minimum: int, maximum: int) -> int | None:
-    """An integer attribute; strings of digits only where OTel env config makes them strings."""
-    if key not in attrs:
+    """An integer attribute; strings of digits only where OTel env config makes them strings.
+
+    An exact int in range (the common case on the hot path) returns at once; anything
+    else is checked and rejected with its precise reason.
+    """
+    value = attrs.get(key, _MISS)
+    if value is _MISS:
         return None
-    value = attrs[key]
+    if value.__class__ is int and minimum <= value <= maximum:
+        return value
     if isinstance(value, bool) or value is None:
         raise _Reject(WRONG_TYPE, f"{key} must be an integer, got {value!r}")
     if isinstance(value, str):
@@ -410,11 +416,7 @@ class Decoder:
         if run_id is None:
             raise _Reject(MISSING_RUN_ID, f"no {v.ATTR_RUN_ID} (or nemo.run.id) on the resource")
         rank_cap = self.limits.max_ranks_per_run * 64
-        span_rank = attrs.get(v.ATTR_RANK, _MISS)
-        if span_rank is _MISS:
-            span_rank = None
-        elif type(span_rank) is not int or not 0 <= span_rank <= rank_cap:
-            span_rank = _int_attr(attrs, v.ATTR_RANK, allow_string=False, minimum=0, maximum=rank_cap)
+        span_rank = _int_attr(attrs, v.ATTR_RANK, allow_string=False, minimum=0, maximum=rank_cap)
         identity = res.identity
         if identity is None:
             if span_rank is None:
@@ -452,23 +454,18 @@ class Decoder:
             if slot == 2:
                 val = value.int_value
                 if not 0 < val <= max_count:
-                    val = _kv_value(value, key, max_bytes)
-                    if type(val) is not int or not (0 <= val <= max_count):
-                        val = _int_attr({key: val}, key, allow_string=False, minimum=0, maximum=max_count)
+                    val = _int_attr({key: _kv_value(value, key, max_bytes)}, key,
+                                    allow_string=False, minimum=0, maximum=max_count)
             else:
                 val = value.double_value
                 if not 0.0 < val <= max_ms:
-                    val = _kv_value(value, key, max_bytes)
-                    if type(val) is not float or not (0.0 <= val <= max_ms):
-                        val = _ms_value(val, key, limits)  # raises with the precise reason
+                    val = _ms_value(_kv_value(value, key, max_bytes), key, limits)
             entry = fields.get(raw_event)
             if entry is None:
                 fields[raw_event] = entry = [None, None, None]
             entry[slot] = val
         run_id, identity = self._span_identity(ident, res)
-        step = ident.get(v.ATTR_STEP)
-        if type(step) is not int or not 0 <= step <= limits.max_step:
-            step = _int_attr(ident, v.ATTR_STEP, allow_string=False, minimum=0, maximum=limits.max_step)
+        step = _int_attr(ident, v.ATTR_STEP, allow_string=False, minimum=0, maximum=limits.max_step)
         if step is None:
             raise _Reject(MISSING_STEP, f"no {v.ATTR_STEP} attribute")
         start_ns, end_ns = span.start_time_unix_nano, span.end_time_unix_nano

@@ -97,31 +97,19 @@ def encode_only(steps: int) -> float:
 def training_loop(steps: int, traced: bool) -> tuple[float, float]:
     """(median wall us per step, training-thread CPU us per step)."""
     import torch
+    from tiny_training import plain_step, traced_step
 
-    import traceml
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     data = [(torch.randn(32, 128), torch.randn(32, 1)) for _ in range(16)]
+    step = traced_step if traced else plain_step
     walls = []
     cpu0 = time.thread_time_ns()
     for i in range(steps):
         t0 = time.perf_counter_ns()
         x, y = data[i % len(data)]
-        if traced:
-            with traceml.trace_step(model):
-                with traceml.timed_forward():
-                    loss = torch.nn.functional.mse_loss(model(x), y)
-                with traceml.timed_backward():
-                    loss.backward()
-                with traceml.timed_optimizer_step():
-                    opt.step()
-                opt.zero_grad()
-        else:
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
+        step(model, opt, x, y)
         walls.append(time.perf_counter_ns() - t0)
     return statistics.median(walls) / 1e3, (time.thread_time_ns() - cpu0) / steps / 1e3
 

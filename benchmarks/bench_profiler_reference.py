@@ -21,6 +21,7 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -29,6 +30,9 @@ import traceml_checkout  # noqa: E402,F401
 
 import traceml  # noqa: E402
 from bench_overhead import _paired_added, _rounds  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from tiny_training import plain_step, traced_step  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -44,24 +48,6 @@ def make(width: int, depth: int, batch: int):
     return model, opt, data
 
 
-def step_plain(model, opt, x, y):
-    loss = torch.nn.functional.mse_loss(model(x), y)
-    loss.backward()
-    opt.step()
-    opt.zero_grad()
-
-
-def step_traceml(model, opt, x, y):
-    with traceml.trace_step(model):
-        with traceml.timed_forward():
-            loss = torch.nn.functional.mse_loss(model(x), y)
-        with traceml.timed_backward():
-            loss.backward()
-        with traceml.timed_optimizer_step():
-            opt.step()
-        opt.zero_grad()
-
-
 def block(variant: str, job, steps: int) -> list[float]:
     model, opt, data = job
     times = []
@@ -71,11 +57,11 @@ def block(variant: str, job, steps: int) -> list[float]:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for i in range(steps):
                 t0 = time.perf_counter()
-                step_plain(model, opt, *data[i % len(data)])
+                plain_step(model, opt, *data[i % len(data)])
                 prof.step()
                 times.append(time.perf_counter() - t0)
         return times
-    fn = step_traceml if variant == "TraceML (manual)" else step_plain
+    fn = traced_step if variant == "TraceML (manual)" else plain_step
     for i in range(steps):
         t0 = time.perf_counter()
         fn(model, opt, *data[i % len(data)])

@@ -123,28 +123,17 @@ def test_export_resumes_when_a_dead_grpc_endpoint_comes_up():
 
 def _loop(steps: int, traced: bool) -> list[float]:
     import torch
+    from tiny_training import plain_step, traced_step
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     data = [(torch.randn(16, 64), torch.randn(16, 1)) for _ in range(8)]
+    step = traced_step if traced else plain_step
     times = []
     for i in range(steps):
         t0 = time.perf_counter()
         x, y = data[i % len(data)]
-        if traced:
-            with traceml.trace_step(model):
-                with traceml.timed_forward():
-                    loss = torch.nn.functional.mse_loss(model(x), y)
-                with traceml.timed_backward():
-                    loss.backward()
-                with traceml.timed_optimizer_step():
-                    opt.step()
-                opt.zero_grad()
-        else:
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
+        step(model, opt, x, y)
         times.append(time.perf_counter() - t0)
     return times
 

@@ -1,6 +1,6 @@
 """A tiny CPU training loop with the real instrumentation and exporter (a subprocess of the tests).
 
-Environment: FAULT_STEPS, FAULT_SLEEP_S (extra work per step, so the run lasts),
+Environment: FAULT_STEPS, FAULT_SLEEP_S (a pause after each step, so the run lasts),
 FAULT_PROGRESS (file that gets the number of finished steps), plus the standard
 OTEL_EXPORTER_OTLP_* and TRACEML_* settings. Prints one JSON line: steps done,
 step-time median, and the exporter's counters after shutdown.
@@ -11,13 +11,18 @@ import dataclasses
 import json
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: tiny_training
 
 
 def main() -> None:
     import torch
 
     import traceml
+    from tiny_training import plain_step, traced_step
 
     steps = int(os.environ.get("FAULT_STEPS", "200"))
     pause = float(os.environ.get("FAULT_SLEEP_S", "0.01"))
@@ -31,26 +36,13 @@ def main() -> None:
     if traced:
         traceml.init("manual")
     sink = traceml._exporter_sink if traced else None
+    step = traced_step if traced else plain_step
     times = []
     for i in range(steps):
         t0 = time.perf_counter()
         x, y = data[i % len(data)]
-        if traced:
-            with traceml.trace_step(model):
-                with traceml.timed_forward():
-                    loss = torch.nn.functional.mse_loss(model(x), y)
-                with traceml.timed_backward():
-                    loss.backward()
-                with traceml.timed_optimizer_step():
-                    opt.step()
-                opt.zero_grad()
-                time.sleep(pause)
-        else:
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            time.sleep(pause)
+        step(model, opt, x, y)
+        time.sleep(pause)
         times.append(time.perf_counter() - t0)
         if progress and i % 10 == 9:
             with open(progress, "w") as f:

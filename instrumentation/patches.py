@@ -5,7 +5,8 @@ Installed once per process by `traceml.init(mode="auto")`, removed by `uninstall
   honouring `dataloader_timing_scope`; CUDA events too on CUDA runs);
 - backward: `torch.Tensor.backward`;
 - host-to-device copies: `torch.Tensor.to` / `torch.Tensor.cuda`, counted only when a
-  CPU tensor really goes to a CUDA device (never on CPU-only runs);
+  CPU tensor really goes to a CUDA device; not patched at all where CUDA is not
+  available (no call can be one there);
 - optimizer step: global optimizer step pre/post hooks;
 - forward: hooks on the outermost module only, added by `trace_step(model)` or
   `instrument_model(model)` (a global module hook would slow every submodule call).
@@ -52,7 +53,7 @@ def install() -> bool:
         import torch
         from torch.utils.data import dataloader as _dl
 
-        from traceml.schema.vocabulary import RAW_BACKWARD, RAW_H2D
+        from traceml.schema.vocabulary import RAW_BACKWARD
 
         iter_cls = _dl._BaseDataLoaderIter
         orig_next = iter_cls.__dict__["__next__"]
@@ -78,26 +79,8 @@ def install() -> bool:
         backward.__wrapped__ = orig_backward
         _patch(tensor_cls, "backward", backward)
 
-        orig_to = tensor_cls.to
-        orig_cuda = tensor_cls.cuda
-        moves = _hooks.moves_host_to_device
-
-        def to(self, *args, **kwargs):
-            if _se._recording and moves(self, args, kwargs):
-                with timed_region(RAW_H2D):
-                    return orig_to(self, *args, **kwargs)
-            return orig_to(self, *args, **kwargs)
-
-        def cuda(self, *args, **kwargs):
-            if _se._recording and getattr(self, "is_cpu", False) is True:
-                with timed_region(RAW_H2D):
-                    return orig_cuda(self, *args, **kwargs)
-            return orig_cuda(self, *args, **kwargs)
-
-        to.__wrapped__ = orig_to
-        cuda.__wrapped__ = orig_cuda
-        _patch(tensor_cls, "to", to)
-        _patch(tensor_cls, "cuda", cuda)
+        if _cuda_available(torch):
+            _patch_host_to_device(tensor_cls)
 
         from torch.optim.optimizer import (
             register_optimizer_step_post_hook,
@@ -109,6 +92,44 @@ def install() -> bool:
         _handles.append(register_optimizer_step_post_hook(timer.post))
         _installed = True
         return True
+
+
+def _cuda_available(torch) -> bool:
+    try:
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+def _patch_host_to_device(tensor_cls) -> None:
+    """Time `Tensor.to`/`Tensor.cuda` calls that copy a CPU tensor onto a CUDA device.
+
+    Installed only where CUDA is available: elsewhere no call can be a host-to-device
+    copy, and the wrapper would only add its cost to every `.to()` of the job (about
+    5 us of the training thread per call inside a real step, caches cold).
+    """
+    from traceml.schema.vocabulary import RAW_H2D
+
+    orig_to = tensor_cls.to
+    orig_cuda = tensor_cls.cuda
+    moves = _hooks.moves_host_to_device
+
+    def to(self, *args, **kwargs):
+        if _se._recording and moves(self, args, kwargs):
+            with timed_region(RAW_H2D):
+                return orig_to(self, *args, **kwargs)
+        return orig_to(self, *args, **kwargs)
+
+    def cuda(self, *args, **kwargs):
+        if _se._recording and getattr(self, "is_cpu", False) is True:
+            with timed_region(RAW_H2D):
+                return orig_cuda(self, *args, **kwargs)
+        return orig_cuda(self, *args, **kwargs)
+
+    to.__wrapped__ = orig_to
+    cuda.__wrapped__ = orig_cuda
+    _patch(tensor_cls, "to", to)
+    _patch(tensor_cls, "cuda", cuda)
 
 
 def instrument_model(model) -> None:

@@ -72,6 +72,34 @@ def test_auto_mode_counts_no_h2d_on_cpu_and_no_submodule_forwards(sink):
     assert record.events[RAW_FORWARD].count == 1
 
 
+def test_auto_mode_patches_host_to_device_copies_only_where_cuda_is_available(sink, monkeypatch):
+    from traceml import hooks
+
+    # No CUDA: no .to() can be a host-to-device copy, so Tensor.to/.cuda are left alone.
+    traceml.init(mode="auto")
+    assert patches.is_installed()
+    assert "to" not in torch.Tensor.__dict__ and "cuda" not in torch.Tensor.__dict__
+    traceml.shutdown()
+
+    # CUDA available (faked: this machine has no GPU, and the detection is told that a
+    # .to("cpu") is the copy), so each such copy inside a step is one H2D region.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(hooks, "moves_host_to_device", lambda tensor, args, kwargs: args == ("cpu",))
+    traceml.init(mode="auto")
+    assert "to" in torch.Tensor.__dict__ and "cuda" in torch.Tensor.__dict__
+    model, _, _ = _tiny()
+    x = torch.randn(4, 8)
+    with traceml.trace_step(model):
+        x = x.to("cpu").to(torch.float32)
+        model(x)
+    traceml.shutdown()
+    assert "to" not in torch.Tensor.__dict__ and "cuda" not in torch.Tensor.__dict__
+    _flush()
+    (record,) = sink.steps
+    assert record.events[RAW_H2D].count == 1
+    assert record.events[RAW_H2D].gpu_ms is None  # CUDA was never initialised: CPU clock
+
+
 def test_h2d_detection_only_for_cpu_to_cuda_copies():
     from traceml.hooks import moves_host_to_device
 

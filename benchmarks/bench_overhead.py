@@ -8,7 +8,7 @@ model instances differ by several microseconds per small step and by up to 1 % p
 measured. TraceML is initialised once (its sampler threads run throughout, idle
 during uninstrumented blocks, as they would be in a real job between steps); what
 touches the step is added before a block and removed after it, outside the timed
-steps: manual blocks add and remove the forward/optimizer hooks and use the wrapped
+steps: manual blocks add and remove the forward/optimizer timing and use the wrapped
 loader, automatic blocks install and uninstall the patches. Uninstrumented blocks
 run with no patch, hook or wrapper.
 
@@ -34,12 +34,13 @@ run with no patch, hook or wrapper.
 
 All five regions are timed in every instrumented variant: input wait (DataLoader
 next), H2D (`timed_h2d()` around the batch copy: on CPU the automatic patch never
-sees a real host-to-device copy), forward, backward, optimizer step, inside
-`trace_step`. Three variants: "manual" (the explicit wrappers: `wrap_dataloader`
-and a `with traceml.timed_*()` block per region), "manual_hooks" (the same, but
-forward and optimizer step through `wrap_forward`/`wrap_optimizer`, i.e. PyTorch
-hooks, which also send every call of the model through PyTorch's slower hooked
-call path) and "auto" (the automatic patches).
+sees a real host-to-device copy; where CUDA is unavailable it is not even
+installed), forward, backward, optimizer step, inside `trace_step`. Three
+variants: "manual" (the explicit wrappers: `wrap_dataloader` and a `with
+traceml.timed_*()` block per region), "manual_hooks" (the same, but forward and
+optimizer step through `wrap_forward` (the class-wide call wrapper of
+`traceml.forward`) and `wrap_optimizer` (optimizer step hooks)) and "auto" (the
+automatic patches).
 
     .venv/bin/python benchmarks/bench_overhead.py [--quick] [--json out.json]
 """
@@ -59,7 +60,7 @@ import torch  # noqa: E402
 import traceml_checkout  # noqa: E402,F401  (imports the checkout when not installed)
 
 import traceml  # noqa: E402
-from traceml import hooks, patches  # noqa: E402
+from traceml import forward, hooks, patches  # noqa: E402
 from traceml.schema.vocabulary import RAW_DATALOADER_NEXT  # noqa: E402
 
 torch.set_num_threads(1)
@@ -125,7 +126,7 @@ def _block_traced(job: _Job, steps: int, clock, out: list, mode: str) -> None:
 
     - "manual": the explicit wrappers: the timed loader and a `with` block per region;
     - "manual_hooks": the timed loader, `timed_h2d`/`timed_backward`, and the model and
-      optimizer instrumented once with `wrap_forward`/`wrap_optimizer` (PyTorch hooks);
+      optimizer instrumented once with `wrap_forward`/`wrap_optimizer`;
     - "auto": the automatic patches (plus `timed_h2d`: on CPU no copy goes to a device).
     """
     model, opt = job.model, job.opt
@@ -171,7 +172,8 @@ def _variant(job: _Job, mode: str | None):
 
     TraceML stays initialised for the whole run (its samplers run throughout, as
     in production: they are idle during uninstrumented blocks); only what touches
-    the step is added before a block and removed after it: the hooks, or the
+    the step is added before a block and removed after it: the forward and optimizer
+    timing, or the
     automatic patches. Starting and stopping TraceML around every block made the
     following steps measurably slower, an artefact no real job has.
     """
@@ -199,7 +201,7 @@ def _variant(job: _Job, mode: str | None):
                 drains.append(clock() - t0)
         finally:
             if mode == "manual_hooks":
-                hooks.remove_forward_instrumentation(job.model)
+                forward.remove_forward_instrumentation(job.model)
                 hooks.remove_optimizer_instrumentation(job.opt)
             elif mode == "auto":
                 patches.uninstall()

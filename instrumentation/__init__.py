@@ -31,7 +31,8 @@ from traceml.schema.vocabulary import (
 from . import settings as _settings
 from . import step_events as _se
 from . import timing as _timing
-from .hooks import TimedIterable, instrument_forward, instrument_optimizer
+from .forward import instrument_forward
+from .hooks import TimedIterable, instrument_optimizer
 from .memory import StepMemoryTracker
 from .records import (
     EventTotals,

@@ -1,8 +1,8 @@
 """Region timers built on timed_region, shared by manual wrappers and automatic patches.
 
-Each piece here turns a framework callback pair (module pre/post forward hooks,
-optimizer step pre/post hooks) or an iterator `next()` into one timed region. No
-torch import at module level.
+Each piece here turns a framework callback pair (optimizer step pre/post hooks, a
+call wrapper's before/after: see `forward`) or an iterator `next()` into one timed
+region. No torch import at module level.
 """
 from __future__ import annotations
 
@@ -10,11 +10,7 @@ import threading
 import time
 from operator import methodcaller
 
-from traceml.schema.vocabulary import (
-    RAW_DATALOADER_NEXT,
-    RAW_FORWARD,
-    RAW_OPTIMIZER_STEP,
-)
+from traceml.schema.vocabulary import RAW_DATALOADER_NEXT, RAW_OPTIMIZER_STEP
 
 from . import step_events as _se
 from . import timing as _timing
@@ -105,23 +101,6 @@ class HookRegionTimer:
             self._region.discard()
 
 
-class ForwardTimer(HookRegionTimer):
-    __slots__ = ()
-
-    def __init__(self) -> None:
-        super().__init__(RAW_FORWARD)
-
-
-_FORWARD_ATTR = "_traceml_forward_timer"
-
-
-def instrument_forward(module) -> ForwardTimer:
-    """Time every call of `module` (only this module, not its children). Idempotent."""
-    # always_call: the closing hook runs even when forward raises, so nothing leaks.
-    return _install_timer(module, _FORWARD_ATTR, ForwardTimer, lambda t: (
-        module.register_forward_pre_hook(t.pre), module.register_forward_hook(t.post, always_call=True)))
-
-
 def _install_timer(target, attr: str, timer_cls, register) -> HookRegionTimer:
     """Store a `timer_cls` on `target` under `attr` with the hook handles `register(timer)` returns.
 
@@ -148,11 +127,6 @@ def _remove_timer(target, attr: str) -> None:
         object.__delattr__(target, attr)  # bypasses nn.Module.__delattr__, which only knows its own registries
     except AttributeError:
         pass
-
-
-def remove_forward_instrumentation(module) -> None:
-    """Undo `instrument_forward` (remove both forward hooks)."""
-    _remove_timer(module, _FORWARD_ATTR)
 
 
 class OptimizerTimer(HookRegionTimer):

@@ -8,14 +8,16 @@ Installed once per process by `traceml.init(mode="auto")`, removed by `uninstall
   CPU tensor really goes to a CUDA device; not patched at all where CUDA is not
   available (no call can be one there);
 - optimizer step: global optimizer step pre/post hooks;
-- forward: hooks on the outermost module only, added by `trace_step(model)` or
-  `instrument_model(model)` (a global module hook would slow every submodule call).
+- forward: the outermost module only (see `forward`), instrumented by
+  `trace_step(model)` or `instrument_model(model)` (a global module hook would slow
+  every submodule call).
 """
 from __future__ import annotations
 
 import threading
 import weakref
 
+from . import forward as _forward
 from . import hooks as _hooks
 from . import step_events as _se
 from .timing import timed_region
@@ -26,7 +28,7 @@ _lock = threading.Lock()
 _installed = False
 _originals: list = []  # (owner, attribute, original)
 _handles: list = []
-_models: list = []  # weak references to modules given forward hooks in auto mode
+_models: list = []  # weak references to modules given forward timing in auto mode
 _optimizer_timer: _hooks.OptimizerTimer | None = None
 
 
@@ -134,9 +136,9 @@ def _patch_host_to_device(tensor_cls) -> None:
 
 def instrument_model(model) -> None:
     """Time forward calls of `model` (the outermost module). Idempotent; undone by uninstall()."""
-    if getattr(model, _hooks._FORWARD_ATTR, None) is not None:
+    if _forward.forward_timer(model) is not None:
         return
-    _hooks.instrument_forward(model)
+    _forward.instrument_forward(model)
     with _lock:
         _models.append(weakref.ref(model))
 
@@ -156,6 +158,6 @@ def uninstall() -> None:
         while _models:
             model = _models.pop()()
             if model is not None:
-                _hooks.remove_forward_instrumentation(model)
+                _forward.remove_forward_instrumentation(model)
         _optimizer_timer = None
         _installed = False

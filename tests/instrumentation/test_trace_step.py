@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import traceml
-from traceml import patches, step_events as se
+from traceml import forward, patches, step_events as se
 from traceml.samplers import StepMemorySampler, StepTimeSampler
 from traceml.schema.vocabulary import (
     RAW_BACKWARD,
@@ -124,12 +124,14 @@ def test_uninstall_restores_the_originals():
         pass
     assert patches.is_installed()
     assert torch.Tensor.backward is not before[0]
-    assert len(model._forward_pre_hooks) == 1
+    assert forward.forward_timer(model) is not None
+    assert "__call__" in vars(torch.nn.Sequential)  # the class-wide forward wrapper
     assert patches.install() is False  # installed once
     traceml.shutdown()
     after = (torch.Tensor.backward, torch.Tensor.to, torch.Tensor.cuda, dl._BaseDataLoaderIter.__next__)
     assert after == before
     assert "to" not in torch.Tensor.__dict__
+    assert forward.forward_timer(model) is None and "__call__" not in vars(torch.nn.Sequential)
     assert len(model._forward_pre_hooks) == 0 and len(model._forward_hooks) == 0
     from torch.optim import optimizer as optmod
     assert len(optmod._global_optimizer_pre_hooks) == 0
@@ -166,11 +168,11 @@ def test_manual_wrappers_in_auto_mode_do_not_double_count(sink):
     traceml.init(mode="auto")
     model, opt, loader = _tiny()
     traceml.wrap_optimizer(opt)  # optimizer hooks on top of the global ones
-    traceml.wrap_forward(model)  # the same forward hooks auto mode adds: installed once
+    traceml.wrap_forward(model)  # the same forward timing auto mode adds: installed once
     for x, y in traceml.wrap_dataloader(loader):  # the patched __next__ runs inside this wrapper
         with traceml.trace_step(model):
             with traceml.timed_forward():
-                out = model(x)  # forward hook inside
+                out = model(x)  # forward timing inside
             with traceml.timed_backward():
                 with traceml.timed_backward():  # a manual region nested in itself
                     torch.nn.functional.mse_loss(out, y).backward()  # Tensor.backward patch inside
@@ -359,7 +361,8 @@ def test_shutdown_then_init_again_keeps_counting_and_re_hooks_the_model(sink):
     _flush()
     assert [r.step for r in sink.steps] == [0, 1]
     assert all(r.events[RAW_FORWARD].count == 1 for r in sink.steps)
-    assert not model._forward_pre_hooks  # removed again by the last shutdown
+    assert forward.forward_timer(model) is None  # removed again by the last shutdown
+    assert "__call__" not in vars(torch.nn.Sequential)
 
 
 def test_auto_mode_without_torch_falls_back_to_manual(tmp_path):

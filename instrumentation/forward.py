@@ -1,0 +1,181 @@
+"""Forward timing of one module (the outermost model): each call of it is one forward region.
+
+Two mechanisms, chosen when a module is instrumented:
+
+- A `__call__` on the module's class. It looks the instance up in `_timers` and runs
+  an instrumented instance's call inside its timer; any other instance of the class
+  passes straight through. Module hooks would time the same calls, but a module with
+  any hook takes `Module._call_impl`'s slow path: about 37 us of the training thread
+  per step with cold caches against about 10 for this wrapper
+  (`benchmarks/bench_cold_cache.py`). Nothing is stored on the instance, so copies
+  (`copy.deepcopy`, an averaged/EMA model, `DataParallel` replicas) and pickles of
+  the module carry nothing of TraceML and are not timed. The next `__call__` is
+  looked up at call time (`super()`), so a later patch of `torch.nn.Module.__call__`
+  (FX tracing makes one) still applies.
+- Forward pre/post hooks (`always_call`), where a class-wide wrapper does not fit: a
+  TorchScript module, a class that refuses the attribute, or a model that has
+  instances of its own class among its submodules (a `Sequential` of `Sequential`s:
+  every inner call would pass through the wrapper).
+
+Both are undone by `remove_forward_instrumentation()`, and an instrumented module
+that is garbage-collected is forgotten (its class wrapper removed with the last one).
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+
+from traceml.schema.vocabulary import RAW_FORWARD
+
+from . import step_events as _se
+from .hooks import HookRegionTimer
+
+_get_ident = threading.get_ident
+_lock = threading.RLock()  # re-entrant: a weakref callback can run inside a locked section (GC)
+_timers: dict = {}
+"""id(module) -> the ForwardTimer of each instrumented module."""
+_patched: dict = {}
+"""class -> [its own `__call__` before patching (or _MISSING), instrumented instances using it]."""
+_MISSING = object()
+
+
+class ForwardTimer(HookRegionTimer):
+    """The forward region of one module; `module` is a weak reference to it."""
+
+    __slots__ = ("module", "patched_class")
+
+    def __init__(self, module) -> None:
+        super().__init__(RAW_FORWARD)
+        key = id(module)
+        self.module = weakref.ref(module, lambda ref: _forget(key, ref))
+        self.patched_class = None
+
+
+def instrument_forward(module) -> ForwardTimer:
+    """Time every call of `module` (only this module, not its children). Idempotent."""
+    with _lock:
+        timer = forward_timer(module)
+        if timer is not None:
+            return timer
+        timer = ForwardTimer(module)
+        cls = type(module)
+        if _class_call_fits(module, cls):
+            try:
+                _patch_class_call(cls)
+                timer.patched_class = cls
+            except (TypeError, AttributeError):  # a class that refuses new attributes
+                pass
+        if timer.patched_class is None:
+            # always_call: the closing hook runs even when forward raises, so nothing leaks.
+            timer.handles.append(module.register_forward_pre_hook(timer.pre))
+            try:
+                timer.handles.append(module.register_forward_hook(timer.post, always_call=True))
+            except BaseException:
+                timer.handles.pop().remove()
+                raise
+        _timers[id(module)] = timer
+        return timer
+
+
+def forward_timer(module) -> ForwardTimer | None:
+    """The timer of an instrumented `module`, else None."""
+    timer = _timers.get(id(module))
+    return timer if timer is not None and timer.module() is module else None
+
+
+def remove_forward_instrumentation(module) -> None:
+    """Undo `instrument_forward` (the class wrapper's use or the two hooks)."""
+    with _lock:
+        timer = forward_timer(module)
+        if timer is not None:
+            del _timers[id(module)]
+            _release(timer)
+
+
+def _forget(key: int, ref) -> None:
+    """Weakref callback: an instrumented module was garbage-collected."""
+    with _lock:
+        timer = _timers.get(key)
+        if timer is not None and timer.module is ref:
+            del _timers[key]
+            _release(timer)
+
+
+def _release(timer: ForwardTimer) -> None:
+    for handle in timer.handles:
+        handle.remove()
+    timer.handles.clear()
+    cls, timer.patched_class = timer.patched_class, None
+    if cls is not None:
+        _unpatch_class_call(cls)
+
+
+def _class_call_fits(module, cls) -> bool:
+    try:
+        import torch
+
+        if isinstance(module, torch.jit.ScriptModule):
+            return False
+    except Exception:  # no usable torch.jit: the hooks do the work
+        return False
+    modules = getattr(module, "modules", None)
+    if modules is None:
+        return False
+    return not any(type(sub) is cls for sub in modules() if sub is not module)
+
+
+def _patch_class_call(cls) -> None:
+    entry = _patched.get(cls)
+    if entry is not None:
+        entry[1] += 1
+        return
+    own = cls.__dict__.get("__call__", _MISSING)
+    type.__setattr__(cls, "__call__", _timed_call(cls, own))
+    _patched[cls] = [own, 1]
+
+
+def _unpatch_class_call(cls) -> None:
+    entry = _patched.get(cls)
+    if entry is None:
+        return
+    entry[1] -= 1
+    if entry[1]:
+        return
+    del _patched[cls]
+    current = cls.__dict__.get("__call__")
+    if getattr(current, "_traceml_forward_of", None) is not cls:
+        return  # someone patched it again after us: theirs stays (ours passes everything through)
+    if entry[0] is _MISSING:
+        type.__delattr__(cls, "__call__")
+    else:
+        type.__setattr__(cls, "__call__", entry[0])
+
+
+def _timed_call(cls, own):
+    """The class-wide `__call__`: an instrumented instance's call runs inside its timer.
+
+    The instance's timer on the training thread; another thread gets a fresh one (its
+    region counts the thread and is ignored), as the automatic patches do.
+    """
+    timers = _timers
+    se = _se
+    own = None if own is _MISSING else own
+    # The next __call__ inline (no helper frame: this runs on every call of every
+    # instance of the class): the class's own, or the base's, looked up at call time.
+
+    def __call__(self, *args, **kwargs):
+        timer = timers.get(id(self))
+        if timer is None or not se._recording or timer.module() is not self:
+            return super(cls, self).__call__(*args, **kwargs) if own is None else own(self, *args, **kwargs)
+        if _get_ident() != se._owner:
+            timer = HookRegionTimer(RAW_FORWARD)
+        timer.pre()
+        try:
+            return super(cls, self).__call__(*args, **kwargs) if own is None else own(self, *args, **kwargs)
+        finally:
+            timer.post()
+
+    __call__._traceml_forward_of = cls
+    __call__.__qualname__ = f"{cls.__qualname__}.__call__"
+    __call__.__doc__ = "TraceML forward timing around this class's module call (see traceml.forward)."
+    return __call__

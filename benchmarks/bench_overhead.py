@@ -173,8 +173,7 @@ def _variant(job: _Job, mode: str | None):
     TraceML stays initialised for the whole run (its samplers run throughout, as
     in production: they are idle during uninstrumented blocks); only what touches
     the step is added before a block and removed after it: the forward and optimizer
-    timing, or the
-    automatic patches. Starting and stopping TraceML around every block made the
+    timing, or the automatic patches. Starting and stopping TraceML around every block made the
     following steps measurably slower, an artefact no real job has.
     """
     def run(steps, clock, out, warmup=0, drains=None):

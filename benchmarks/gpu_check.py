@@ -6,7 +6,8 @@ and exits 0 where no CUDA device is available.
 What is checked (each through `traceml.init()`, `trace_step`, timed regions and the
 real background samplers, delivered to a sink):
 - sleep kernels of a known length (`torch.cuda._sleep`, calibrated here with plain
-  CUDA events) resolve to that GPU time per region; repeated regions sum;
+  CUDA events) resolve to that GPU time per region; repeated regions sum; the same
+  through `wrap_forward`'s class-wide call wrapper;
 - the training thread is not synchronised: the step's CPU time stays far below its
   GPU time when the step only enqueues long kernels;
 - a matmul of known FLOPs resolves to a time matching the same matmul timed directly;
@@ -140,6 +141,43 @@ def check_sleep_kernels(torch) -> None:
           f"(a synchronising tracer would wait the full GPU time)")
     check("sleep.cpu_gpu_separate", st.cpu_ms < st.gpu_ms,
           f"step cpu {st.cpu_ms:.3f} ms vs gpu {st.gpu_ms:.3f} ms kept apart")
+
+
+def check_forward_wrapper(torch) -> None:
+    """`wrap_forward` (the class-wide call wrapper of traceml.forward) times a module's calls
+    on the GPU clock: a forward that runs one sleep kernel resolves to that kernel's time."""
+    cycles = 20_000_000
+    sleep = lambda: torch.cuda._sleep(cycles)  # noqa: E731
+    sleep()
+    ref = reference_ms(torch, sleep)
+
+    class Sleeper(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            torch.cuda._sleep(cycles)
+            return self.lin(x)
+
+    sink = session("manual")
+    model = traceml.wrap_forward(Sleeper().cuda())
+    wrapped = "__call__" in vars(Sleeper)
+    x = torch.randn(2, 4, device="cuda")
+    for _ in range(3):
+        with traceml.trace_step(model):
+            model(x)
+            model(x)
+    torch.cuda.synchronize()
+    wait_for(sink, 3)
+    end_session(sink)
+    if len(sink.steps) != 3:
+        check("forward_wrapper.delivered", False, f"{len(sink.steps)} of 3 steps")
+        return
+    fwd = sink.steps[-1].events[RAW_FORWARD]
+    check("forward_wrapper.gpu_time", wrapped and fwd.count == 2 and close(fwd.gpu_ms, 2 * ref),
+          f"class wrapper installed: {wrapped}; forward gpu {fwd.gpu_ms} ms over {fwd.count} calls, "
+          f"expected {2 * ref:.3f} (ref sleep {ref:.3f} ms)")
 
 
 def check_matmul(torch) -> None:
@@ -328,8 +366,8 @@ def main() -> int:
         print("SKIP gpu_check: no CUDA device available")
         return 0
     print(f"INFO device {torch.cuda.get_device_name(0)}, torch {torch.__version__}", flush=True)
-    for fn in (report_call_costs, check_sleep_kernels, check_matmul, check_memory, check_auto_mode,
-               check_gpu_overhead):
+    for fn in (report_call_costs, check_sleep_kernels, check_forward_wrapper, check_matmul, check_memory,
+               check_auto_mode, check_gpu_overhead):
         try:
             fn(torch)
         except Exception as exc:  # report and go on with the other checks

@@ -28,6 +28,7 @@ from traceml.schema.vocabulary import (
     RAW_STEP_TIME,
 )
 
+from . import forward as _forward
 from . import settings as _settings
 from . import step_events as _se
 from . import timing as _timing
@@ -411,6 +412,7 @@ def _reset_for_tests() -> None:
     """Shut down and forget all process state (tests only)."""
     global _disabled, _open_step, _default_device
     shutdown(timeout_s=1.0)
+    _forward._reset_for_tests()
     _se._reset_for_tests()
     _timing._reset_for_tests()
     _tracker_cache[0] = _tracker_cache[1] = None

@@ -262,7 +262,7 @@ def _tracker_for(model) -> StepMemoryTracker:
     if model is not None and _mode == _settings.MODE_AUTO:
         from . import patches
 
-        patches.instrument_model(model)
+        _time_forward_or_warn(patches.instrument_model, model)
     if tracker.is_cuda or _default_device is None or model is not None:
         _tracker_cache[0] = model
         _tracker_cache[1] = tracker
@@ -317,10 +317,10 @@ class trace_step:
         if tracker is None or _tracker_cache[0] is not model:
             try:
                 tracker = _tracker_for(model)
-            except Exception as exc:  # an odd `model` or a broken CUDA: time on the CPU
+            except Exception as exc:  # e.g. a broken CUDA while selecting the device: time on the CPU
                 _se.warn_once("model_not_usable", f"trace_step({type(model).__name__}) could not "
-                              f"select a device or add forward hooks ({exc!r}); the step is timed "
-                              "on the CPU clock without forward timing from the model")
+                              f"select a device ({exc!r}); the step is timed on the CPU clock "
+                              "without forward timing from the model")
                 tracker = StepMemoryTracker(None)
                 _tracker_cache[0], _tracker_cache[1] = model, tracker
         self._tracker = tracker
@@ -379,10 +379,22 @@ def wrap_dataloader(iterable):
 
 
 def wrap_forward(module):
-    """Time every call of `module` (the outermost model) as forward; returns the module."""
+    """Time every call of `module` (the outermost model) as forward; returns the module.
+
+    A module whose calls cannot be timed (not an `nn.Module`, a TorchScript module)
+    is returned as it is, with a warning: its steps have no forward region.
+    """
     if not _disabled:
-        instrument_forward(module)
+        _time_forward_or_warn(instrument_forward, module)
     return module
+
+
+def _time_forward_or_warn(instrument, module) -> None:
+    try:
+        instrument(module)
+    except Exception as exc:  # telemetry never stops the job
+        _se.warn_once("forward_not_timed", f"the calls of {type(module).__name__} cannot be timed as "
+                      f"forward ({exc!r}); its steps are traced without a forward region")
 
 
 def wrap_optimizer(optimizer):

@@ -22,6 +22,7 @@ that is garbage-collected is forgotten (its class wrapper removed with the last 
 """
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 
@@ -46,8 +47,8 @@ class ForwardTimer(HookRegionTimer):
 
     def __init__(self, module) -> None:
         super().__init__(RAW_FORWARD)
-        key = id(module)
-        self.module = weakref.ref(module, lambda ref: _forget(key, ref))
+        # partial, not a lambda over the global: the callback can run at interpreter exit
+        self.module = weakref.ref(module, functools.partial(_forget, id(module)))
         self.patched_class = None
 
 
@@ -94,11 +95,14 @@ def remove_forward_instrumentation(module) -> None:
 
 def _forget(key: int, ref) -> None:
     """Weakref callback: an instrumented module was garbage-collected."""
-    with _lock:
-        timer = _timers.get(key)
-        if timer is not None and timer.module is ref:
-            del _timers[key]
-            _release(timer)
+    try:
+        with _lock:
+            timer = _timers.get(key)
+            if timer is not None and timer.module is ref:
+                del _timers[key]
+                _release(timer)
+    except Exception:  # at interpreter exit this module's globals may already be gone
+        pass
 
 
 def _release(timer: ForwardTimer) -> None:

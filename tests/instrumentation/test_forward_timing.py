@@ -1,11 +1,13 @@
 """Forward timing of the outermost model (`traceml.forward`): the class-wide call wrapper
 and the module-hook fallback, with what must keep working around them: copies, pickles,
-other instances of the class, FX tracing, exceptions and garbage collection."""
+other instances of the class, FX tracing, torch.compile, TorchScript, exceptions and
+garbage collection."""
 from __future__ import annotations
 
 import copy
 import gc
 import pickle
+import warnings
 
 import pytest
 import torch
@@ -141,3 +143,38 @@ def test_a_forward_that_raises_closes_its_region(sink, manual):
         good(torch.randn(2, 4))
     assert _forwards(sink) == [1]  # the aborted step is not published; nothing leaked into the next
     assert forward.forward_timer(model)._depth == 0
+
+
+def test_torch_compile_around_or_inside_the_model(sink, manual):
+    x = torch.randn(2, 4)
+    net = Net()
+    compiled = traceml.wrap_forward(torch.compile(net, backend="eager"))
+    plain = traceml.wrap_forward(Net())
+    twice = torch.compile(lambda module, batch: module(batch) * 2, backend="eager")
+    with warnings.catch_warnings():
+        # dynamo graph-breaks on the clock and thread reads of any Python-level timer
+        warnings.simplefilter("ignore", UserWarning)
+        with traceml.trace_step(compiled):
+            out = compiled(x)
+        with traceml.trace_step(plain):
+            doubled = twice(plain, x)
+    assert torch.equal(out, net(x)) and torch.equal(doubled, plain(x) * 2)
+    assert _forwards(sink) == [1, 1]
+
+
+def test_a_module_that_cannot_be_timed_warns_and_the_step_goes_on(sink):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.script in torch 2.13
+        scripted = torch.jit.script(Net())  # TorchScript modules take no forward hooks
+    traceml.init(mode="manual")
+    with pytest.warns(RuntimeWarning, match="cannot be timed as forward"):
+        assert traceml.wrap_forward(scripted) is scripted
+    with traceml.trace_step(scripted):
+        scripted(torch.randn(2, 4))
+    traceml.shutdown()
+    traceml.init(mode="auto")  # trace_step(model) instruments it: the same, once per process
+    with traceml.trace_step(scripted):
+        scripted(torch.randn(2, 4))
+    traceml.shutdown()
+    assert traceml.misuse_counts()["forward_not_timed"] == 2
+    assert _forwards(sink) == [0, 0]

@@ -216,6 +216,21 @@ def test_a_trace_step_never_exited_is_superseded_once_its_capture_ends(manual):
     assert all(_counts(r) == CLEAN for r in records)
 
 
+def test_trace_step_whose_device_cannot_be_read_still_traces_the_step(sink):
+    class Broken(torch.nn.Module):
+        def parameters(self, recurse=True):
+            raise RuntimeError("CUDA error: device-side assert")
+
+    traceml.init(mode="manual")
+    with pytest.warns(RuntimeWarning, match="could not select a device"):
+        with traceml.trace_step(Broken()):
+            pass
+    traceml.shutdown()
+    StepTimeSampler().run_once()
+    assert [r.step for r in sink.steps] == [0]
+    assert traceml.misuse_counts()["model_not_usable"] == 1
+
+
 def test_trace_step_with_something_that_is_not_a_module_still_traces_the_step(sink):
     traceml.init(mode="auto")
     not_a_model = object()

@@ -52,8 +52,10 @@ def _watch_with_top(db):
     import re
     import selectors
 
+    # faulthandler: if it ever fails to exit, SIGABRT dumps every thread's stack (below)
     top = subprocess.Popen([str(TRACEML), "top", "--db", str(db), "--refresh", "0.5"],
-                           env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                           env={**clean_env(), "PYTHONFAULTHANDLER": "1"},
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     steps: list[int] = []
     try:
         selector = selectors.DefaultSelector()
@@ -65,8 +67,16 @@ def _watch_with_top(db):
                 match = re.match(r"\[traceml\] step (\d+) \[live\]", line)
                 if match:
                     steps.append(int(match.group(1)))
+        selector.close()
         top.send_signal(signal.SIGINT)
-        assert top.wait(timeout=30) == 0
+        # Keep reading while it exits: its last frames must not fill the pipe and block it.
+        try:
+            top.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            top.send_signal(signal.SIGABRT)
+            stacks, _ = top.communicate(timeout=30)
+            raise AssertionError(f"traceml top did not exit on SIGINT; its threads:\n{stacks[-6000:]}")
+        assert top.returncode == 0
     finally:
         if top.poll() is None:
             top.kill()

@@ -52,9 +52,13 @@ def _watch_with_top(db):
     import re
     import selectors
 
-    # faulthandler: if it ever fails to exit, SIGABRT dumps every thread's stack (below)
+    # Ctrl-C's default action restored in the child: a test run started in the
+    # background (`cmd &` in a script) passes SIGINT on ignored, and Python then never
+    # installs its KeyboardInterrupt handler. faulthandler: if it ever fails to exit,
+    # SIGABRT dumps every thread's stack (below).
     top = subprocess.Popen([str(TRACEML), "top", "--db", str(db), "--refresh", "0.5"],
                            env={**clean_env(), "PYTHONFAULTHANDLER": "1"},
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     steps: list[int] = []
     try:

@@ -146,8 +146,11 @@ def train_two_ranks(folder: Path, run_id: str, endpoints: dict[int, tuple[str, s
 def assert_diagnosed_in_prometheus(prometheus: PrometheusServer, run_id: str):
     sel = f'traceml_run_id="{run_id}"'
     # The ranks have exited and flushed; the processor's re-export and Prometheus'
-    # scrape follow on their own intervals. Wait (bounded) until a scrape holds the
-    # full common window, then every figure below describes the whole run.
+    # scrape follow on their own intervals, and a relay (rotel) may deliver one rank's
+    # data later than the other's. Wait (bounded) until a scrape holds both ranks,
+    # then the full common window: every figure below describes the whole run.
+    prometheus.wait_for(f'traceml_window_ranks{{{sel}}}',
+                        lambda r: len(r) == 1 and float(r[0]["value"][1]) == 2)
     prometheus.wait_for(f'traceml_window_steps{{{sel}}}',
                         lambda r: len(r) == 1 and float(r[0]["value"][1]) >= 20)
     assert prometheus.query_value(f'traceml_window_ranks{{{sel}}}') == 2

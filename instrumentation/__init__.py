@@ -277,7 +277,7 @@ class trace_step:
     the tracked device's peak memory, times the block as the traced step, reads
     memory and completes the capture. An exception aborts the capture (the step
     counter does not move) and propagates unchanged. `model` selects the tracked
-    device and, in auto mode, gets forward hooks on that outermost module.
+    device and, in auto mode, gets forward timing on that outermost module (`forward`).
     (A class rather than a function returning one: one call less per step.)
     """
 

@@ -412,7 +412,7 @@ def _wrap_skip_first_batches(original):
 class _OutsideTraining:
     """Keeps evaluate/predict out of every training capture.
 
-    DataLoader timing is off inside. Forward hooks and host-to-device copies still
+    DataLoader timing is off inside. Forward timing and host-to-device copies still
     record while recording is on, so what the call adds to the capture is removed
     afterwards: a capture that did not exist before is discarded whole, an existing
     one (evaluate called from inside an open step) is cut back to its length before.

@@ -151,6 +151,8 @@ def test_torch_compile_around_or_inside_the_model(sink, manual):
     compiled = traceml.wrap_forward(torch.compile(net, backend="eager"))
     plain = traceml.wrap_forward(Net())
     twice = torch.compile(lambda module, batch: module(batch) * 2, backend="eager")
+    in_place = traceml.wrap_forward(Net())
+    in_place.compile(backend="eager")  # Module.compile after instrumenting: its own call path
     with warnings.catch_warnings():
         # dynamo graph-breaks on the clock and thread reads of any Python-level timer
         warnings.simplefilter("ignore", UserWarning)
@@ -158,8 +160,11 @@ def test_torch_compile_around_or_inside_the_model(sink, manual):
             out = compiled(x)
         with traceml.trace_step(plain):
             doubled = twice(plain, x)
+        with traceml.trace_step(in_place):
+            again = in_place(x)
     assert torch.equal(out, net(x)) and torch.equal(doubled, plain(x) * 2)
-    assert _forwards(sink) == [1, 1]
+    assert torch.equal(again, in_place.forward(x))
+    assert _forwards(sink) == [1, 1, 1]
 
 
 def test_a_module_that_cannot_be_timed_warns_and_the_step_goes_on(sink):

@@ -144,16 +144,11 @@ def _detect_default_device():
     selects its device after `init()`; the index is resolved when first needed
     (the first event or the first step's tracker), on the rank's current device.
     """
-    try:
-        import torch
-    except ImportError:
+    if not _timing.cuda_available():
         return None
-    try:
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-    except Exception:
-        pass
-    return None
+    import torch
+
+    return torch.device("cuda")
 
 
 def _start_exporter(**kwargs):

@@ -36,8 +36,7 @@ _lock = threading.RLock()  # re-entrant: a weakref callback can run inside a loc
 _timers: dict = {}
 """id(module) -> the ForwardTimer of each instrumented module."""
 _patched: dict = {}
-"""class -> [its own `__call__` before patching (or _MISSING), instrumented instances using it]."""
-_MISSING = object()
+"""class -> [its own `__call__` before patching (None: inherited), instrumented instances using it]."""
 
 
 class ForwardTimer(HookRegionTimer):
@@ -106,9 +105,7 @@ def _forget(key: int, ref) -> None:
 
 
 def _release(timer: ForwardTimer) -> None:
-    for handle in timer.handles:
-        handle.remove()
-    timer.handles.clear()
+    timer.remove_hooks()
     cls, timer.patched_class = timer.patched_class, None
     if cls is not None:
         _unpatch_class_call(cls)
@@ -133,7 +130,7 @@ def _patch_class_call(cls) -> None:
     if entry is not None:
         entry[1] += 1
         return
-    own = cls.__dict__.get("__call__", _MISSING)
+    own = cls.__dict__.get("__call__")
     type.__setattr__(cls, "__call__", _timed_call(cls, own))
     _patched[cls] = [own, 1]
 
@@ -149,7 +146,7 @@ def _unpatch_class_call(cls) -> None:
     current = cls.__dict__.get("__call__")
     if getattr(current, "_traceml_forward_of", None) is not cls:
         return  # someone patched it again after us: theirs stays (ours passes everything through)
-    if entry[0] is _MISSING:
+    if entry[0] is None:
         type.__delattr__(cls, "__call__")
     else:
         type.__setattr__(cls, "__call__", entry[0])
@@ -163,7 +160,6 @@ def _timed_call(cls, own):
     """
     timers = _timers
     se = _se
-    own = None if own is _MISSING else own
     # The next __call__ inline (no helper frame: this runs on every call of every
     # instance of the class): the class's own, or the base's, looked up at call time.
 

@@ -91,6 +91,12 @@ class HookRegionTimer:
         else:
             se.record_timing_event(event, capture)
 
+    def remove_hooks(self) -> None:
+        """Remove every hook registered with this timer's `pre`/`post` (its `handles`)."""
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
     def abandon(self) -> None:
         """Close the call opened by `pre` without recording it (e.g. the epoch-ending `next()`)."""
         depth = self._depth
@@ -99,34 +105,6 @@ class HookRegionTimer:
         elif depth == 1:
             self._depth = 0
             self._region.discard()
-
-
-def _install_timer(target, attr: str, timer_cls, register) -> HookRegionTimer:
-    """Store a `timer_cls` on `target` under `attr` with the hook handles `register(timer)` returns.
-
-    Idempotent: a timer already installed (with live hooks) is returned as it is.
-    """
-    timer = getattr(target, attr, None)
-    if timer is not None and timer.handles:
-        return timer
-    timer = timer_cls()
-    timer.handles.extend(register(timer))
-    object.__setattr__(target, attr, timer)  # bypasses nn.Module.__setattr__ (not a submodule/parameter)
-    return timer
-
-
-def _remove_timer(target, attr: str) -> None:
-    """Remove the hooks of the timer stored on `target` under `attr`, then the attribute itself."""
-    timer = getattr(target, attr, None)
-    if timer is None:
-        return
-    for handle in timer.handles:
-        handle.remove()
-    timer.handles.clear()
-    try:
-        object.__delattr__(target, attr)  # bypasses nn.Module.__delattr__, which only knows its own registries
-    except AttributeError:
-        pass
 
 
 class OptimizerTimer(HookRegionTimer):
@@ -141,13 +119,22 @@ _OPTIMIZER_ATTR = "_traceml_optimizer_timer"
 
 def instrument_optimizer(optimizer) -> OptimizerTimer:
     """Time `optimizer.step()` through its own step hooks. Idempotent."""
-    return _install_timer(optimizer, _OPTIMIZER_ATTR, OptimizerTimer, lambda t: (
-        optimizer.register_step_pre_hook(t.pre), optimizer.register_step_post_hook(t.post)))
+    timer = getattr(optimizer, _OPTIMIZER_ATTR, None)
+    if timer is not None and timer.handles:
+        return timer
+    timer = OptimizerTimer()
+    timer.handles.extend((optimizer.register_step_pre_hook(timer.pre),
+                          optimizer.register_step_post_hook(timer.post)))
+    object.__setattr__(optimizer, _OPTIMIZER_ATTR, timer)  # past any __setattr__ of a subclass
+    return timer
 
 
 def remove_optimizer_instrumentation(optimizer) -> None:
     """Undo `instrument_optimizer` (remove both step hooks)."""
-    _remove_timer(optimizer, _OPTIMIZER_ATTR)
+    timer = getattr(optimizer, _OPTIMIZER_ATTR, None)
+    if timer is not None:
+        timer.remove_hooks()
+        object.__delattr__(optimizer, _OPTIMIZER_ATTR)
 
 
 def timed_next_method(orig_next):

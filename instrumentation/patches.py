@@ -20,6 +20,7 @@ import weakref
 from . import forward as _forward
 from . import hooks as _hooks
 from . import step_events as _se
+from . import timing as _timing
 from .timing import timed_region
 
 _get_ident = threading.get_ident
@@ -81,7 +82,7 @@ def install() -> bool:
         backward.__wrapped__ = orig_backward
         _patch(tensor_cls, "backward", backward)
 
-        if _cuda_available(torch):
+        if _timing.cuda_available():
             _patch_host_to_device(tensor_cls)
 
         from torch.optim.optimizer import (
@@ -94,13 +95,6 @@ def install() -> bool:
         _handles.append(register_optimizer_step_post_hook(timer.post))
         _installed = True
         return True
-
-
-def _cuda_available(torch) -> bool:
-    try:
-        return bool(torch.cuda.is_available())
-    except Exception:
-        return False
 
 
 def _patch_host_to_device(tensor_cls) -> None:

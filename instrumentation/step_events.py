@@ -346,12 +346,10 @@ def drain_step_memory_events() -> list[StepMemorySnapshot]:
 def drain_step_time_batches() -> list[StepTimeBatch]:
     """Everything queued, as StepTimeBatch objects (built here, on the draining sampler thread)."""
     out = []
-    for item in _timing_queue.drain():
-        if type(item) is tuple:  # (step, events) from complete_step_capture
-            batch = _new(StepTimeBatch)  # without the __init__ frame
-            batch.step, batch.events = item
-            item = batch
-        out.append(item)
+    for step, events in _timing_queue.drain():  # (step, events) from complete_step_capture
+        batch = _new(StepTimeBatch)  # without the __init__ frame
+        batch.step, batch.events = step, events
+        out.append(batch)
     return out
 
 

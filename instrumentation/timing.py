@@ -89,6 +89,16 @@ def _cuda_ready() -> bool:
         return False
 
 
+def cuda_available() -> bool:
+    """`torch.cuda.is_available()`; False without torch or when the query fails (no CUDA context)."""
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
 def default_gpu() -> bool:
     """Whether a region without an explicit device gets CUDA events right now."""
     return _gpu_default if not _gpu_undecided else _cuda_ready()

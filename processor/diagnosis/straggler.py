@@ -9,7 +9,6 @@ victim's Step Time, is the score.
 """
 from __future__ import annotations
 
-
 from dataclasses import dataclass
 
 from traceml.processor.diagnosis.context import RuleContext

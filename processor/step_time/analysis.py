@@ -29,7 +29,6 @@ The rules (step-time-pipeline-contract.md, "Canonical window invariants"):
 """
 from __future__ import annotations
 
-
 from dataclasses import fields, replace
 from typing import Mapping, Sequence
 
@@ -45,8 +44,8 @@ from traceml.processor.step_time.model import (
     StepTimeSourceGrid,
     StepTimeStepFacts,
     StepTimeValues,
-    finite_ratio,
     StepTimeWindow,
+    finite_ratio,
 )
 from traceml.schema.vocabulary import (
     CANONICAL_METRICS,

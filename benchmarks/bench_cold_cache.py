@@ -12,11 +12,11 @@ with a spread of about +-10 %.
   regions. The machine's speed drifts by tens of percent between minutes, so each
   figure is also given relative to this unit, measured alongside it.
 - Manual pieces, all samples interleaved in a seeded random order: four empty
-  `with traceml.timed_*()` regions, `trace_step` alone, the whole manual step's
-  instrumentation (the wrapped loader's `next()`, `trace_step`, four regions), and
-  a tiny module's call plain, through `wrap_forward` and through PyTorch module
-  hooks (the mechanism `wrap_forward` replaced), and a tiny optimizer's step with and
-  without `wrap_optimizer`'s hooks.
+  `with traceml.timed_*()` regions, `trace_step` alone, one empty step of
+  bench_overhead.py (an input-wait region, then `trace_step` around four regions),
+  a tiny module's call plain, through `wrap_forward`'s class-wide wrapper and
+  through its module-hook fallback (what every module got before the wrapper), and a
+  tiny optimizer's step with and without `wrap_optimizer`'s hooks.
 - Automatic pieces, one call at a time with the patches installed or not (in
   chunks: installing them invalidates attribute caches): DataLoader `next()`,
   `Tensor.backward`, the optimizer step (global hooks) and `Tensor.to` (patched only
@@ -42,8 +42,8 @@ import torch  # noqa: E402
 import traceml_checkout  # noqa: E402,F401  (imports the checkout when not installed)
 
 import traceml  # noqa: E402
-from traceml import hooks, patches, step_events  # noqa: E402
-from traceml.schema.vocabulary import RAW_FORWARD  # noqa: E402
+from bench_overhead import _CPU_MODULE, _empty_block  # noqa: E402
+from traceml import patches, step_events  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -69,33 +69,32 @@ class _TimedLinear(torch.nn.Linear):
 
 
 class _HookedLinear(torch.nn.Linear):
-    pass
+    """Holds a module of its own class (never called), so `wrap_forward` takes its hook fallback."""
 
-
-def _with_module_hooks(module):
-    """The forward region through PyTorch module hooks, as TraceML did before its class wrapper."""
-    timer = hooks.HookRegionTimer(RAW_FORWARD)
-    module.register_forward_pre_hook(timer.pre)
-    module.register_forward_hook(timer.post, always_call=True)
-    return module
+    def __init__(self, nested: bool = True) -> None:
+        super().__init__(4, 4)
+        if nested:
+            self.inner = _HookedLinear(nested=False)
 
 
 class _Manual:
     """The manual-mode pieces; each method times one piece and returns nanoseconds.
 
-    Each timed body is written out in full (as in bench_overhead's loops): calling a
-    shared helper inside the timed window would add a Python frame, 1-2 us with cold
-    caches, to the figure.
+    Each timed body is written out in full (as in bench_overhead's loops): a helper
+    called inside the timed window would add a Python frame, 1-2 us with cold caches,
+    to the figure. The empty step is bench_overhead's own, timed inside its loop.
     """
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.model = _tiny_model()
-        self.batches = iter(traceml.wrap_dataloader(range(1 << 30)))
+        # The empty step's model: trace_step keeps the tracker of the last model only, and
+        # alternating two models re-selects it on every step (about 75 us with cold caches).
+        self.model = _CPU_MODULE
         self.x = torch.randn(2, 4)
         self.plain_module = _PlainLinear(4, 4)
         self.timed_module = traceml.wrap_forward(_TimedLinear(4, 4))
-        self.hooked_module = _with_module_hooks(_HookedLinear(4, 4))
+        self.hooked_module = traceml.wrap_forward(_HookedLinear())
+        assert self.hooked_module._forward_pre_hooks and not self.timed_module._forward_pre_hooks
         self.plain_opt = torch.optim.SGD(_tiny_model().parameters(), lr=0.0)
         self.hooked_opt = traceml.wrap_optimizer(torch.optim.SGD(_tiny_model().parameters(), lr=0.0))
 
@@ -131,20 +130,11 @@ class _Manual:
             pass
         return _perf_ns() - t0
 
-    def manual_step(self) -> int:
-        model, batches = self.model, self.batches
-        t0 = _perf_ns()
-        next(batches)
-        with traceml.trace_step(model):
-            with traceml.timed_h2d():
-                pass
-            with traceml.timed_forward():
-                pass
-            with traceml.timed_backward():
-                pass
-            with traceml.timed_optimizer_step():
-                pass
-        return _perf_ns() - t0
+    @staticmethod
+    def empty_step() -> int:
+        out: list = []
+        _empty_block(1, _perf_ns, out, True)
+        return out[0]
 
     def _call(self, module) -> int:
         x = self.x
@@ -272,9 +262,8 @@ def measure(samples: int) -> dict:
     traceml.init(mode="manual")
     manual = _Manual()
     pieces = {name: getattr(manual, name) for name in (
-        "unit", "four_regions", "trace_step", "manual_step", "forward_plain", "forward_timed",
-        "forward_module_hooks",
-        "optimizer_plain", "optimizer_hooked")}
+        "unit", "four_regions", "trace_step", "empty_step", "forward_plain", "forward_timed",
+        "forward_module_hooks", "optimizer_plain", "optimizer_hooked")}
     for piece in pieces.values():
         piece()
     found = _interleaved(pieces, samples, _close_step)
@@ -283,7 +272,7 @@ def measure(samples: int) -> dict:
                      "load_avg_start": round(os.getloadavg()[0], 2)}
     unit = med(found["unit"]) / 1e3
     results["unit_us"] = unit
-    for name in ("four_regions", "trace_step", "manual_step"):
+    for name in ("four_regions", "trace_step", "empty_step"):
         value = med(found[name]) / 1e3
         results[f"{name}_us"] = value
         results[f"{name}_units"] = value / unit
@@ -314,11 +303,11 @@ def main(argv=None) -> int:
     print(f"  unit: four C-level `with` blocks (threading.Lock) : {r['unit_us']:6.2f} us")
     for name, label in (("four_regions", "four `with traceml.timed_*()` regions"),
                         ("trace_step", "`with traceml.trace_step(model)`"),
-                        ("manual_step", "manual step: loader next + trace_step + 4 regions")):
+                        ("empty_step", "empty step: input-wait region + trace_step + 4 regions")):
         print(f"  {label:52s}: {r[f'{name}_us']:6.2f} us ({r[f'{name}_units']:.2f} units)")
     print(f"  module call (plain call {r['forward_plain_us']:.1f} us), added by")
     print(f"    wrap_forward (the class-wide call wrapper)        : {r['forward_timed_added_us']:+6.2f} us")
-    print(f"    the same region through PyTorch module hooks      : {r['forward_module_hooks_added_us']:+6.2f} us")
+    print(f"    wrap_forward's fallback, PyTorch module hooks     : {r['forward_module_hooks_added_us']:+6.2f} us")
     print(f"  optimizer step (plain {r['optimizer_plain_us']:.1f} us), added by wrap_optimizer's hooks  "
           f": {r['optimizer_hooked_added_us']:+6.2f} us")
     print("  automatic patches, added per call (plain call in brackets):")

@@ -38,6 +38,7 @@ from fault_training import lost as lost_spans  # noqa: E402
 from fault_training import progress_steps  # noqa: E402
 from fault_training import train as run_training  # noqa: E402
 
+
 def crash_cycles(cycles: int) -> bool:
     folder = Path(tempfile.mkdtemp(prefix="bench-crash-"))
     proc = h.ProcessorProcess(folder / "processor", extra_args=["--refresh-interval", "1"]).start()
@@ -107,12 +108,9 @@ def training_faults(steps: int, repeats: int) -> bool:
         trainer = train({"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{proc.grpc}",
                          "TRACEML_RUN_ID": f"restart-{r}"}, steps, progress, wait=False)
 
-        def done() -> int:
-            return progress_steps(progress)
-
-        h.wait_until(lambda: done() >= steps // 4 or trainer.poll() is not None, 120)
+        h.wait_until(lambda: progress_steps(progress) >= steps // 4 or trainer.poll() is not None, 120)
         proc.kill9()
-        h.wait_until(lambda: done() >= steps // 2 or trainer.poll() is not None, 120)
+        h.wait_until(lambda: progress_steps(progress) >= steps // 2 or trainer.poll() is not None, 120)
         proc.start()
         result = finish_training(trainer, timeout_s=600, check=False)
         time.sleep(1.0)

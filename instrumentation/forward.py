@@ -5,7 +5,7 @@ Two mechanisms, chosen when a module is instrumented:
 - A `__call__` on the module's class. It looks the instance up in `_timers` and runs
   an instrumented instance's call inside its timer; any other instance of the class
   passes straight through. Module hooks would time the same calls, but a module with
-  any hook takes `Module._call_impl`'s slow path: 35-40 us of the training thread per
+  any hook takes `Module._call_impl`'s slow path: 31-40 us of the training thread per
   step with cold caches (as inside a real step) against about 22 for this wrapper
   (`benchmarks/bench_cold_cache.py`). Nothing is stored on the instance, so copies
   (`copy.deepcopy`, an averaged/EMA model, `DataParallel` replicas) and pickles of

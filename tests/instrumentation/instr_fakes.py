@@ -1,9 +1,17 @@
-"""Test helpers for the instrumentation tests: a recording sink and fake CUDA events.
+"""Test helpers for the instrumentation tests: a recording sink, a sampler flush and fake CUDA events.
 
 Only the GPU is faked: `FakeCudaEvent` has the two methods the timing sampler may
 call on a real `torch.cuda.Event` (`query()`, `elapsed_time()`) plus `record()`.
 """
 from __future__ import annotations
+
+
+def flush_samplers() -> None:
+    """Deliver everything queued now (the background samplers may already have some)."""
+    from traceml.samplers import StepMemorySampler, StepTimeSampler
+
+    StepTimeSampler().run_once()
+    StepMemorySampler().run_once()
 
 
 class RecordingSink:

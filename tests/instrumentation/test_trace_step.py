@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from instr_fakes import flush_samplers
 
 import traceml
 from traceml import forward, patches, step_events as se
-from traceml.samplers import StepMemorySampler, StepTimeSampler
 from traceml.schema.vocabulary import (
     RAW_BACKWARD,
     RAW_DATALOADER_NEXT,
@@ -29,12 +29,6 @@ def _tiny():
     return model, opt, torch.utils.data.DataLoader(data, batch_size=4)
 
 
-def _flush():
-    """Deliver everything queued (the background samplers may already have some)."""
-    StepTimeSampler().run_once()
-    StepMemorySampler().run_once()
-
-
 def _counts(record):
     return {name: totals.count for name, totals in record.events.items()}
 
@@ -49,7 +43,7 @@ def test_auto_mode_times_every_region_once_per_step(sink):
             opt.step()
             opt.zero_grad()
     traceml.shutdown()
-    _flush()
+    flush_samplers()
     assert [r.step for r in sink.steps] == [0, 1, 2]
     for record in sink.steps:
         assert _counts(record) == EVERY_REGION_ONCE
@@ -66,7 +60,7 @@ def test_auto_mode_counts_no_h2d_on_cpu_and_no_submodule_forwards(sink):
         x = x.to("cpu").to(torch.float32)
         model(x).sum().backward()
     traceml.shutdown()
-    _flush()
+    flush_samplers()
     (record,) = sink.steps
     assert RAW_H2D not in record.events
     assert record.events[RAW_FORWARD].count == 1
@@ -94,7 +88,7 @@ def test_auto_mode_patches_host_to_device_copies_only_where_cuda_is_available(si
         model(x)
     traceml.shutdown()
     assert "to" not in torch.Tensor.__dict__ and "cuda" not in torch.Tensor.__dict__
-    _flush()
+    flush_samplers()
     (record,) = sink.steps
     assert record.events[RAW_H2D].count == 1
     assert record.events[RAW_H2D].gpu_ms is None  # CUDA was never initialised: CPU clock
@@ -156,7 +150,7 @@ def test_manual_mode_installs_no_patches_and_wrappers_time_each_region(sink):
                 loss.backward()
             opt.step()
     traceml.shutdown()
-    _flush()
+    flush_samplers()
     assert len(sink.steps) == 3
     for record in sink.steps:
         assert _counts(record) == {RAW_DATALOADER_NEXT: 1, RAW_H2D: 1, RAW_FORWARD: 1, RAW_BACKWARD: 1,
@@ -180,7 +174,7 @@ def test_manual_wrappers_in_auto_mode_do_not_double_count(sink):
                 opt.step()  # global and per-optimizer step hooks inside
             opt.zero_grad()
     traceml.shutdown()
-    _flush()
+    flush_samplers()
     assert [r.step for r in sink.steps] == [0, 1, 2]
     for record in sink.steps:
         assert _counts(record) == EVERY_REGION_ONCE
@@ -197,7 +191,7 @@ def test_exception_in_trace_step_aborts_and_propagates_unchanged(sink):
     with traceml.trace_step():
         pass
     traceml.shutdown()
-    _flush()
+    flush_samplers()
     assert [r.step for r in sink.steps] == [0]  # the aborted step did not advance the counter
 
 
@@ -210,7 +204,7 @@ def test_forward_exception_does_not_leak_an_open_region(sink):
     with traceml.trace_step(model):
         model(torch.zeros(3, 2))
     traceml.shutdown()
-    _flush()
+    flush_samplers()
     (record,) = sink.steps
     assert record.events[RAW_FORWARD].count == 1
 
@@ -229,7 +223,7 @@ def test_dataloader_timing_scope_disables_and_restores(sink):
     with traceml.trace_step(model):
         pass
     traceml.shutdown()
-    _flush()
+    flush_samplers()
     assert sink.steps[0].events[RAW_DATALOADER_NEXT].count == 1
 
 
@@ -241,7 +235,7 @@ def test_epoch_end_stop_iteration_is_not_recorded(sink):
     with traceml.trace_step(model):
         pass
     traceml.shutdown()
-    _flush()
+    flush_samplers()
     assert sink.steps[0].events[RAW_DATALOADER_NEXT].count == 3
 
 
@@ -276,7 +270,7 @@ def test_optimizer_step_that_raises_does_not_leak_into_later_steps(sink):
             model(torch.ones(1, 2)).sum().backward()
             opt.step()
     traceml.shutdown()
-    _flush()
+    flush_samplers()
     assert [r.step for r in sink.steps] == [0, 1]
     assert all(r.events[RAW_OPTIMIZER_STEP].count == 1 for r in sink.steps)
 
@@ -296,7 +290,7 @@ def test_reentrant_forward_of_the_outermost_module_is_timed_once(sink):
         with traceml.trace_step(model):
             model(torch.ones(1, 2))
     traceml.shutdown()
-    _flush()
+    flush_samplers()
     assert [r.events[RAW_FORWARD].count for r in sink.steps] == [1, 1]
 
 
@@ -307,7 +301,7 @@ def test_a_failing_exporter_start_never_breaks_training(sink, caplog):
     with traceml.trace_step(model):
         model(torch.ones(1, 2))
     traceml.shutdown()
-    _flush()
+    flush_samplers()
     assert [r.step for r in sink.steps] == [0]
     from traceml import samplers
     assert samplers.registered_sinks() == (sink,)  # no half-started exporter left registered
@@ -318,7 +312,7 @@ def test_shutdown_drains_both_samplers_and_is_idempotent(sink):
     for _ in range(5):
         with traceml.trace_step():
             pass
-    traceml.shutdown()  # no _flush(): shutdown itself must have delivered everything
+    traceml.shutdown()  # no flush: shutdown itself must have delivered everything
     assert [r.step for r in sink.steps] == [0, 1, 2, 3, 4]
     assert [m.step for m in sink.memory] == [0, 1, 2, 3, 4]
     traceml.shutdown()
@@ -343,7 +337,7 @@ def test_dataloader_workers_forked_from_the_training_process_record_nothing(sink
     with traceml.trace_step():
         pass
     traceml.shutdown()
-    _flush()
+    flush_samplers()
     assert seen == [0.0, 0.0, 0.0, 0.0]  # inside the worker recording was off
     assert sink.steps[0].events[RAW_DATALOADER_NEXT].count == 2  # the parent still timed its waits
 
@@ -358,7 +352,7 @@ def test_shutdown_then_init_again_keeps_counting_and_re_hooks_the_model(sink):
                 opt.step()
             break
         traceml.shutdown()
-    _flush()
+    flush_samplers()
     assert [r.step for r in sink.steps] == [0, 1]
     assert all(r.events[RAW_FORWARD].count == 1 for r in sink.steps)
     assert forward.forward_timer(model) is None  # removed again by the last shutdown
@@ -423,7 +417,7 @@ def test_auto_mode_dataloader_on_another_thread_leaves_the_training_threads_inpu
     with traceml.trace_step(model):
         pass
     traceml.shutdown()
-    _flush()
+    flush_samplers()
     assert _counts(sink.steps[0]) == {RAW_DATALOADER_NEXT: 1, RAW_STEP_TIME: 1}
     assert traceml.dropped_counts()["foreign_thread"] == 1
 
@@ -443,7 +437,7 @@ def test_a_hold_quiets_hooks_patches_and_the_timed_loader(sink):
         torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
     traceml.shutdown()
-    _flush()
+    flush_samplers()
     held_step, free_step = sink.steps
     assert _counts(held_step) == {RAW_STEP_TIME: 1}
     assert _counts(free_step) == EVERY_REGION_ONCE
@@ -459,7 +453,7 @@ def test_cpu_memory_snapshot_is_stamped_on_the_wall_clock_at_the_step_end(sink):
         model(torch.ones(1, 8))
     after = time.time_ns()
     traceml.shutdown()
-    _flush()
+    flush_samplers()
     (snapshot,) = sink.memory
     (record,) = sink.steps
     assert (snapshot.step, snapshot.device, snapshot.peak_allocated_bytes, snapshot.peak_reserved_bytes) == \

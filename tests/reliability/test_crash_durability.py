@@ -8,6 +8,7 @@ right after the kill and at the end; replaying everything adds no rows.
 """
 from __future__ import annotations
 
+import psutil
 from crash_scenario import GROUPS, RUN, acknowledged, finish, start_senders
 
 import reliability_helpers as h
@@ -15,8 +16,6 @@ import reliability_helpers as h
 
 def _kill_all(children) -> None:
     """SIGKILL every process in `children` that is still there."""
-    import psutil
-
     for child in children:
         try:
             child.kill()
@@ -58,8 +57,6 @@ def test_kill_9_mid_ingest_loses_no_acknowledged_step_and_replay_adds_nothing(tm
 
 
 def test_kill_9_of_a_multi_worker_processor_leaves_no_orphan_workers(tmp_path):
-    import psutil
-
     proc = h.ProcessorProcess(tmp_path, extra_args=["--workers", "2"]).start()
     children = psutil.Process(proc.proc.pid).children(recursive=True)
     assert children
@@ -75,8 +72,6 @@ def test_kill_9_of_a_multi_worker_processor_leaves_no_orphan_workers(tmp_path):
 
 def test_kill_9_of_a_multi_worker_processor_loses_no_acknowledged_step(tmp_path):
     """Acknowledgement after commit holds when several ingest processes share the ports."""
-    import psutil
-
     proc = h.ProcessorProcess(tmp_path / "processor", extra_args=["--workers", "2"]).start()
     children = psutil.Process(proc.proc.pid).children(recursive=True)
     stop = tmp_path / "stop"

@@ -56,13 +56,11 @@ def test_processor_restarted_mid_run_training_completes_and_the_summary_accounts
     trainer = train("restart-run", f"http://127.0.0.1:{proc.grpc}", "grpc", steps=steps, progress=progress,
                     sleep_s=0.01, wait=False)
     try:
-        def done() -> int:
-            return progress_steps(progress)
-
-        assert h.wait_until(lambda: done() >= 100 or trainer.poll() is not None, HANG_BOUND_S)
+        assert h.wait_until(lambda: progress_steps(progress) >= 100 or trainer.poll() is not None, HANG_BOUND_S)
         proc.kill9()
-        killed_at = done()
-        assert h.wait_until(lambda: done() >= killed_at + 50 or trainer.poll() is not None, HANG_BOUND_S)
+        killed_at = progress_steps(progress)
+        assert h.wait_until(lambda: progress_steps(progress) >= killed_at + 50 or trainer.poll() is not None,
+                            HANG_BOUND_S)
         proc.start()  # same ports and database
         result = finish(trainer)
     finally:

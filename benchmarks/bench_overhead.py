@@ -1,16 +1,27 @@
 """Training-thread cost of TraceML instrumentation on CPU, against the same loop uninstrumented.
 
 Method: one process, one model/optimizer/DataLoader per step size, run uninstrumented,
-in manual mode and in automatic mode in alternating blocks (the order rotates every
-round). The same model and optimizer serve all three variants: separate but identical
+in manual mode and in automatic mode in alternation (a new seeded random order every
+round). The same model and optimizer serve all variants: separate but identical
 model instances differ by several microseconds per small step and by up to 1 % per
 ~10 ms step on this machine (memory placement), which is as large as the figures being
-measured. TraceML is initialised once (its sampler threads run throughout, idle
-during uninstrumented blocks, as they would be in a real job between steps); what
-touches the step is added before a block and removed after it, outside the timed
-steps: manual blocks add and remove the forward/optimizer timing and use the wrapped
-loader, automatic blocks install and uninstall the patches. Uninstrumented blocks
-run with no patch, hook or wrapper.
+measured. TraceML is initialised once; what touches the step is added before a
+variant's turn and removed after it, outside the timed steps: manual turns add and
+remove the forward/optimizer timing and use the wrapped loader, automatic turns
+install and uninstall the patches. Uninstrumented turns run with no patch, hook or
+wrapper. Two settings steady the runtime, every variant alike (`--default-runtime` leaves
+both at their defaults):
+
+- glibc's allocator keeps freed memory (no heap trimming, a fixed mmap threshold):
+  by default it returns and re-faults megabytes every few steps, which made single
+  ~10 ms steps vary by +-8 % (correlated 0.5-0.8 with page faults).
+- Before the throughput phase the heap is frozen (`gc.collect(); gc.freeze()`): a
+  full collection then skips torch's ~290,000 long-lived objects and takes about a
+  millisecond instead of about 100 ms. Unfrozen, the zero to two full collections
+  of a run land in whichever step crosses the threshold and move that variant's
+  mean by about 25 us each, a lottery as large as the effect measured. Young
+  collections, which the instrumentation's own allocations bring forward, still
+  count.
 
 - Per-step cost inside a real small step (tiny MLP forward/backward/SGD over a
   DataLoader): CPU time of the training thread (`thread_time`) per step; per round,
@@ -20,17 +31,23 @@ run with no patch, hook or wrapper.
   uninstrumented variant shows what the estimator reads when nothing is added.
   Real steps, not only a hot empty loop: caches shared with real work make the
   same code several times slower than in a hot loop (the empty-step figure).
-- Throughput of a ~10 ms step: each block of steps is timed as a whole (so periodic
-  costs inside the steps are included) after two untimed steps that let the
-  interpreter settle from the block's set-up (every variant alike; installing the
-  automatic patches is a one-off cost in a real job), and the figure is the median over rounds
-  of (uninstrumented block time / instrumented block time) from the same round; the
-  interquartile range of those per-round ratios shows the machine's noise. Reported
-  on the wall clock and on the training thread's CPU clock (less sensitive to other
-  jobs on the machine). Each instrumented block ends, inside its timed window, with
-  a synchronous drain of both samplers: the resolution and delivery its steps
-  caused is charged to it (left to the sampler threads, that GIL-holding work would
-  land in whichever block runs when they wake, uninstrumented ones included).
+- Throughput of a ~10 ms step: every round runs one step of each variant, each
+  timed whole on the wall clock: steps milliseconds apart see the same machine
+  state, where ten-step blocks a round apart saw this VM's speed drift (a
+  standard error of about 0.25 % after 13 minutes, against 0.05-0.1 % after 3). A
+  variant's first step after its set-up is timed like every other: the one-off
+  costs of installing patches (attribute caches invalidated) are charged to it.
+  The samplers' work is done as in a job, at their cadence: their polling threads
+  are stopped for this phase and the benchmark drains both samplers itself every
+  0.5 s of steps, timed, and charges that time to the instrumented steps, per traced
+  step. That is conservative: in a job the samplers run on another thread and
+  overlap the GIL-free parts of the step. The figure is the pooled ratio (all
+  uninstrumented step time over all instrumented step time plus the sampler
+  charge, i.e. steps per second relative to uninstrumented) with a 95 % interval
+  (delta method over the per-round pairs), and the mean added time per step with
+  its standard error. The CPU accounting beside it: the training thread's added
+  CPU per step (median of the per-round paired differences) plus the samplers'
+  CPU per traced step.
 
 All five regions are timed in every instrumented variant: input wait (DataLoader
 next), H2D (`timed_h2d()` around the batch copy: on CPU the automatic patch never
@@ -47,7 +64,10 @@ automatic patches).
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
 import json
+import math
 import os
 import random
 import statistics
@@ -60,7 +80,7 @@ import torch  # noqa: E402
 import traceml_checkout  # noqa: E402,F401  (imports the checkout when not installed)
 
 import traceml  # noqa: E402
-from traceml import forward, hooks, patches  # noqa: E402
+from traceml import forward, hooks, patches, samplers  # noqa: E402
 from traceml.schema.vocabulary import RAW_DATALOADER_NEXT  # noqa: E402
 
 torch.set_num_threads(1)
@@ -114,7 +134,8 @@ def _block_plain(job: _Job, steps: int, clock, out: list) -> None:
         t0 = clock()
         x, y = next_batch()
         x = x.to("cpu")
-        loss = torch.nn.functional.mse_loss(model(x), y)
+        out_ = model(x)  # bound to a name, as in the manual loop (it lives until the next step)
+        loss = torch.nn.functional.mse_loss(out_, y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -156,7 +177,8 @@ def _block_traced(job: _Job, steps: int, clock, out: list, mode: str) -> None:
         with traceml.trace_step(model):
             with traceml.timed_h2d():
                 x = x.to("cpu")
-            loss = torch.nn.functional.mse_loss(model(x), y)
+            out_ = model(x)
+            loss = torch.nn.functional.mse_loss(out_, y)
             if hooked:
                 with traceml.timed_backward():
                     loss.backward()
@@ -168,15 +190,14 @@ def _block_traced(job: _Job, steps: int, clock, out: list, mode: str) -> None:
 
 
 def _variant(job: _Job, mode: str | None):
-    """A block runner: uninstrumented (mode None), "manual", "manual_hooks" or "auto".
+    """A runner of `steps` steps: uninstrumented (mode None), "manual", "manual_hooks" or "auto".
 
-    TraceML stays initialised for the whole run (its samplers run throughout, as
-    in production: they are idle during uninstrumented blocks); only what touches
-    the step is added before a block and removed after it: the forward and optimizer
-    timing, or the automatic patches. Starting and stopping TraceML around every block made the
+    TraceML stays initialised for the whole run; only what touches the step is added
+    before the steps and removed after them: the forward and optimizer timing, or the
+    automatic patches. Starting and stopping TraceML around every block made the
     following steps measurably slower, an artefact no real job has.
     """
-    def run(steps, clock, out, warmup=0, drains=None):
+    def run(steps, clock, out, warmup=0):
         if mode is None:
             if warmup:
                 _block_plain(job, warmup, clock, [])
@@ -191,13 +212,7 @@ def _variant(job: _Job, mode: str | None):
         try:
             if warmup:
                 _block_traced(job, warmup, clock, [], mode)
-            if drains is not None:
-                _drain_samplers()  # the warm-up steps' records, untimed
             _block_traced(job, steps, clock, out, mode)
-            if drains is not None:  # this block's own sampler work, timed
-                t0 = clock()
-                _drain_samplers()
-                drains.append(clock() - t0)
         finally:
             if mode == "manual_hooks":
                 forward.remove_forward_instrumentation(job.model)
@@ -210,10 +225,9 @@ def _variant(job: _Job, mode: str | None):
 def _drain_samplers() -> None:
     """Resolve and deliver everything the steps so far published, on this thread, now.
 
-    The throughput blocks end with this, inside their timed window, so each block
-    is charged with exactly the sampler work its own steps caused. Left to the
-    sampler threads, that work (which holds the GIL) lands in whichever block runs
-    when they wake, uninstrumented ones included, flattering the instrumented ratio.
+    The throughput phase calls this every 0.5 s of steps, timed, in place of the
+    sampler threads: left to them, that work (which holds the GIL) lands in whichever
+    step runs when they wake, uninstrumented ones included, flattering the ratio.
     """
     for sampler in (traceml._time_sampler, traceml._memory_sampler):
         if sampler is not None:
@@ -243,10 +257,12 @@ def _empty_block(steps: int, clock, out: list, traced: bool) -> None:
         out.append(clock() - t0)
 
 
-def _rounds(rounds: int, block: int, clock, variants: dict, warmup: int = 0) -> dict[str, list[list[float]]]:
+def _rounds(rounds: int, block: int, clock, variants: dict, warmup: int = 0,
+            after_round=None) -> dict[str, list[list[float]]]:
     """variants: name -> callable(steps, clock, out, warmup). A new random order each round.
 
-    Returns, per variant, one list of step times per round. The order is shuffled
+    Returns, per variant, one list of step times per round; `after_round()`, if
+    given, runs at the end of every round. The order is shuffled
     (seeded) rather than rotated so that no variant always follows the same one:
     removing the automatic patches invalidates `torch.Tensor` attribute caches, and
     a fixed successor would pay for it every round.
@@ -260,6 +276,8 @@ def _rounds(rounds: int, block: int, clock, variants: dict, warmup: int = 0) -> 
             steps: list = []
             variants[name](block, clock, steps, warmup)
             out[name].append(steps)
+        if after_round is not None:
+            after_round()
     return out
 
 
@@ -287,28 +305,74 @@ def _wall_and_cpu() -> complex:
     return complex(time.perf_counter(), time.thread_time())
 
 
-def _timed_blocks(rounds: int, block: int, variants: dict, warmup: int):
-    """Per variant and round: the step times (wall + i*training-thread CPU) and the drain time.
+class _GcTally:
+    """Garbage collections by generation and by whose turn it was (set-up included)."""
 
-    Each block first runs `warmup` untimed steps (every variant alike): installing
-    the automatic patches rebinds attributes of `torch.Tensor`, which invalidates the
-    interpreter's attribute caches for the next step or two. A real job installs
-    them once; timing those steps in every block would charge that one-off cost to
-    each block of ten steps. Instrumented blocks end with a synchronous drain of both
-    samplers, timed separately (0 for uninstrumented blocks).
-    """
-    drains: dict[str, list[complex]] = {name: [] for name in variants}
+    def __init__(self) -> None:
+        self.turn = "start"
+        self.counts: dict = {}
+        self._t0 = 0.0
 
-    def with_drain(name, run):
-        def go(steps, clock, out, warm):
-            timed: list = []
-            run(steps, clock, out, warm, timed)
-            drains[name].append(timed[0] if timed else 0j)
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+            return
+        key = (self.turn, info["generation"])
+        count, seconds = self.counts.get(key, (0, 0.0))
+        self.counts[key] = (count + 1, seconds + time.perf_counter() - self._t0)
+
+
+def _interleaved_steps(rounds: int, variants: dict, drain_every: int, traced_per_round: int):
+    """Per variant, one step time per round (wall + i*training-thread CPU); the samplers'
+    work per traced step, drained on this thread every `drain_every` rounds (and after
+    the last); and the garbage collections of the phase."""
+    done = 0
+    drain_time = 0j
+    tally = _GcTally()
+
+    def after_round() -> None:
+        nonlocal done, drain_time
+        tally.turn = "sampler drain"
+        done += 1
+        if done % drain_every == 0 or done == rounds:
+            t0 = _wall_and_cpu()
+            _drain_samplers()
+            drain_time += _wall_and_cpu() - t0
+
+    def taking_turn(name, run):
+        def go(steps, clock, out, warmup):
+            tally.turn = name
+            run(steps, clock, out, warmup)
         return go
 
-    per_round = _rounds(rounds, block, _wall_and_cpu,
-                        {name: with_drain(name, run) for name, run in variants.items()}, warmup)
-    return per_round, drains
+    gc.callbacks.append(tally)
+    try:
+        per_round = _rounds(rounds, 1, _wall_and_cpu,
+                            {name: taking_turn(name, run) for name, run in variants.items()},
+                            after_round=after_round)
+    finally:
+        gc.callbacks.remove(tally)
+    times = {name: [steps[0] for steps in per] for name, per in per_round.items()}
+    return times, drain_time / (rounds * traced_per_round), tally.counts
+
+
+def _ratio_interval(base: list, variant: list, z: float = 1.96) -> tuple[float, float, float]:
+    """Pooled ratio sum(base)/sum(variant) of paired samples, with its delta-method interval."""
+    n = len(base)
+    ratio = sum(base) / sum(variant)
+    mean_v = sum(variant) / n
+    se = statistics.stdev(b - ratio * v for b, v in zip(base, variant)) / (mean_v * math.sqrt(n))
+    return ratio, ratio - z * se, ratio + z * se
+
+
+def _steady_allocator() -> bool:
+    """Have glibc keep freed memory (no trimming, fixed mmap threshold); False elsewhere."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        return bool(libc.mallopt(m_trim_threshold, 1 << 30) and libc.mallopt(m_mmap_threshold, 32 << 20))
+    except (OSError, AttributeError):
+        return False
 
 
 MODES = ("manual", "manual_hooks", "auto")
@@ -316,16 +380,19 @@ LABELS = {**{mode: mode for mode in MODES}, "control": "control (plain vs plain)
 
 
 def _variants(job: _Job) -> dict:
-    """Block runners: "off", the instrumented modes, and "control", a second
+    """Step runners: "off", the instrumented modes, and "control", a second
     uninstrumented variant: what each estimator reads when nothing is added (0 us,
     ratio 1.0 on a steady machine)."""
     return {"off": _variant(job, None), **{mode: _variant(job, mode) for mode in MODES},
             "control": _variant(job, None)}
 
 
-def measure(quick: bool, block: int = 10, block_rounds: int | None = None) -> dict:
+def measure(quick: bool, throughput_rounds: int | None = None, hidden: int = 960,
+            steady_runtime: bool = True) -> dict:
     results: dict = {"cpu_count": os.cpu_count(), "torch": torch.__version__,
-                     "load_avg_start": round(os.getloadavg()[0], 2)}
+                     "load_avg_start": round(os.getloadavg()[0], 2),
+                     "steady_allocator": steady_runtime and _steady_allocator(),
+                     "gc_frozen": steady_runtime}
     sink = _CountingSink()
     traceml.register_sink(sink)
     cpu = time.thread_time
@@ -351,39 +418,52 @@ def measure(quick: bool, block: int = 10, block_rounds: int | None = None) -> di
         results[f"small_step_added_us_{mode}_iqr"] = (q1, q3)
     results["small_steps_per_variant"] = sum(len(steps) for steps in small["off"])
 
-    job = _Job(896, 128, 32)
+    job = _Job(hidden, 128, 32)
     variants = _variants(job)
+    calibration: list = []
     for run in variants.values():
-        run(3, _wall_and_cpu, [])
-    other0 = time.process_time() - time.thread_time()
-    if block_rounds is None:
-        block_rounds = 10 if quick else 120
-    steps, drains = _timed_blocks(block_rounds, block, variants, warmup=2)
-    traceml.shutdown(timeout_s=10)  # the samplers' last work is counted too
-    other_threads_s = time.process_time() - time.thread_time() - other0
-    blocks = {name: [sum(s) + d for s, d in zip(steps[name], drains[name])] for name in variants}
-    off_step_cpu = med(t.imag for block_steps in steps["off"] for t in block_steps)
-    results["throughput_step_ms"] = med(b.real for b in blocks["off"]) / block * 1e3
-    results["throughput_blocks_per_variant"] = len(blocks["off"])
-    results["throughput_steps_per_block"] = block
-    cpu_steps = {name: [[t.imag for t in s] for s in per_round] for name, per_round in steps.items()}
+        run(3, _wall_and_cpu, calibration)
+    # From here on the benchmark drains the samplers itself (see the module
+    # docstring): their threads stop polling (stop() drains what is queued).
+    for sampler in (traceml._time_sampler, traceml._memory_sampler):
+        sampler.stop()
+    if steady_runtime:
+        gc.collect()
+        gc.freeze()
+    step_s = med(t.real for t in calibration)
+    drain_every = max(1, round(samplers.DEFAULT_INTERVAL_S / (len(variants) * step_s)))
+    if throughput_rounds is None:
+        throughput_rounds = 200 if quick else 4000
+    steps, charge, collections = _interleaved_steps(throughput_rounds, variants, drain_every, len(MODES))
+    traceml.shutdown(timeout_s=10)
+    gc.unfreeze()
+    off = steps["off"]
+    off_wall = [t.real for t in off]
+    off_step = statistics.fmean(off_wall)
+    results["throughput_hidden"] = hidden
+    results["throughput_step_ms"] = off_step * 1e3
+    results["throughput_rounds"] = throughput_rounds
+    results["sampler_us_per_step"] = charge.real * 1e6
+    results["sampler_cpu_us_per_step"] = charge.imag * 1e6
+    results["sampler_drain_every_rounds"] = drain_every
+    off_cpu = med(t.imag for t in off)
     for mode in (*MODES, "control"):
-        # Direct: the wall-clock ratio of whole blocks (steps + their sampler drain), per round.
-        pairs = list(zip(blocks["off"], blocks[mode]))
-        ratios = sorted(o.real / m.real for o, m in pairs)
-        results[f"throughput_ratio_{mode}"] = med(ratios)
-        results[f"throughput_ratio_{mode}_iqr"] = _quartiles(ratios)
-        results[f"throughput_ratio_{mode}_pooled"] = sum(o.real for o, _ in pairs) / sum(m.real for _, m in pairs)
-        # CPU accounting: what a step adds to the training thread inside a ~10 ms step
-        # (paired by round, like the small step) plus the sampler work per step.
-        added, q1, q3 = _paired_added(cpu_steps, mode)
-        drain = med(d.imag for d in drains[mode]) / block * 1e6
+        share = charge if mode in MODES else 0j
+        wall = [t.real + share.real for t in steps[mode]]
+        ratio, lo, hi = _ratio_interval(off_wall, wall)
+        results[f"throughput_ratio_{mode}"] = ratio
+        results[f"throughput_ratio_{mode}_ci95"] = (lo, hi)
+        diffs = [v - o for v, o in zip(wall, off_wall)]
+        results[f"big_step_added_wall_us_{mode}"] = statistics.fmean(diffs) * 1e6
+        results[f"big_step_added_wall_us_{mode}_se"] = statistics.stdev(diffs) / math.sqrt(len(diffs)) * 1e6
+        cpu_diffs = sorted(v.imag - o.imag for v, o in zip(steps[mode], off))
+        added = med(cpu_diffs) * 1e6
         results[f"big_step_added_us_{mode}"] = added
-        results[f"big_step_added_us_{mode}_iqr"] = (q1, q3)
-        results[f"sampler_drain_us_per_step_{mode}"] = drain
-        results[f"cpu_accounted_ratio_{mode}"] = off_step_cpu / (off_step_cpu + (added + drain) / 1e6)
-    results["sampler_cpu_us_per_step"] = other_threads_s / (len(MODES) * len(blocks["off"]) * block) * 1e6
-    results["throughput_phase_wall_s"] = sum(sum(v).real for v in blocks.values())
+        results[f"big_step_added_us_{mode}_iqr"] = tuple(q * 1e6 for q in _quartiles(cpu_diffs))
+        results[f"cpu_accounted_ratio_{mode}"] = off_cpu / (off_cpu + added / 1e6 + share.imag)
+    results["throughput_phase_wall_s"] = sum(t.real for per in steps.values() for t in per)
+    results["gc_collections"] = {f"{turn}, generation {gen}": {"count": n, "ms": round(s * 1e3, 2)}
+                                 for (turn, gen), (n, s) in sorted(collections.items())}
     traceml.unregister_sink(sink)
     results["steps_delivered"] = sink.steps
     results["load_avg_end"] = round(os.getloadavg()[0], 2)
@@ -394,32 +474,41 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
     parser.add_argument("--json", help="also write the figures to this file")
-    parser.add_argument("--block", type=int, default=10, help="steps per timed throughput block (default 10)")
-    parser.add_argument("--block-rounds", type=int, help="rounds of throughput blocks (default 120, 10 with --quick)")
+    parser.add_argument("--rounds", type=int,
+                        help="throughput rounds, one ~10 ms step per variant each (default 4000, 200 with --quick)")
+    parser.add_argument("--hidden", type=int, default=960,
+                        help="hidden width of the throughput model (default 960: a ~9-10 ms step here)")
+    parser.add_argument("--default-runtime", action="store_true",
+                        help="keep glibc's allocator defaults and an unfrozen GC heap (noisier figures)")
     args = parser.parse_args(argv)
-    r = measure(args.quick, args.block, args.block_rounds)
+    r = measure(args.quick, args.rounds, args.hidden, not args.default_runtime)
     print(f"TraceML training-side overhead on CPU (torch {r['torch']}, {r['cpu_count']} cores, "
-          f"load avg {r['load_avg_start']} -> {r['load_avg_end']})")
+          f"load avg {r['load_avg_start']} -> {r['load_avg_end']}; "
+          + ("steady allocator, frozen GC heap)" if r["gc_frozen"] else "default allocator and GC)"))
     print(f"  empty step, trace_step + 5 regions : {r['empty_step_added_us']:6.1f} us (thread CPU time)")
     print(f"  real small step ({r['small_step_ms']:.3f} ms CPU), added training-thread CPU per step (median of "
           f"per-round paired differences, IQR; targets: manual <= 30, auto <= 50):")
     for mode in (*MODES, "control"):
         lo, hi = r[f"small_step_added_us_{mode}_iqr"]
         print(f"    {LABELS[mode]:24s} {r[f'small_step_added_us_{mode}']:6.1f} us (IQR {lo:.1f} to {hi:.1f})")
-    print(f"  ~10 ms step ({r['throughput_step_ms']:.2f} ms wall), {r['throughput_blocks_per_variant']} rounds of "
-          f"{r['throughput_steps_per_block']}-step blocks (target >= 0.99):")
-    print("    wall-clock throughput ratio: median of per-round block ratios (IQR; pooled)")
+    print(f"  ~10 ms step ({r['throughput_step_ms']:.2f} ms wall, hidden {r['throughput_hidden']}), "
+          f"{r['throughput_rounds']} rounds of one step per variant; samplers drained every "
+          f"{r['sampler_drain_every_rounds']} rounds, {r['sampler_us_per_step']:.1f} us per traced step, charged:")
+    print("    throughput ratio, wall clock (target >= 0.99): pooled (95 % interval); "
+          "added per step, mean +- standard error")
     for mode in (*MODES, "control"):
-        lo, hi = r[f"throughput_ratio_{mode}_iqr"]
-        print(f"      {LABELS[mode]:24s} {r[f'throughput_ratio_{mode}']:.4f} (IQR {lo:.3f}-{hi:.3f}; "
-              f"{r[f'throughput_ratio_{mode}_pooled']:.4f})")
-    print("    CPU accounting: training thread added per step (paired, IQR) + sampler work per step "
-          "-> ratio")
+        lo, hi = r[f"throughput_ratio_{mode}_ci95"]
+        print(f"      {LABELS[mode]:24s} {r[f'throughput_ratio_{mode}']:.4f} ({lo:.4f}-{hi:.4f}); "
+              f"{r[f'big_step_added_wall_us_{mode}']:+6.1f} +- {r[f'big_step_added_wall_us_{mode}_se']:.1f} us")
+    print("    CPU accounting: training thread added per step (median of paired differences, IQR) "
+          "+ sampler CPU -> ratio")
     for mode in (*MODES, "control"):
         lo, hi = r[f"big_step_added_us_{mode}_iqr"]
-        print(f"      {LABELS[mode]:24s} {r[f'big_step_added_us_{mode}']:6.1f} us (IQR {lo:.1f} to {hi:.1f}) + "
-              f"{r[f'sampler_drain_us_per_step_{mode}']:5.1f} us -> {r[f'cpu_accounted_ratio_{mode}']:.4f}")
-    print(f"  sampler threads' own CPU per instrumented step (wake-ups): {r['sampler_cpu_us_per_step']:.1f} us")
+        print(f"      {LABELS[mode]:24s} {r[f'big_step_added_us_{mode}']:6.1f} us (IQR {lo:.1f} to {hi:.1f}) "
+              f"-> {r[f'cpu_accounted_ratio_{mode}']:.4f}")
+    print("    garbage collections in the throughput phase, by whose turn it was (set-up included):")
+    for key, c in r["gc_collections"].items():
+        print(f"      {key:32s} {c['count']:4d}, {c['ms']:.1f} ms in all")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(r, fh, indent=2)

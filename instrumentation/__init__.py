@@ -16,6 +16,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 
 _get_ident = threading.get_ident
 _perf_ns = time.perf_counter_ns
@@ -210,7 +211,7 @@ def shutdown(timeout_s: float = 5.0) -> None:
 
             patches.uninstall()
         _time_sampler = _memory_sampler = _exporter_sink = None
-        _tracker_cache[0] = _tracker_cache[1] = None  # a later init re-selects and re-hooks
+        _reset_tracker_cache()  # a later init re-selects and re-hooks
         _initialized = False
         _mode = None
 
@@ -236,13 +237,39 @@ def _shutdown_at_exit() -> None:
 
 # --- trace_step ---------------------------------------------------------------------
 
-_tracker_cache: list = [None, None]  # [model, tracker]: the last model's tracker
+def _no_model() -> None:
+    return None
+
+
+def _forget_model(ref) -> None:
+    """The cached model was collected: drop its tracker with it."""
+    if _tracker_cache[0] is ref:
+        _reset_tracker_cache()
+
+
+def _model_ref(model):
+    """A callable returning `model`: a weak reference, so that the cache never keeps a
+    model the job dropped (and its device memory) alive; a strong one for objects
+    that refuse weak references."""
+    if model is None:
+        return _no_model
+    try:
+        return weakref.ref(model, _forget_model)
+    except TypeError:
+        return lambda: model
+
+
+_tracker_cache: list = [_no_model, None]  # [the last model's _model_ref, its tracker]
 _step_region = timed_region(RAW_STEP_TIME)
+
+
+def _reset_tracker_cache() -> None:
+    _tracker_cache[0], _tracker_cache[1] = _no_model, None
 
 
 def _tracker_for(model) -> StepMemoryTracker:
     cached_model, tracker = _tracker_cache
-    if tracker is not None and cached_model is model:
+    if tracker is not None and cached_model() is model:
         return tracker
     # Without a model (or one without parameters) the step runs on CUDA only once the
     # job itself initialised CUDA: a CPU job on a GPU machine gets no CUDA context.
@@ -259,7 +286,7 @@ def _tracker_for(model) -> StepMemoryTracker:
 
         _time_forward_or_warn(patches.instrument_model, model)
     if tracker.is_cuda or _default_device is None or model is not None:
-        _tracker_cache[0] = model
+        _tracker_cache[0] = _model_ref(model)
         _tracker_cache[1] = tracker
     # else: decided "CPU" only because CUDA is not in use yet; ask again next step.
     return tracker
@@ -308,8 +335,8 @@ class trace_step:
         _open_step = self
         self._active = True
         model = self._model
-        tracker = _tracker_cache[1]
-        if tracker is None or _tracker_cache[0] is not model:
+        cached_model, tracker = _tracker_cache  # one bytecode: a consistent pair
+        if tracker is None or cached_model() is not model:
             try:
                 tracker = _tracker_for(model)
             except Exception as exc:  # e.g. a broken CUDA while selecting the device: time on the CPU
@@ -317,7 +344,7 @@ class trace_step:
                               f"select a device ({exc!r}); the step is timed on the CPU clock "
                               "without forward timing from the model")
                 tracker = StepMemoryTracker(None)
-                _tracker_cache[0], _tracker_cache[1] = model, tracker
+                _tracker_cache[0], _tracker_cache[1] = _model_ref(model), tracker
         self._tracker = tracker
         capture = se._active
         self._capture = capture if capture is not None else se.current_capture()
@@ -422,7 +449,7 @@ def _reset_for_tests() -> None:
     _forward._reset_for_tests()
     _se._reset_for_tests()
     _timing._reset_for_tests()
-    _tracker_cache[0] = _tracker_cache[1] = None
+    _reset_tracker_cache()
     _disabled = _settings.kill_switch()
     _open_step = None
     _default_device = None

@@ -1,6 +1,9 @@
 """Public API: init, trace_step, manual and automatic modes on a tiny CPU model."""
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 from instr_fakes import flush_samplers
@@ -357,6 +360,37 @@ def test_shutdown_then_init_again_keeps_counting_and_re_hooks_the_model(sink):
     assert all(r.events[RAW_FORWARD].count == 1 for r in sink.steps)
     assert forward.forward_timer(model) is None  # removed again by the last shutdown
     assert "__call__" not in vars(torch.nn.Sequential)
+
+
+@pytest.mark.parametrize("mode", ["manual", "auto"])
+def test_a_model_the_job_drops_is_freed_while_traceml_runs(sink, mode):
+    """trace_step remembers the last model's memory tracker without keeping the model
+    (and its device memory) alive: a sweep that drops one model before building the
+    next must get the memory back."""
+    traceml.init(mode=mode)
+    model, opt, loader = _tiny()
+    x, y = next(iter(loader))
+    for _ in range(2):
+        with traceml.trace_step(model):
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    dropped = weakref.ref(model)
+    del model, opt
+    gc.collect()
+    assert dropped() is None
+    # The next model, and a step without a model, are traced as usual.
+    second, opt, _ = _tiny()
+    with traceml.trace_step(second):
+        torch.nn.functional.mse_loss(second(x), y).backward()
+        opt.step()
+    with traceml.trace_step():
+        pass
+    traceml.shutdown()
+    flush_samplers()
+    assert [r.step for r in sink.steps] == [0, 1, 2, 3]
+    forwards = [RAW_FORWARD in r.events for r in sink.steps]
+    assert forwards == ([True, True, True, False] if mode == "auto" else [False] * 4)
+    assert [m.device for m in sink.memory] == ["cpu"] * 4
 
 
 def test_auto_mode_without_torch_falls_back_to_manual(tmp_path):

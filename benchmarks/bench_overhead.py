@@ -17,9 +17,10 @@ both at their defaults):
   ~10 ms steps vary by +-8 % (correlated 0.5-0.8 with page faults).
 - Before the throughput phase the heap is frozen (`gc.collect(); gc.freeze()`): a
   full collection then skips torch's ~290,000 long-lived objects and takes about a
-  millisecond instead of about 100 ms. Unfrozen, the zero to two full collections
-  of a run land in whichever step crosses the threshold and move that variant's
-  mean by about 25 us each, a lottery as large as the effect measured. Young
+  millisecond instead of about 100 ms. Unfrozen, a run's occasional full
+  collection (one in 4,000 rounds, seen by the GC tally) lands in whichever step
+  crosses the threshold and moves that variant's mean by about 30 us, a lottery as
+  large as the effect measured. Young
   collections, which the instrumentation's own allocations bring forward, still
   count.
 

@@ -42,7 +42,7 @@ import torch  # noqa: E402
 import traceml_checkout  # noqa: E402,F401  (imports the checkout when not installed)
 
 import traceml  # noqa: E402
-from bench_overhead import _CPU_MODULE, _empty_block  # noqa: E402
+from bench_overhead import _CPU_MODULE, _drain_samplers, _empty_block, _rounds  # noqa: E402
 from traceml import patches, step_events  # noqa: E402
 
 torch.set_num_threads(1)
@@ -165,17 +165,17 @@ class _Manual:
 
 
 def _interleaved(pieces: dict, samples: int, after_round) -> dict[str, list[int]]:
-    """Every piece once per round, in a seeded random order, each after an eviction."""
-    names = list(pieces)
-    order = random.Random(0)
-    out: dict[str, list[int]] = {name: [] for name in names}
-    for _ in range(samples):
-        order.shuffle(names)
-        for name in names:
+    """Every piece once per round, in a seeded random order (bench_overhead's rounds),
+    each after an eviction."""
+    def evicted(piece):
+        def run(steps, clock, out, warmup):
             _evict()
-            out[name].append(pieces[name]())
-        after_round()
-    return out
+            out.append(piece())
+        return run
+
+    rounds = _rounds(samples, 1, None, {name: evicted(piece) for name, piece in pieces.items()},
+                     after_round=after_round)
+    return {name: [taken[0] for taken in per] for name, per in rounds.items()}
 
 
 class _Auto:
@@ -252,9 +252,7 @@ def _auto_samples(samples: int, chunk: int = 10) -> dict[tuple[str, str], list[i
 def _close_step() -> None:
     """Publish what the samples recorded (untimed), so the pending capture stays small."""
     step_events.complete_step_capture()
-    for sampler in (traceml._time_sampler, traceml._memory_sampler):
-        if sampler is not None:
-            sampler.run_once()
+    _drain_samplers()
 
 
 def measure(samples: int) -> dict:

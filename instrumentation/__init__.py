@@ -268,9 +268,8 @@ def _reset_tracker_cache() -> None:
 
 
 def _tracker_for(model) -> StepMemoryTracker:
-    cached_model, tracker = _tracker_cache
-    if tracker is not None and cached_model() is model:
-        return tracker
+    """Select (and, when decided, cache) the memory tracker for `model`; trace_step
+    calls this only when the cache does not hold `model`'s."""
     # Without a model (or one without parameters) the step runs on CUDA only once the
     # job itself initialised CUDA: a CPU job on a GPU machine gets no CUDA context.
     device = _default_device if _timing._cuda_ready() else None

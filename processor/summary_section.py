@@ -108,7 +108,7 @@ def _version() -> str | None:
 def build_final_summary(db_path: Path, run_id: str, *, generated_at: float | None = None) -> dict:
     """The public final-summary object of one run, from the complete database."""
     from traceml.processor.reporting.final_summary import project_final_summary
-    from traceml.processor.step_time.analysis import SUMMARY_WINDOW_STEPS
+    from traceml.processor.step_time.model import SUMMARY_WINDOW_STEPS
     from traceml.processor.step_time.pipeline import PROFILE_SUMMARY, StepTimePipeline, StepTimeRequest
 
     analysis = StepTimePipeline().run(StepTimeRequest(db_path, run_id, profile=PROFILE_SUMMARY))

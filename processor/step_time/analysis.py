@@ -37,6 +37,7 @@ import numpy as np
 from traceml.processor.step_time.model import (
     CLOCK_CPU,
     CLOCK_GPU,
+    LIVE_WINDOW_STEPS,
     RankIdentity,
     StepTimeMetric,
     StepTimeRankFacts,
@@ -61,9 +62,6 @@ from traceml.schema.vocabulary import (
 
 WINDOW_METRICS: tuple[str, ...] = tuple(f.name for f in fields(StepTimeValues))
 """Every metric a window reports, in `StepTimeValues` field order."""
-
-LIVE_WINDOW_STEPS = 100
-SUMMARY_WINDOW_STEPS = 10_000
 
 _TIE_RELATIVE = 1e-9  # distances to the median closer than this are ties (float noise)
 
@@ -385,6 +383,6 @@ def empty_window(run_id: str, universe: Sequence[int] = (),
 
 
 __all__ = [
-    "LIVE_WINDOW_STEPS", "SUMMARY_WINDOW_STEPS", "StepTimeAnalyzer", "WINDOW_METRICS",
+    "StepTimeAnalyzer", "WINDOW_METRICS",
     "analyze_snapshot", "empty_window", "grid_from_rows", "representative_index",
 ]

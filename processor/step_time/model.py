@@ -26,6 +26,16 @@ FRESHNESS_BRIDGED = "bridged"
 FRESHNESS_EXPIRED = "expired"
 FRESHNESS_STATES = (FRESHNESS_COLD, FRESHNESS_LIVE, FRESHNESS_BRIDGED, FRESHNESS_EXPIRED)
 
+# Window sizes, in common step ids. The read side (sqlite.py) bounds what it loads by
+# them and the analyzer (analysis.py) cuts the aligned window to them, so both take
+# them from here.
+LIVE_WINDOW_STEPS = 100
+"""The live profile analyses the latest 100 common steps."""
+SUMMARY_WINDOW_STEPS = 10_000
+"""The summary profile analyses up to the latest 10,000 common steps."""
+WINDOW_LOOKBACK = 4
+"""Step ids read per window step: a rank that lags or skips steps still leaves a full common window."""
+
 SEVERITY_INFO = "info"
 SEVERITY_WARN = "warn"
 SEVERITY_CRIT = "crit"

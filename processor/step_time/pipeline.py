@@ -17,8 +17,6 @@ from pathlib import Path
 from typing import Callable
 
 from traceml.processor.step_time.analysis import (
-    LIVE_WINDOW_STEPS,
-    SUMMARY_WINDOW_STEPS,
     analyze_snapshot,
     empty_window,
 )
@@ -27,6 +25,9 @@ from traceml.processor.step_time.model import (
     FRESHNESS_COLD,
     FRESHNESS_EXPIRED,
     FRESHNESS_LIVE,
+    LIVE_WINDOW_STEPS,
+    SUMMARY_WINDOW_STEPS,
+    WINDOW_LOOKBACK,
     LiveStepTimeResult,
     StepTimeAnalysis,
     StepTimeDiagnosis,
@@ -34,7 +35,6 @@ from traceml.processor.step_time.model import (
     StepTimeWindow,
 )
 from traceml.processor.step_time.sqlite import (
-    DEFAULT_LOOKBACK,
     LiveTail,
     load_live_snapshot,
     load_summary_snapshot,
@@ -65,7 +65,7 @@ class StepTimeRequest:
     run_id: str
     profile: str = PROFILE_LIVE
     max_steps: int | None = None
-    lookback: int = DEFAULT_LOOKBACK
+    lookback: int = WINDOW_LOOKBACK
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
@@ -114,7 +114,7 @@ class LiveStepTimeSession:
     """
 
     def __init__(self, db_path: str | Path, run_id: str, *, window: int = LIVE_WINDOW_STEPS,
-                 lookback: int = DEFAULT_LOOKBACK, bridge_ttl_s: float = BRIDGE_TTL_S,
+                 lookback: int = WINDOW_LOOKBACK, bridge_ttl_s: float = BRIDGE_TTL_S,
                  pipeline: StepTimePipeline | None = None, diagnose: Diagnose | None = None,
                  clock: Callable[[], float] | None = None):
         self.db_path = Path(db_path)

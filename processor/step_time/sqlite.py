@@ -30,6 +30,9 @@ from pathlib import Path
 import numpy as np
 
 from traceml.processor.step_time.model import (
+    LIVE_WINDOW_STEPS,
+    SUMMARY_WINDOW_STEPS,
+    WINDOW_LOOKBACK,
     RankIdentity,
     StepTimeRepositorySnapshot,
     StepTimeSourceCursor,
@@ -47,10 +50,6 @@ from traceml.processor.storage import (
 from traceml.schema.vocabulary import STRATEGY_DDP, STRATEGY_SINGLE
 
 LOG = logging.getLogger(__name__)
-
-DEFAULT_LOOKBACK = 4
-LIVE_WINDOW_STEPS = 100
-SUMMARY_MAX_STEPS = 10_000
 
 REASON_UNREADABLE = "unreadable_values"
 REASON_NEGATIVE = "negative_value"
@@ -198,8 +197,8 @@ def _compact_steps(steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 
-def load_summary_snapshot(path: str | Path, run_id: str, max_steps: int = SUMMARY_MAX_STEPS,
-                          lookback: int = DEFAULT_LOOKBACK) -> StepTimeRepositorySnapshot:
+def load_summary_snapshot(path: str | Path, run_id: str, max_steps: int = SUMMARY_WINDOW_STEPS,
+                          lookback: int = WINDOW_LOOKBACK) -> StepTimeRepositorySnapshot:
     """Metadata-complete selection: every rank with identity, rows of the latest steps."""
     conn = connect_reader(path)
     try:
@@ -264,7 +263,7 @@ class LiveTail:
     """
 
     def __init__(self, run_id: str, window: int = LIVE_WINDOW_STEPS,
-                 lookback: int = DEFAULT_LOOKBACK):
+                 lookback: int = WINDOW_LOOKBACK):
         if window < 1 or lookback < 1:
             raise ValueError("window and lookback must be >= 1")
         self.run_id = run_id
@@ -371,7 +370,7 @@ class LiveTail:
 
 
 def load_live_snapshot(path: str | Path, run_id: str, window: int = LIVE_WINDOW_STEPS,
-                       lookback: int = DEFAULT_LOOKBACK) -> StepTimeRepositorySnapshot:
+                       lookback: int = WINDOW_LOOKBACK) -> StepTimeRepositorySnapshot:
     """A one-off live-tail read (no cache kept)."""
     snapshot = LiveTail(run_id, window, lookback).read(path).snapshot
     assert snapshot is not None
@@ -379,7 +378,7 @@ def load_live_snapshot(path: str | Path, run_id: str, window: int = LIVE_WINDOW_
 
 
 __all__ = [
-    "DEFAULT_LOOKBACK", "LIVE_WINDOW_STEPS", "LiveRead", "LiveTail", "RunHeader",
-    "SUMMARY_MAX_STEPS", "connect_reader", "decode_rows", "load_live_snapshot",
+    "LiveRead", "LiveTail", "RunHeader",
+    "connect_reader", "decode_rows", "load_live_snapshot",
     "load_summary_snapshot", "read_header", "read_rank_universe", "resolve_strategy",
 ]

@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol, Sequence
+from typing import AbstractSet, Callable, Protocol, Sequence
 
 from traceml.processor.decode import DecodedBatch
 from traceml.processor.reexport import Point
@@ -27,6 +27,20 @@ LOG = logging.getLogger(__name__)
 END_BY_MARKERS = "markers"
 END_BY_IDLE = "idle"
 END_BY_SHUTDOWN = "shutdown"
+
+
+def run_is_over(ranks: AbstractSet[int], world_size: int | None, finished: AbstractSet[int]) -> bool:
+    """The one rule for "every rank of this run sent `traceml.run.end`".
+
+    A run's ranks are those its declared world implies (0 .. world_size - 1) and
+    every rank seen sending: a rank of the world that never reported keeps the run
+    open, and so does a rank outside the declared world that is still running (a
+    rank count alone would let one stand in for the other). A run with no known
+    rank is not over.
+    """
+    expected = set(range(world_size)) if world_size else set()
+    expected.update(ranks)
+    return bool(expected) and expected <= finished
 
 
 class RunBackend(Protocol):
@@ -57,14 +71,8 @@ class RunState:
     freshness: str | None = None
     last_error: str | None = None
 
-    def expected_ranks(self) -> set[int]:
-        if self.world_size:
-            return set(range(self.world_size))
-        return set(self.ranks)
-
     def all_finished(self) -> bool:
-        expected = self.expected_ranks()
-        return bool(expected) and expected <= self.finished
+        return run_is_over(self.ranks, self.world_size, self.finished)
 
 
 class RunMonitor:
@@ -150,6 +158,7 @@ class RunMonitor:
 
     @staticmethod
     def _load_ranks(conn, state: RunState) -> None:
+        """The run's stored ranks, declared world size and end markers, into `state`."""
         for rank, world_size, finished_time in conn.execute(
                 "SELECT global_rank, world_size, finished_time FROM step_time_ranks WHERE run_id = ?",
                 (state.run_id,)):
@@ -294,3 +303,10 @@ class RunMonitor:
             LOG.exception("writing the summary of run %r failed", state.run_id)
         if self._on_ended is not None:
             self._on_ended(state.run_id)
+
+
+def stored_run_is_over(conn: sqlite3.Connection, run_id: str) -> bool:
+    """`run_is_over` on what the store holds for `run_id` (read at a restart)."""
+    state = RunState(run_id, 0.0, 0.0)
+    RunMonitor._load_ranks(conn, state)
+    return state.all_finished()

@@ -16,7 +16,7 @@ from traceml.processor.decode import DecodeLimits, Decoder, RunAdmission
 from traceml.processor.export_handler import ExportHandler
 from traceml.processor.ingest import IngestQueue, ProcessorStats
 from traceml.processor.reexport import OtlpExportConfig, OtlpMetricsPusher, Point, PrometheusEndpoint
-from traceml.processor.runs import RunMonitor
+from traceml.processor.runs import RunMonitor, stored_run_is_over
 from traceml.processor.security import BearerAuth, TlsConfig, warn_if_exposed
 from traceml.schema import vocabulary as v
 
@@ -115,10 +115,7 @@ class ProcessorService:
             for run_id, last_receive in conn.execute("SELECT run_id, last_receive_time FROM step_time_runs"):
                 if now - last_receive >= self.config.idle_timeout_s:
                     continue
-                ranks, finished, world = conn.execute(
-                    "SELECT count(*), count(finished_time), max(world_size) FROM step_time_ranks"
-                    " WHERE run_id = ?", (run_id,)).fetchone()
-                if ranks and finished >= max(ranks, world or 0):
+                if stored_run_is_over(conn, run_id):
                     continue  # every rank sent its end marker: that run is over
                 recent.append(run_id)
         finally:

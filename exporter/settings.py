@@ -3,6 +3,8 @@
 Every variable read here is declared in `traceml.schema.environment`. Values are
 validated once at start-up: a malformed one raises ValueError with its name, and
 the start hook turns that into one log line (training goes on without export).
+`OTEL_EXPORTER_OTLP_HEADERS` is read by the parser both sides share
+(`traceml.schema.otlp_headers`), which skips a malformed entry with a warning.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Mapping
 from urllib.parse import unquote, urlparse
 
 from traceml.schema import environment as env_names
+from traceml.schema.otlp_headers import parse_otlp_headers
 
 PROTOCOL_GRPC = "grpc"
 PROTOCOL_HTTP = "http/protobuf"
@@ -114,8 +117,8 @@ def resolve_settings(
     if comp not in COMPRESSIONS:
         raise ValueError(f"{env_names.OTEL_EXPORTER_OTLP_COMPRESSION}={comp!r}: use one of {list(COMPRESSIONS)}")
 
-    header_items = tuple(headers.items()) if headers is not None else parse_headers(
-        env.get(env_names.OTEL_EXPORTER_OTLP_HEADERS) or "")
+    header_items = tuple(headers.items()) if headers is not None else parse_otlp_headers(
+        env.get(env_names.OTEL_EXPORTER_OTLP_HEADERS))
 
     insecure_raw = env.get(env_names.OTEL_EXPORTER_OTLP_INSECURE)
     insecure = None if not insecure_raw else env_names.env_flag(insecure_raw)
@@ -142,19 +145,6 @@ def resolve_settings(
         queue_size=int(queue_size),
         **overrides,
     )
-
-
-def parse_headers(raw: str) -> tuple[tuple[str, str], ...]:
-    """`k1=v1,k2=v2` with URL-encoded values (W3C baggage style, as OTEL_EXPORTER_OTLP_HEADERS)."""
-    items = []
-    for part in raw.split(","):
-        if not part.strip():
-            continue
-        key, eq, value = part.partition("=")
-        if not eq or not key.strip():
-            raise ValueError(f"{env_names.OTEL_EXPORTER_OTLP_HEADERS}: {part.strip()!r} is not key=value")
-        items.append((unquote(key.strip()).lower(), unquote(value.strip())))
-    return tuple(items)
 
 
 def parse_resource_attributes(raw: str) -> dict[str, str]:

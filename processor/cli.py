@@ -80,7 +80,8 @@ def _address(value: str | None, default: str | None):
 
 
 def _export_config(args):
-    from traceml.processor.reexport import OtlpExportConfig, parse_headers
+    from traceml.processor.reexport import OtlpExportConfig
+    from traceml.schema.otlp_headers import parse_otlp_headers
 
     endpoint = (args.export_endpoint or _env(env.TRACEML_PROCESSOR_EXPORT_ENDPOINT)
                 or _env(env.OTEL_EXPORTER_OTLP_METRICS_ENDPOINT) or _env(env.OTEL_EXPORTER_OTLP_ENDPOINT))
@@ -96,7 +97,7 @@ def _export_config(args):
     insecure = _env(env.OTEL_EXPORTER_OTLP_INSECURE)
     return OtlpExportConfig(
         endpoint=endpoint.strip(), protocol=protocol,
-        headers=parse_headers(_env(env.OTEL_EXPORTER_OTLP_HEADERS)),
+        headers=dict(parse_otlp_headers(_env(env.OTEL_EXPORTER_OTLP_HEADERS))),
         timeout_s=float(timeout_ms) / 1000.0 if timeout_ms else 10.0,
         interval_s=float(args.export_interval or _env(env.TRACEML_PROCESSOR_EXPORT_INTERVAL, "5")),
         insecure=None if insecure is None else env.env_flag(insecure),

@@ -172,16 +172,6 @@ class OtlpExportConfig:
         return parsed.netloc or parsed.path, secure
 
 
-def parse_headers(text: str | None) -> dict[str, str]:
-    """`OTEL_EXPORTER_OTLP_HEADERS` format: `k=v,k2=v2`, values URL-encoded."""
-    headers: dict[str, str] = {}
-    for part in (text or "").split(","):
-        key, sep, value = part.partition("=")
-        if sep and key.strip():
-            headers[urllib.parse.unquote(key.strip()).lower()] = urllib.parse.unquote(value.strip())
-    return headers
-
-
 def build_metrics_request(points: Iterable, *, start_time_ns: int, now_ns: int | None = None,
                           specs: Mapping[str, v.MetricSpec] = SPECS):
     """Points -> one `ExportMetricsServiceRequest` (gauges; counters as cumulative sums)."""

@@ -41,7 +41,6 @@ def test_defaults_are_grpc_plaintext_with_phase_spans():
     ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, "PROTOCOL"),
     ({"OTEL_EXPORTER_OTLP_COMPRESSION": "zstd"}, "COMPRESSION"),
     ({"OTEL_EXPORTER_OTLP_TIMEOUT": "soon"}, "TIMEOUT"),
-    ({"OTEL_EXPORTER_OTLP_HEADERS": "novalue"}, "HEADERS"),
     ({"OTEL_RESOURCE_ATTRIBUTES": "=x"}, "RESOURCE_ATTRIBUTES"),
     ({"TRACEML_EXPORT_QUEUE_SIZE": "-3"}, "QUEUE_SIZE"),
 ])

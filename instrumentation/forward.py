@@ -77,6 +77,20 @@ def instrument_forward(module) -> ForwardTimer:
         return timer
 
 
+def time_forward_or_warn(module, instrument=instrument_forward) -> None:
+    """Give `module` forward timing through `instrument`; one that cannot be timed warns instead.
+
+    For `wrap_forward` and the automatic `trace_step(model)`: a module whose calls
+    cannot be timed (not an `nn.Module`, a TorchScript module without hooks) still
+    trains, its steps without a forward region. Telemetry never stops the job.
+    """
+    try:
+        instrument(module)
+    except Exception as exc:
+        _se.warn_once("forward_not_timed", f"the calls of {type(module).__name__} cannot be timed as "
+                      f"forward ({exc!r}); its steps are traced without a forward region")
+
+
 def forward_timer(module) -> ForwardTimer | None:
     """The timer of an instrumented `module`, else None."""
     timer = _timers.get(id(module))

@@ -1,7 +1,9 @@
 """Training-side settings: arguments first, then TRACEML_* variables, then defaults.
 
 Variable names are declared in `traceml.schema.environment`. Read when `traceml.init()`
-runs (the kill switch also once at import, so `trace_step` is free when disabled).
+runs; the kill switch also when the training side's state first loads
+(`process_state`), so a `trace_step` before any `init()` is free when disabled. Every
+reader of TRACEML_DISABLE goes through `kill_switch()`.
 """
 from __future__ import annotations
 

@@ -1,8 +1,11 @@
 """ARCHITECTURE.md section 3: import rules between the layers, enforced."""
 import ast
+import json
 import pathlib
 import subprocess
 import sys
+
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -24,6 +27,63 @@ def test_traceml_and_processor_import_without_torch():
     out = subprocess.run([sys.executable, "-c", _NO_TORCH], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def _modules_of(folder: str, package: str) -> set[str]:
+    """Every module the folder holds, by import name (a package by its own name)."""
+    names = set()
+    for path in (ROOT / folder).rglob("*.py"):
+        parts = path.relative_to(ROOT / folder).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        names.add(".".join((package, *parts)))
+    return names
+
+
+def training_side_modules() -> set[str]:
+    """The training side, read from the folders: a new training module is covered the day it lands.
+
+    Every module of `instrumentation/` (the integrations included) except the
+    `traceml` package itself, which is the lazy facade and the parent of every
+    other package, and every module of `exporter/`.
+    """
+    return (_modules_of("instrumentation", "traceml") - {"traceml"}) | _modules_of("exporter", "traceml.exporter")
+
+
+_LOADED = "import json, sys\nimport {module}\nprint(json.dumps(sorted(sys.modules)))"
+
+
+@pytest.mark.parametrize("module", ["traceml.processor", "traceml.processor.cli", "traceml.schema", "traceml"])
+def test_importing_the_service_side_or_the_facade_loads_no_training_module(module):
+    """`import traceml.processor` runs `instrumentation/__init__.py` first (the package's
+    parent); that must load nothing of the training side, nor read its environment."""
+    assert {"traceml.timing", "traceml.step_events", "traceml.exporter"} <= training_side_modules()
+    out = subprocess.run([sys.executable, "-c", _LOADED.format(module=module)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    loaded = set(json.loads(out.stdout))
+    assert sorted(loaded & training_side_modules()) == [], f"import {module} loaded the training side"
+
+
+def test_the_facade_loads_the_training_side_on_first_use_only():
+    code = ("import sys, traceml\n"
+            "assert 'traceml.traced_step' not in sys.modules\n"
+            "step = traceml.trace_step\n"
+            "assert 'traceml.traced_step' in sys.modules and 'traceml.lifecycle' not in sys.modules\n"
+            "assert traceml.trace_step is step and 'trace_step' in vars(traceml)\n"
+            "assert traceml.timing is sys.modules['traceml.timing']\n"
+            "assert set(traceml.__all__) <= set(dir(traceml))\n"
+            "print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def test_every_public_name_of_the_facade_resolves():
+    import traceml
+
+    missing = [name for name in traceml.__all__ if getattr(traceml, name, None) is None]
+    assert missing == []
 
 
 def _imports(folder: str):
@@ -71,11 +131,13 @@ def test_instrumentation_never_imports_the_processor():
 
 
 def test_step_time_model_is_standard_library_only():
+    # It may take the wire vocabulary from traceml.schema, itself standard library only (above).
     stdlib = set(sys.stdlib_module_names)
     tree = ast.parse((ROOT / "processor/step_time/model.py").read_text())
     names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
-    assert all(n.split(".")[0] in stdlib or n == "__future__" for n in names), names
+    assert all(n.split(".")[0] in stdlib or n == "__future__" or n.startswith("traceml.schema.")
+               for n in names), names
 
 
 def test_analysis_depends_only_on_model_and_numpy():

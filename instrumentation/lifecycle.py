@@ -1,0 +1,201 @@
+"""TraceML's life in one process: init, shutdown, the forked child, the exit flush.
+
+`init()` starts the two samplers, installs the automatic patches in `auto` mode,
+starts the OTLP exporter when one is configured and claims the calling thread as
+the training thread; `shutdown()` undoes all of it in order (recording off, the
+samplers drained, the exporter flushed, the patches removed). What the hot path
+needs of this (disabled, initialised, mode, default device) is written to
+`process_state.session`; the samplers and the exporter sink stay here.
+This module does not time anything itself: see `traced_step`, `timing`, `hooks`.
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+
+from . import forward as _forward
+from . import settings as _settings
+from . import step_events as _se
+from . import timing as _timing
+from .process_state import session as _session
+from .samplers import StepMemorySampler, StepTimeSampler, register_sink, unregister_sink
+from .traced_step import reset_tracker_cache
+
+_log = logging.getLogger("traceml")
+_lock = threading.RLock()
+_time_sampler: StepTimeSampler | None = None
+_memory_sampler: StepMemorySampler | None = None
+_exporter_sink = None
+_atexit_registered = False
+_exporter_failure_logged = False
+
+
+def is_initialized() -> bool:
+    return _session.initialized
+
+
+def mode() -> str | None:
+    """`auto` or `manual` after init, else None."""
+    return _session.mode
+
+
+def init(mode: str | None = None, *, endpoint: str | None = None, protocol: str | None = None,
+         run_id: str | None = None, strategy: str | None = None,
+         phase_spans: bool | None = None) -> None:
+    """Start TraceML in this process (idempotent; a no-op under TRACEML_DISABLE).
+
+    Starts the two samplers, installs the automatic patches in `auto` mode, and starts
+    the OTLP exporter when an endpoint is configured (argument or
+    OTEL_EXPORTER_OTLP_ENDPOINT). An invalid mode raises ValueError; a failing
+    exporter is logged and training continues without export.
+    """
+    global _time_sampler, _memory_sampler, _exporter_sink, _atexit_registered
+    session = _session
+    with _lock:
+        config = _settings.read_settings(mode)
+        session.disabled = config.disabled
+        if config.disabled or session.initialized:
+            return
+        session.default_device = _detect_default_device()
+        if session.default_device is not None:
+            # Regions before the first step (input wait) get CUDA events too once the
+            # job uses CUDA, so step 0 has GPU times for every phase; the first
+            # trace_step(model) then decides from the model's device.
+            _timing.prepare_gpu_timing()
+        mode_now = config.mode
+        if mode_now == _settings.MODE_AUTO:
+            try:
+                from . import patches
+
+                patches.install()
+            except Exception:  # e.g. no torch in this process: manual regions still work
+                _log.exception("TraceML: automatic patches could not be installed; "
+                               "continuing in manual mode")
+                mode_now = _settings.MODE_MANUAL
+        _time_sampler = StepTimeSampler()
+        _memory_sampler = StepMemorySampler()
+        _time_sampler.start()
+        _memory_sampler.start()
+        _exporter_sink = _start_exporter(endpoint=endpoint, protocol=protocol, run_id=run_id,
+                                         strategy=strategy, phase_spans=phase_spans)
+        if not _atexit_registered:
+            atexit.register(_shutdown_at_exit)
+            if hasattr(os, "register_at_fork"):
+                os.register_at_fork(after_in_child=_after_fork_in_child)
+            _atexit_registered = True
+        session.mode = mode_now
+        session.initialized = True
+        _se.claim_recording_thread()
+        _se.set_recording(True)
+
+
+def _detect_default_device():
+    """`cuda` (no index) when torch is importable and CUDA is available, else None (CPU).
+
+    No index and no CUDA call that creates a context: under torchrun each rank
+    selects its device after `init()`; the index is resolved when first needed
+    (the first event or the first step's tracker), on the rank's current device.
+    """
+    if not _timing.cuda_available():
+        return None
+    import torch
+
+    return torch.device("cuda")
+
+
+def _start_exporter(**kwargs):
+    """Start the OTLP exporter through `traceml.exporter.start_from_settings`, guarded.
+
+    The hook returns a TelemetrySink (or None when no endpoint is configured); it is
+    registered here and flushed by `shutdown()`. Any failure is logged once and
+    training goes on without export.
+    """
+    try:
+        import traceml.exporter as exporter
+
+        start = getattr(exporter, "start_from_settings", None)
+        if start is None:
+            return None
+        sink = start(**kwargs)
+    except Exception:
+        global _exporter_failure_logged
+        if not _exporter_failure_logged:
+            _exporter_failure_logged = True
+            _log.exception("TraceML: the OTLP exporter failed to start; training continues without export")
+        return None
+    if sink is not None:
+        register_sink(sink)
+    return sink
+
+
+def shutdown(timeout_s: float = 5.0) -> None:
+    """Stop recording, drain both samplers, then flush and close the exporter (idempotent).
+
+    The exporter sink gets `on_run_end(steps_completed, dropped_counts)` (when it has
+    that method) after the samplers drained, then `shutdown(timeout_s)`.
+    """
+    global _time_sampler, _memory_sampler, _exporter_sink
+    session = _session
+    with _lock:
+        if not session.initialized:
+            return
+        _se.set_recording(False)
+        for sampler in (_time_sampler, _memory_sampler):
+            if sampler is not None:
+                try:
+                    sampler.stop(timeout_s)
+                except Exception:
+                    _log.exception("TraceML: sampler drain failed at shutdown")
+        sink = _exporter_sink
+        if sink is not None:
+            unregister_sink(sink)
+            try:
+                on_run_end = getattr(sink, "on_run_end", None)
+                if on_run_end is not None:
+                    on_run_end(_se.steps_completed(), _se.dropped_counts())
+                close = getattr(sink, "shutdown", None)
+                if close is not None:
+                    close(timeout_s)
+            except Exception:
+                _log.exception("TraceML: exporter shutdown failed")
+        if session.mode == _settings.MODE_AUTO:
+            from . import patches
+
+            patches.uninstall()
+        _time_sampler = _memory_sampler = _exporter_sink = None
+        reset_tracker_cache()  # a later init re-selects and re-hooks
+        session.initialized = False
+        session.mode = None
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (a DataLoader worker) is not the training process: it records nothing.
+
+    Its copies of the sampler threads do not exist after fork; queues and captures
+    inherited from the parent are left alone and never published.
+    """
+    global _time_sampler, _memory_sampler, _exporter_sink
+    _se.set_recording(False)
+    _session.initialized = False
+    _time_sampler = _memory_sampler = _exporter_sink = None
+
+
+def _shutdown_at_exit() -> None:
+    try:
+        shutdown(timeout_s=2.0)
+    except Exception:
+        pass
+
+
+def _reset_for_tests() -> None:
+    """Shut down and forget all process state (tests only)."""
+    shutdown(timeout_s=1.0)
+    _forward._reset_for_tests()
+    _se._reset_for_tests()
+    _timing._reset_for_tests()
+    reset_tracker_cache()
+    _session.disabled = _settings.kill_switch()
+    _session.open_step = None
+    _session.default_device = None

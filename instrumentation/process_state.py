@@ -1,0 +1,49 @@
+"""The process-wide state the training thread reads on every step and region, in slotted holders.
+
+Each holder has one writer and is read on the hot path:
+
+- `session`: whether TraceML is disabled or initialised, its mode, the default
+  device and the open `trace_step`. Written by `lifecycle` (init, shutdown, fork)
+  and by `trace_step` itself (`open_step`); read by `trace_step` and the manual
+  wrappers.
+- `recording`: whether recording is on, which thread records, and the active
+  capture. Written only by `step_events`' helpers; read by every timed region,
+  hook and patch.
+
+Each is one instance that is never replaced (its fields change in place), so a
+hot-path module binds it once at import and reads a slot, which is as cheap as
+reading a module attribute and says whose state it is. The kill switch is read
+(through `settings`) when this module loads, so that a `trace_step` used before
+any `init()` already knows whether TraceML is disabled; `init()` reads it again.
+"""
+from __future__ import annotations
+
+from .settings import kill_switch
+
+
+class SessionState:
+    """What `init()`/`shutdown()` decided, as `trace_step` reads it on every step."""
+
+    __slots__ = ("disabled", "initialized", "mode", "default_device", "open_step")
+
+    def __init__(self) -> None:
+        self.disabled = kill_switch()
+        self.initialized = False
+        self.mode: str | None = None  # `auto` or `manual` while initialised
+        self.default_device = None  # torch.device("cuda") when CUDA is available, else None
+        self.open_step = None  # the trace_step currently open (never nested)
+
+
+class RecordingState:
+    """Whether the training thread records now, which thread that is, and into which capture."""
+
+    __slots__ = ("recording", "owner", "active")
+
+    def __init__(self) -> None:
+        self.recording = False
+        self.owner: int | None = None  # threading.get_ident() of the training thread
+        self.active = None  # the StepCapture events go to (None: created lazily)
+
+
+session = SessionState()
+recording = RecordingState()

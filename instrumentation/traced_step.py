@@ -1,0 +1,187 @@
+"""`trace_step`: the context manager around one training step, and its memory-tracker cache.
+
+The step begins the capture (keeping input events recorded since the last step),
+resets the tracked device's peak memory, times the block as the traced step, reads
+memory and completes the capture. Which device a step tracks is decided from the
+model the first time it is seen and cached (through a weak reference) until
+another model comes or `shutdown()` resets it.
+
+It runs on every step of the job, so its common path calls as few Python
+functions as it can (see docs/performance.md); what it reads per step is in
+`process_state`. It never starts or stops TraceML: that is `lifecycle`.
+(Not named `trace_step.py`: importing a submodule binds its name on the package,
+which would shadow `traceml.trace_step`.)
+"""
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+
+from traceml.schema.vocabulary import RAW_STEP_TIME
+
+from . import settings as _settings
+from . import step_events as _se
+from . import timing as _timing
+from .forward import time_forward_or_warn
+from .memory import StepMemoryTracker
+from .process_state import session as _session
+from .step_events import abort_step_capture, complete_step_capture
+from .timing import timed_region
+
+_get_ident = threading.get_ident
+_perf_ns = time.perf_counter_ns
+
+
+def _no_model() -> None:
+    return None
+
+
+def _forget_model(ref) -> None:
+    """The cached model was collected: drop its tracker with it."""
+    if _tracker_cache[0] is ref:
+        reset_tracker_cache()
+
+
+def _model_ref(model):
+    """A callable returning `model`: a weak reference, so that the cache never keeps a
+    model the job dropped (and its device memory) alive; a strong one for objects
+    that refuse weak references."""
+    if model is None:
+        return _no_model
+    try:
+        return weakref.ref(model, _forget_model)
+    except TypeError:
+        return lambda: model
+
+
+_tracker_cache: list = [_no_model, None]  # [the last model's _model_ref, its tracker]
+_step_region = timed_region(RAW_STEP_TIME)
+
+
+def reset_tracker_cache() -> None:
+    """Forget the cached model and tracker: the next step selects (and in auto mode hooks) again."""
+    _tracker_cache[0], _tracker_cache[1] = _no_model, None
+
+
+def _tracker_for(model) -> StepMemoryTracker:
+    """Select (and, when decided, cache) the memory tracker for `model`; trace_step
+    calls this only when the cache does not hold `model`'s."""
+    # Without a model (or one without parameters) the step runs on CUDA only once the
+    # job itself initialised CUDA: a CPU job on a GPU machine gets no CUDA context.
+    default_device = _session.default_device
+    device = default_device if _timing._cuda_ready() else None
+    if model is not None:
+        try:
+            device = next(model.parameters()).device
+        except (StopIteration, AttributeError, TypeError):
+            pass
+    tracker = StepMemoryTracker(device)
+    _timing.configure_gpu_timing(tracker.is_cuda, device_index=tracker.cuda_index)
+    if model is not None and _session.mode == _settings.MODE_AUTO:
+        from . import patches
+
+        time_forward_or_warn(model, patches.instrument_model)
+    if tracker.is_cuda or default_device is None or model is not None:
+        _tracker_cache[0] = _model_ref(model)
+        _tracker_cache[1] = tracker
+    # else: decided "CPU" only because CUDA is not in use yet; ask again next step.
+    return tracker
+
+
+class trace_step:
+    """Context manager around one training step (or accumulation group).
+
+    Begins the capture (keeping input events recorded since the last step), resets
+    the tracked device's peak memory, times the block as the traced step, reads
+    memory and completes the capture. An exception aborts the capture (the step
+    counter does not move) and propagates unchanged. `model` selects the tracked
+    device and, in auto mode, gets forward timing on that outermost module (`forward`).
+    (A class rather than a function returning one: one call less per step.)
+    """
+
+    __slots__ = ("_model", "_capture", "_tracker", "_active", "_t0", "_region")
+
+    def __init__(self, model=None) -> None:
+        self._model = model
+        self._active = False
+
+    def __enter__(self):
+        session = _session
+        if session.disabled:
+            return self
+        if not session.initialized:
+            _se.warn_once("trace_step_without_init", "trace_step() was called before "
+                          "traceml.init(); the step runs untraced")
+            return self
+        se = _se
+        outer = session.open_step
+        if outer is not None:
+            if outer._capture is se._active and se._recording:
+                _se.warn_once("nested_trace_step", "trace_step() was nested inside another "
+                              "trace_step(); the inner one is ignored and the outer step is kept")
+                return self
+            # The open step's capture was completed, aborted or discarded elsewhere
+            # (its __exit__ never ran, e.g. a framework skipped its end callback):
+            # it is superseded; its late __exit__, if any, will do nothing.
+            _se.warn_once("superseded_trace_step", "a trace_step() was never exited and its "
+                          "capture has ended; it is superseded by the new step")
+            session.open_step = None
+        if not (se._recording and _get_ident() == se._owner) and not se.recording_allowed():
+            return self  # recording off (e.g. an integration skipping a group) or another thread
+        session.open_step = self
+        self._active = True
+        model = self._model
+        cached_model, tracker = _tracker_cache  # one bytecode: a consistent pair
+        if tracker is None or cached_model() is not model:
+            try:
+                tracker = _tracker_for(model)
+            except Exception as exc:  # e.g. a broken CUDA while selecting the device: time on the CPU
+                _se.warn_once("model_not_usable", f"trace_step({type(model).__name__}) could not "
+                              f"select a device ({exc!r}); the step is timed on the CPU clock "
+                              "without forward timing from the model")
+                tracker = StepMemoryTracker(None)
+                _tracker_cache[0], _tracker_cache[1] = _model_ref(model), tracker
+        self._tracker = tracker
+        capture = se._active
+        self._capture = capture if capture is not None else se.current_capture()
+        if tracker._cuda:
+            tracker.reset()
+        if tracker._cuda or _timing._gpu_default or se.held:
+            region = self._region = _step_region  # reused: trace_step never nests
+            region._state = 0
+            region._g0 = None
+            region._gpu = None
+            region.__enter__()
+            return self
+        # CPU: the step's own region is just its start stamp (see __exit__).
+        self._region = None
+        self._t0 = _perf_ns()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if not self._active:
+            return False
+        self._active = False
+        session = _session
+        if session.open_step is not self:
+            return False  # superseded (see __enter__): its capture already ended
+        session.open_step = None
+        t1 = _perf_ns()
+        region = self._region
+        if region is None:
+            # CPU: the step's event, a memory reading without peaks (as the tracker's
+            # read() gives off CUDA) and the completion, in one call.
+            if exc_type is None:
+                complete_step_capture(self._capture, (RAW_STEP_TIME, self._t0, t1, None, None),
+                                      self._tracker.device)
+            else:
+                abort_step_capture(self._capture)
+            return False
+        region.__exit__(exc_type, exc, tb)
+        if exc_type is not None:
+            abort_step_capture(self._capture)
+            return False
+        self._tracker.read()
+        complete_step_capture(self._capture)
+        return False

@@ -90,7 +90,7 @@ class DropReport:
 class DecodedBatch:
     """Everything one export request contributed, plus what was refused and why."""
 
-    signal: str  # "traces" | "metrics"
+    signal: v.Signal
     step_records: list[StepTimeIngestRecord] = field(default_factory=list)
     memory_records: list[StepMemoryIngestRecord] = field(default_factory=list)
     run_ends: list[RunEndMarker] = field(default_factory=list)
@@ -369,7 +369,7 @@ class Decoder:
 
     def decode_traces(self, request) -> DecodedBatch:
         """`ExportTraceServiceRequest` -> step rows and run-end markers."""
-        batch = DecodedBatch("traces")
+        batch = DecodedBatch(v.SIGNAL_TRACES)
         limits = self.limits
         for resource_spans in request.resource_spans:
             spans = [s for scope in resource_spans.scope_spans for s in scope.spans]
@@ -517,7 +517,7 @@ class Decoder:
 
     def decode_metrics(self, request) -> DecodedBatch:
         """`ExportMetricsServiceRequest` -> per-step memory rows and drop counts."""
-        batch = DecodedBatch("metrics")
+        batch = DecodedBatch(v.SIGNAL_METRICS)
         limits = self.limits
         memory_names = (v.METRIC_MEMORY_PEAK_ALLOCATED, v.METRIC_MEMORY_PEAK_RESERVED)
         unused = (v.METRIC_EXPORT_FAILURES, v.METRIC_EXPORT_RETRIES)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from traceml.processor.decode import DecodedBatch
+from traceml.schema.vocabulary import SIGNALS
 
 LOG = logging.getLogger(__name__)
 
@@ -48,7 +49,6 @@ class _Ticket:
 
 
 OUTCOMES = ("accepted", "rejected", "duplicate", "ignored", "undecodable")
-SIGNALS = ("traces", "metrics")
 STAT_KEYS: tuple[tuple[str, str], ...] = tuple((o, s) for o in OUTCOMES for s in SIGNALS)
 
 

@@ -19,6 +19,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb
 from traceml.processor.export_handler import ExportHandler
 from traceml.processor.ingest import Backpressure, IngestUnavailable
 from traceml.processor.security import BearerAuth, TlsConfig
+from traceml.schema.vocabulary import SIGNAL_METRICS, SIGNAL_TRACES
 
 LOG = logging.getLogger(__name__)
 
@@ -37,14 +38,14 @@ def _authorise(context, auth: BearerAuth) -> None:
 # body that is not protobuf is answered INVALID_ARGUMENT and counted `undecodable`
 # like an HTTP 400, instead of grpcio answering INTERNAL and logging a traceback.
 _SERVICES = (
-    ("opentelemetry.proto.collector.trace.v1.TraceService", trace_pb2.ExportTraceServiceRequest, "traces"),
+    ("opentelemetry.proto.collector.trace.v1.TraceService", trace_pb2.ExportTraceServiceRequest, SIGNAL_TRACES),
     ("opentelemetry.proto.collector.metrics.v1.MetricsService", metrics_pb2.ExportMetricsServiceRequest,
-     "metrics"),
+     SIGNAL_METRICS),
 )
 
 
 def _export_method(handler: ExportHandler, auth: BearerAuth, message_cls, signal: str):
-    handle = handler.traces if signal == "traces" else handler.metrics
+    handle = handler.traces if signal == SIGNAL_TRACES else handler.metrics
 
     def export(body: bytes, context):
         _authorise(context, auth)

@@ -26,6 +26,7 @@ from traceml.processor.export_handler import ExportHandler
 from traceml.processor.ingest import Backpressure, IngestUnavailable
 from traceml.processor.security import BearerAuth, TlsConfig
 from traceml.processor.serving import ServerThread
+from traceml.schema.vocabulary import SIGNAL_METRICS, SIGNAL_TRACES
 
 LOG = logging.getLogger(__name__)
 
@@ -34,8 +35,8 @@ PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 
 _ROUTES = {
-    "/v1/traces": (trace_pb2.ExportTraceServiceRequest, "traces"),
-    "/v1/metrics": (metrics_pb2.ExportMetricsServiceRequest, "metrics"),
+    "/v1/traces": (trace_pb2.ExportTraceServiceRequest, SIGNAL_TRACES),
+    "/v1/metrics": (metrics_pb2.ExportMetricsServiceRequest, SIGNAL_METRICS),
 }
 
 
@@ -199,7 +200,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_status(400, f"undecodable {signal} request: {exc}", answer_type)
             return
         try:
-            handle = self.server.handler.traces if signal == "traces" else self.server.handler.metrics
+            handle = self.server.handler.traces if signal == SIGNAL_TRACES else self.server.handler.metrics
             response = handle(request)
         except Backpressure as exc:
             self._send_status(429, f"back-pressure: {exc}", answer_type, {"Retry-After": "1"})

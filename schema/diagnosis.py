@@ -7,6 +7,8 @@ metric (so alert rules match on them). Standard library only.
 """
 from __future__ import annotations
 
+from typing import Literal
+
 # --- Kinds ----------------------------------------------------------------------
 INPUT_BOUND = "INPUT_BOUND"
 H2D_BOUND = "H2D_BOUND"
@@ -27,10 +29,11 @@ DIAGNOSIS_KINDS: tuple[str, ...] = (
 )
 
 # --- Severities (ascending) -----------------------------------------------------------
-SEVERITY_INFO = "info"
-SEVERITY_WARN = "warn"
-SEVERITY_CRIT = "crit"
-SEVERITIES: tuple[str, ...] = (SEVERITY_INFO, SEVERITY_WARN, SEVERITY_CRIT)
+Severity = Literal["info", "warn", "crit"]
+SEVERITY_INFO: Severity = "info"
+SEVERITY_WARN: Severity = "warn"
+SEVERITY_CRIT: Severity = "crit"
+SEVERITIES: tuple[Severity, ...] = (SEVERITY_INFO, SEVERITY_WARN, SEVERITY_CRIT)
 
 # --- Statuses: how far an issue can be trusted ------------------------------------------
 STATUS_CONFIRMED = "confirmed"

@@ -11,7 +11,7 @@ normalisation (`RAW_EVENT_TO_METRIC`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Literal, Mapping
 
 # --- Raw timing events (training side, wire, raw payload in SQLite) ----------
 
@@ -166,10 +166,12 @@ ATTR_QUEUE = "traceml.queue"
 """Which bounded queue dropped: `timing`, `memory`, `spans`, `metrics`."""
 QUEUE_NAMES: tuple[str, ...] = ("timing", "memory", "spans", "metrics")
 
-# Export outcome metrics carry the signal whose export failed or was retried.
-SIGNAL_TRACES = "traces"
-SIGNAL_METRICS = "metrics"
-SIGNALS: tuple[str, ...] = (SIGNAL_TRACES, SIGNAL_METRICS)
+# The OTLP signals TraceML sends and receives: the exporter's failure/retry metrics
+# and the processor's record counts carry one in ATTR_SIGNAL.
+Signal = Literal["traces", "metrics"]
+SIGNAL_TRACES: Signal = "traces"
+SIGNAL_METRICS: Signal = "metrics"
+SIGNALS: tuple[Signal, ...] = (SIGNAL_TRACES, SIGNAL_METRICS)
 
 # Final counts on the `traceml.run.end` span (besides ATTR_STEPS_COMPLETED and,
 # when any step was published, ATTR_STEP = the last step number).

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from traceml.schema.diagnosis import SEVERITY_CRIT, SEVERITY_INFO, SEVERITY_WARN
+from traceml.schema.diagnosis import SEVERITY_CRIT, SEVERITY_WARN, Severity
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class DiagnosisPolicy:
     def at_least(self, value: float, threshold: float) -> bool:
         return value >= threshold - self.tolerance
 
-    def severity_for(self, score: float) -> str | None:
+    def severity_for(self, score: float) -> Severity | None:
         """Uncapped severity of a share or straggler score; None below the warn threshold."""
         if self.at_least(score, self.crit_share):
             return SEVERITY_CRIT
@@ -42,4 +42,4 @@ class DiagnosisPolicy:
 DEFAULT_POLICY = DiagnosisPolicy()
 """Used by both the live and the summary profile."""
 
-__all__ = ["DiagnosisPolicy", "DEFAULT_POLICY", "SEVERITY_CRIT", "SEVERITY_INFO", "SEVERITY_WARN"]
+__all__ = ["DiagnosisPolicy", "DEFAULT_POLICY"]

@@ -21,6 +21,7 @@ from traceml.processor.step_time.model import (
     LiveStepTimeResult,
     StepTimeMetric,
 )
+from traceml.schema.diagnosis import SEVERITY_CRIT, SEVERITY_INFO, SEVERITY_WARN
 
 # (window metric name, label) in display order.
 TABLE_METRICS: tuple[tuple[str, str], ...] = (
@@ -35,7 +36,7 @@ TABLE_METRICS: tuple[tuple[str, str], ...] = (
     ("traced_step_time", "Traced Step Time"),
 )
 
-_SEVERITY_STYLE = {"crit": "bold red", "warn": "yellow", "info": "green"}
+_SEVERITY_STYLE = {SEVERITY_CRIT: "bold red", SEVERITY_WARN: "yellow", SEVERITY_INFO: "green"}
 _FRESHNESS_STYLE = {
     FRESHNESS_LIVE: "green", FRESHNESS_BRIDGED: "yellow", FRESHNESS_EXPIRED: "red", FRESHNESS_COLD: "dim",
 }

@@ -17,6 +17,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from traceml.schema.diagnosis import Severity
+
 CLOCK_CPU = "cpu"
 CLOCK_GPU = "gpu"
 
@@ -35,10 +37,6 @@ SUMMARY_WINDOW_STEPS = 10_000
 """The summary profile analyses up to the latest 10,000 common steps."""
 WINDOW_LOOKBACK = 4
 """Step ids read per window step: a rank that lags or skips steps still leaves a full common window."""
-
-SEVERITY_INFO = "info"
-SEVERITY_WARN = "warn"
-SEVERITY_CRIT = "crit"
 
 
 # --- Ingest side: what receivers hand to storage --------------------------------------
@@ -304,7 +302,7 @@ class DiagnosisIssue:
     """One finding. `evidence` holds rule-specific, JSON-safe facts (documented in DIAGNOSIS.md)."""
 
     kind: str
-    severity: str
+    severity: Severity
     status: str
     score: float | None
     summary: str

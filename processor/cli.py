@@ -80,7 +80,7 @@ def _address(value: str | None, default: str | None):
 
 
 def _export_config(args):
-    from traceml.processor.reexport import OtlpExportConfig
+    from traceml.processor.summary_export import SummaryExportConfig
     from traceml.schema.otlp_headers import parse_otlp_headers
 
     endpoint = (args.export_endpoint or _env(env.TRACEML_PROCESSOR_EXPORT_ENDPOINT)
@@ -95,7 +95,7 @@ def _export_config(args):
         raise ValueError(f"unsupported OTLP protocol {protocol!r} for summary export (grpc or http/protobuf)")
     timeout_ms = _env(env.OTEL_EXPORTER_OTLP_TIMEOUT)
     insecure = _env(env.OTEL_EXPORTER_OTLP_INSECURE)
-    return OtlpExportConfig(
+    return SummaryExportConfig(
         endpoint=endpoint.strip(), protocol=protocol,
         headers=dict(parse_otlp_headers(_env(env.OTEL_EXPORTER_OTLP_HEADERS))),
         timeout_s=float(timeout_ms) / 1000.0 if timeout_ms else 10.0,

@@ -16,8 +16,8 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metrics_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb2
 
-from traceml.processor.export_handler import ExportHandler
 from traceml.processor.ingest import Backpressure, IngestUnavailable
+from traceml.processor.otlp_intake import OtlpIntake
 from traceml.processor.security import BearerAuth, TlsConfig
 from traceml.schema.vocabulary import SIGNAL_METRICS, SIGNAL_TRACES
 
@@ -44,7 +44,7 @@ _SERVICES = (
 )
 
 
-def _export_method(handler: ExportHandler, auth: BearerAuth, message_cls, signal: str):
+def _export_method(handler: OtlpIntake, auth: BearerAuth, message_cls, signal: str):
     handle = handler.traces if signal == SIGNAL_TRACES else handler.metrics
 
     def export(body: bytes, context):
@@ -66,7 +66,7 @@ def _export_method(handler: ExportHandler, auth: BearerAuth, message_cls, signal
         export, request_deserializer=None, response_serializer=lambda response: response.SerializeToString())
 
 
-def _generic_handlers(handler: ExportHandler, auth: BearerAuth) -> list:
+def _generic_handlers(handler: OtlpIntake, auth: BearerAuth) -> list:
     return [grpc.method_handlers_generic_handler(service, {"Export": _export_method(handler, auth, cls, signal)})
             for service, cls, signal in _SERVICES]
 
@@ -74,7 +74,7 @@ def _generic_handlers(handler: ExportHandler, auth: BearerAuth) -> list:
 class GrpcReceiver:
     """Owns one `grpc.Server`; `port` is the bound port (useful with port 0)."""
 
-    def __init__(self, handler: ExportHandler, host: str, port: int, *,
+    def __init__(self, handler: OtlpIntake, host: str, port: int, *,
                  auth: BearerAuth = BearerAuth(), tls: TlsConfig = TlsConfig(), workers: int = 8,
                  reuse_port: bool = False):
         self._server = grpc.server(

@@ -22,8 +22,8 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metr
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb2
 
 from traceml.processor.decode import otlp_json_response, parse_otlp_json
-from traceml.processor.export_handler import ExportHandler
 from traceml.processor.ingest import Backpressure, IngestUnavailable
+from traceml.processor.otlp_intake import OtlpIntake
 from traceml.processor.security import BearerAuth, TlsConfig
 from traceml.processor.serving import ServerThread
 from traceml.schema.vocabulary import SIGNAL_METRICS, SIGNAL_TRACES
@@ -223,7 +223,7 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 128
 
-    def __init__(self, address, handler: ExportHandler, auth: BearerAuth,
+    def __init__(self, address, handler: OtlpIntake, auth: BearerAuth,
                  readiness: Callable[[], tuple[bool, str]], stats, reuse_port: bool = False):
         self.allow_reuse_port = reuse_port  # ingest workers share the port (SO_REUSEPORT)
         super().__init__(address, _Handler)
@@ -240,7 +240,7 @@ class _Server6(_Server):
 class HttpReceiver:
     """Owns one threaded HTTP server; `port` is the bound port (useful with port 0)."""
 
-    def __init__(self, handler: ExportHandler, host: str, port: int, *,
+    def __init__(self, handler: OtlpIntake, host: str, port: int, *,
                  auth: BearerAuth = BearerAuth(), tls: TlsConfig = TlsConfig(),
                  readiness: Callable[[], tuple[bool, str]] = lambda: (True, "ready"),
                  reuse_port: bool = False):

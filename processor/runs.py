@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import AbstractSet, Callable, Protocol, Sequence
 
 from traceml.processor.decode import DecodedBatch
-from traceml.processor.reexport import Point
+from traceml.processor.summary_export import Point
 from traceml.processor.security import summary_folder
 from traceml.schema import vocabulary as v
 

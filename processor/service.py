@@ -1,6 +1,6 @@
 """The processor composed in one place: store, ingest, receivers, run monitor, re-export.
 
-Receivers -> ExportHandler (decode) -> IngestQueue (commit, then acknowledge)
+Receivers -> OtlpIntake (decode) -> IngestQueue (commit, then acknowledge)
 -> StepTimeStore; after each commit the RunMonitor learns which runs moved, and
 on its own thread refreshes their live analysis and ends finished or idle runs.
 The Prometheus endpoint and the OTLP pusher read the monitor's latest points.
@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from traceml.processor.decode import DecodeLimits, Decoder, RunAdmission
-from traceml.processor.export_handler import ExportHandler
 from traceml.processor.ingest import IngestQueue, ProcessorStats
-from traceml.processor.reexport import OtlpExportConfig, OtlpMetricsPusher, Point, PrometheusEndpoint
+from traceml.processor.otlp_intake import OtlpIntake
 from traceml.processor.runs import RunMonitor, stored_run_is_over
 from traceml.processor.security import BearerAuth, TlsConfig, warn_if_exposed
+from traceml.processor.summary_export import Point, PrometheusEndpoint, SummaryExportConfig, SummaryPusher
 from traceml.schema import vocabulary as v
 
 LOG = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ class ProcessorConfig:
     otlp_grpc: tuple[str, int] | None = ("127.0.0.1", 4317)
     otlp_http: tuple[str, int] | None = ("127.0.0.1", 4318)
     prometheus: tuple[str, int] | None = None
-    export: OtlpExportConfig | None = None
+    export: SummaryExportConfig | None = None
     summary_dir: Path | None = None
     auth: BearerAuth = field(default_factory=BearerAuth)
     tls: TlsConfig = field(default_factory=TlsConfig)
@@ -90,7 +90,7 @@ class ProcessorService:
         self.monitor.adopt(known)
         self.ingest = IngestQueue(self.store, stats=self.stats, on_committed=self.monitor.observe,
                                   max_pending_records=config.max_pending_records)
-        self.handler = ExportHandler(self.decoder, self.ingest, self.stats)
+        self.intake = OtlpIntake(self.decoder, self.ingest, self.stats)
         self.grpc = None
         self.http = None
         self.prometheus = None
@@ -154,12 +154,12 @@ class ProcessorService:
         self.monitor.start()
         if cfg.otlp_grpc is not None:
             warn_if_exposed("OTLP/gRPC", cfg.otlp_grpc[0], cfg.auth, cfg.tls)
-            self.grpc = GrpcReceiver(self.handler, *cfg.otlp_grpc, auth=cfg.auth, tls=cfg.tls,
+            self.grpc = GrpcReceiver(self.intake, *cfg.otlp_grpc, auth=cfg.auth, tls=cfg.tls,
                                      workers=cfg.grpc_workers, reuse_port=self.pool is not None)
             self.grpc.start()
         if cfg.otlp_http is not None:
             warn_if_exposed("OTLP/HTTP", cfg.otlp_http[0], cfg.auth, cfg.tls)
-            self.http = HttpReceiver(self.handler, *cfg.otlp_http, auth=cfg.auth, tls=cfg.tls,
+            self.http = HttpReceiver(self.intake, *cfg.otlp_http, auth=cfg.auth, tls=cfg.tls,
                                      readiness=self.readiness, reuse_port=self.pool is not None)
             self.http.start()
         if self.pool is not None:
@@ -170,7 +170,7 @@ class ProcessorService:
             self.prometheus = PrometheusEndpoint(*cfg.prometheus, collect=self.points)
             self.prometheus.start()
         if cfg.export is not None:
-            self.pusher = OtlpMetricsPusher(cfg.export, collect=self.points)
+            self.pusher = SummaryPusher(cfg.export, collect=self.points)
             self.pusher.start()
         self._started = True
         LOG.info("traceml-processor serving: grpc=%s http=%s prometheus=%s db=%s",

@@ -78,7 +78,7 @@ def _worker_main(config, grpc_addr, http_addr, shared_counts, ready, stop, index
         _watch_parent(parent_pid, done)
     logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s worker-{index} %(levelname)s %(name)s: %(message)s")
     from traceml.processor.decode import Decoder
-    from traceml.processor.export_handler import ExportHandler
+    from traceml.processor.otlp_intake import OtlpIntake
     from traceml.processor.ingest import IngestQueue, ProcessorStats
     from traceml.processor.receiver_grpc import GrpcReceiver
     from traceml.processor.receiver_http import HttpReceiver
@@ -87,7 +87,7 @@ def _worker_main(config, grpc_addr, http_addr, shared_counts, ready, stop, index
     store = StepTimeStore(config.db)
     stats = ProcessorStats(shared=shared_counts)
     ingest = IngestQueue(store, stats=stats, max_pending_records=config.max_pending_records)
-    handler = ExportHandler(Decoder(config.limits), ingest, stats)
+    handler = OtlpIntake(Decoder(config.limits), ingest, stats)
     ingest.start()
     receivers = []
     try:

@@ -19,7 +19,7 @@ from otlp_test_receiver import OtlpTestReceiver, attributes  # noqa: E402
 
 from traceml.processor.cli import config_from_args  # noqa: E402
 from traceml.processor.ingest import wait_until  # noqa: E402
-from traceml.processor.reexport import OtlpExportConfig  # noqa: E402
+from traceml.processor.summary_export import SummaryExportConfig  # noqa: E402
 from traceml.processor.security import TlsConfig  # noqa: E402
 from traceml.schema import vocabulary as v  # noqa: E402
 
@@ -34,7 +34,7 @@ def test_summary_metrics_are_pushed_over_otlp(tmp_path, protocol):
     with OtlpTestReceiver() as receiver:
         endpoint = receiver.grpc_endpoint if protocol == "grpc" else receiver.http_endpoint
         svc = make_service(tmp_path, prometheus=None,
-                           export=OtlpExportConfig(endpoint, protocol=protocol, interval_s=0.3, timeout_s=5))
+                           export=SummaryExportConfig(endpoint, protocol=protocol, interval_s=0.3, timeout_s=5))
         try:
             send_straggler_run(svc.grpc_port, "push-run", end_markers=())
             assert receiver.wait_for(lambda: any(
@@ -57,7 +57,7 @@ def test_unreachable_export_destination_never_blocks_ingest(tmp_path):
     from prometheus_harness import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"
-    svc = make_service(tmp_path, prometheus=None, export=OtlpExportConfig(dead, interval_s=0.1, timeout_s=0.5))
+    svc = make_service(tmp_path, prometheus=None, export=SummaryExportConfig(dead, interval_s=0.1, timeout_s=0.5))
     try:
         send_straggler_run(svc.grpc_port, "push-dead", end_markers=())
         assert count_rows(svc.config.db, run_id="push-dead") == 48

@@ -14,7 +14,7 @@ from fuzz_cases import TRACES, OtlpClient
 from otlp_test_receiver import OtlpTestReceiver, attributes
 
 import reliability_helpers as h
-from traceml.processor.reexport import OtlpExportConfig
+from traceml.processor.summary_export import SummaryExportConfig
 from traceml.processor.service import ProcessorConfig, ProcessorService
 from traceml.schema import vocabulary as v
 
@@ -47,13 +47,13 @@ def test_destination_down_then_up_ingest_continues_and_the_gap_is_reported(tmp_p
     port = h.free_port()  # nothing listens here yet
     config = ProcessorConfig(db=tmp_path / "traceml.db", otlp_grpc=("127.0.0.1", 0), otlp_http=("127.0.0.1", 0),
                              refresh_interval_s=0.3,
-                             export=OtlpExportConfig(endpoint=f"http://127.0.0.1:{port}", protocol="grpc",
+                             export=SummaryExportConfig(endpoint=f"http://127.0.0.1:{port}", protocol="grpc",
                                                      timeout_s=1.0, interval_s=0.5))
     service = ProcessorService(config).start()
     client = OtlpClient(service.grpc_port, service.http_port)
     receiver = OtlpTestReceiver(grpc_port=port)  # started once the outage has been seen
     logged = Records()
-    logger = logging.getLogger("traceml.processor.reexport")
+    logger = logging.getLogger("traceml.processor.summary_export")
     logger.addHandler(logged)
     step = 0
     try:
@@ -106,7 +106,7 @@ def test_http_destination_down_then_up(tmp_path):
     receiver = OtlpTestReceiver(http_port=port)  # started once the outage has been seen
     config = ProcessorConfig(db=tmp_path / "traceml.db", otlp_grpc=("127.0.0.1", 0), otlp_http=None,
                              refresh_interval_s=0.3,
-                             export=OtlpExportConfig(endpoint=f"http://127.0.0.1:{port}", protocol="http/protobuf",
+                             export=SummaryExportConfig(endpoint=f"http://127.0.0.1:{port}", protocol="http/protobuf",
                                                      timeout_s=1.0, interval_s=0.5))
     service = ProcessorService(config).start()
     client = OtlpClient(service.grpc_port, 0)

@@ -1,5 +1,6 @@
-"""One OTLP export request -> decode -> ingest -> partial-success response.
+"""Incoming OTLP: one Export request a sender made -> decode -> ingest -> partial-success response.
 
+The processor's intake side (its outgoing summary metrics are `summary_export`).
 Shared by the gRPC and HTTP receivers so both answer the same way: rejected spans
 or points are counted in `partial_success` with a message naming the reasons;
 ignored (non-TraceML) telemetry is mentioned in the message but not rejected.
@@ -15,7 +16,9 @@ from traceml.processor.decode import DecodedBatch, Decoder
 from traceml.processor.ingest import IngestOutcome, IngestQueue, ProcessorStats
 
 
-class ExportHandler:
+class OtlpIntake:
+    """Answers the trace and metrics Export requests the receivers hand it."""
+
     def __init__(self, decoder: Decoder, ingest: IngestQueue, stats: ProcessorStats):
         self.decoder = decoder
         self.ingest = ingest
@@ -37,18 +40,17 @@ class ExportHandler:
 
     def traces(self, request: trace_pb2.ExportTraceServiceRequest) -> trace_pb2.ExportTraceServiceResponse:
         outcome, message = self._ingest(self.decoder.decode_traces(request))
-        response = trace_pb2.ExportTraceServiceResponse()
-        rejected = sum(outcome.rejected.values())
-        if rejected or message:
-            response.partial_success.rejected_spans = rejected
-            response.partial_success.error_message = message
-        return response
+        return _answer(trace_pb2.ExportTraceServiceResponse(), "rejected_spans", outcome, message)
 
     def metrics(self, request: metrics_pb2.ExportMetricsServiceRequest) -> metrics_pb2.ExportMetricsServiceResponse:
         outcome, message = self._ingest(self.decoder.decode_metrics(request))
-        response = metrics_pb2.ExportMetricsServiceResponse()
-        rejected = sum(outcome.rejected.values())
-        if rejected or message:
-            response.partial_success.rejected_data_points = rejected
-            response.partial_success.error_message = message
-        return response
+        return _answer(metrics_pb2.ExportMetricsServiceResponse(), "rejected_data_points", outcome, message)
+
+
+def _answer(response, rejected_field: str, outcome: IngestOutcome, message: str):
+    """`partial_success` is set only when something was refused or is worth saying (OTLP: else unset)."""
+    rejected = sum(outcome.rejected.values())
+    if rejected or message:
+        setattr(response.partial_success, rejected_field, rejected)
+        response.partial_success.error_message = message
+    return response

@@ -1,4 +1,6 @@
-"""Summary metrics out: a Prometheus text endpoint and an OTLP push, both off the ingest path.
+"""Outgoing summary metrics: a Prometheus text endpoint and an OTLP push, both off the ingest path.
+
+(Incoming OTLP Export requests are `otlp_intake`'s.)
 
 Both read the same list of points (`.name`, `.attributes`, `.value`, named after
 `SUMMARY_METRICS` / `PROCESSOR_METRICS`); neither carries a `step` attribute.
@@ -144,7 +146,7 @@ class PrometheusEndpoint:
 
 
 @dataclass(frozen=True)
-class OtlpExportConfig:
+class SummaryExportConfig:
     """Where summary metrics go: an OTLP endpoint and how to talk to it."""
 
     endpoint: str
@@ -172,7 +174,7 @@ class OtlpExportConfig:
         return parsed.netloc or parsed.path, secure
 
 
-def build_metrics_request(points: Iterable, *, start_time_ns: int, now_ns: int | None = None,
+def build_summary_request(points: Iterable, *, start_time_ns: int, now_ns: int | None = None,
                           specs: Mapping[str, v.MetricSpec] = SPECS):
     """Points -> one `ExportMetricsServiceRequest` (gauges; counters as cumulative sums)."""
     from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
@@ -223,17 +225,17 @@ def _any(value):
     return common_pb2.AnyValue(string_value=str(value))
 
 
-class OtlpMetricsPusher:
+class SummaryPusher:
     """Pushes the latest points every `interval_s` on its own thread; bounded retries."""
 
     RETRY_DELAYS_S = (0.5, 1.0, 2.0)
 
-    def __init__(self, config: OtlpExportConfig, collect: Callable[[], Sequence]):
+    def __init__(self, config: SummaryExportConfig, collect: Callable[[], Sequence]):
         self.config = config
         self._collect = collect
         self._stop = threading.Event()
         self._start_ns = time.time_ns()
-        self._thread = threading.Thread(target=self._run, name="traceml-otlp-reexport", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="traceml-summary-push", daemon=True)
         self._channel = None
         self._stub = None
         self.sent = 0
@@ -259,7 +261,7 @@ class OtlpMetricsPusher:
         points = list(self._collect())
         if not points:
             return True
-        request = build_metrics_request(points, start_time_ns=self._start_ns)
+        request = build_summary_request(points, start_time_ns=self._start_ns)
         delays = self.RETRY_DELAYS_S if retries is None else self.RETRY_DELAYS_S[:retries]
         for attempt in range(len(delays) + 1):
             try:

@@ -22,12 +22,11 @@ with a spread of about +-10 %.
   `Tensor.backward`, the optimizer step (global hooks) and `Tensor.to` (patched only
   where CUDA is available).
 
-    .venv/bin/python benchmarks/bench_cold_cache.py [--samples N] [--json out.json]
+    .venv/bin/python -m benchmarks.bench_cold_cache [--samples N] [--json]
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -39,10 +38,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import traceml_checkout  # noqa: E402,F401  (imports the checkout when not installed)
 
+from benchmarks import traceml_checkout  # noqa: E402,F401  (imports the checkout when not installed)
+from benchmarks.json_output import add_json_flag, print_json, table_output  # noqa: E402
 import traceml  # noqa: E402
-from bench_overhead import _CPU_MODULE, _drain_samplers, _empty_block, _rounds  # noqa: E402
+from benchmarks.bench_overhead import _CPU_MODULE, _drain_samplers, _empty_block, _rounds  # noqa: E402
 from traceml import patches, step_events  # noqa: E402
 
 torch.set_num_threads(1)
@@ -292,9 +292,17 @@ def measure(samples: int) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=600, help="samples per piece (default 600)")
-    parser.add_argument("--json", help="also write the figures to this file")
+    add_json_flag(parser)
     args = parser.parse_args(argv)
-    r = measure(args.samples)
+    with table_output(args.json):
+        r = measure(args.samples)
+        _print_table(r)
+    if args.json:
+        print_json("bench_cold_cache", args, r)
+    return 0
+
+
+def _print_table(r: dict) -> None:
     print(f"TraceML instrumentation with cold caches (48 MB evicted before each sample; torch {r['torch']}, "
           f"{r['cpu_count']} cores, load avg {r['load_avg_start']} -> {r['load_avg_end']}, "
           f"{r['samples']} samples each, medians)")
@@ -314,10 +322,6 @@ def main(argv=None) -> int:
                         ("to", "Tensor.to (patched only with CUDA: "
                                + ("patched" if r["cuda_available"] else "not patched here") + ")")):
         print(f"    {label:50s}: {r[f'auto_{name}_added_us']:+6.2f} us ({r[f'auto_{name}_off_us']:.1f})")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(r, fh, indent=2)
-    return 0
 
 
 if __name__ == "__main__":

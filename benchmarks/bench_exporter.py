@@ -1,6 +1,6 @@
 """Exporter cost and capacity, each figure against a baseline measured in the same run.
 
-    .venv/bin/python benchmarks/bench_exporter.py [--quick]
+    .venv/bin/python -m benchmarks.bench_exporter [--quick] [--json]
 
 1. Background CPU per exported step: CPU time of the exporter's own thread (from
    /proc/self/task/<tid>/schedstat) divided by the steps it exported, with a real
@@ -17,27 +17,22 @@ from __future__ import annotations
 
 import argparse
 import os
-import pathlib
 import statistics
 import subprocess
-import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "tests" / "exporter"))
-
-from exporter_records import identity, memory_record, step_record  # noqa: E402
-
-from traceml.exporter import OtlpStepExporter, resolve_settings  # noqa: E402
-from traceml.exporter.encoding import OtlpEncoder  # noqa: E402
+from benchmarks.json_output import add_json_flag, print_json, table_output
+from tests.exporter.exporter_records import identity, memory_record, step_record
+from tests.harness.child_python import child_env, module_command
+from traceml.exporter import OtlpStepExporter, resolve_settings
+from traceml.exporter.encoding import OtlpEncoder
 
 
 class ReceiverProcess:
-    """tests/otlp_test_receiver.py in its own process (count-only)."""
+    """`tests.harness.otlp_receiver` in its own process (count-only)."""
 
     def __init__(self):
-        self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "otlp_test_receiver.py")],
+        self.proc = subprocess.Popen(module_command("tests.harness.otlp_receiver"), env=child_env(),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         grpc_port, http_port = self.proc.stdout.readline().split()
         self.grpc = f"http://127.0.0.1:{grpc_port}"
@@ -97,7 +92,7 @@ def encode_only(steps: int) -> float:
 def training_loop(steps: int, traced: bool) -> tuple[float, float]:
     """(median wall us per step, training-thread CPU us per step)."""
     import torch
-    from tiny_training import plain_step, traced_step
+    from tests.tiny_training import plain_step, traced_step
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1))
@@ -158,43 +153,65 @@ def capacity(receiver: ReceiverProcess, rate: int, seconds: float) -> tuple[int,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps and rates")
+    add_json_flag(parser)
     args = parser.parse_args()
-    n = 2000 if args.quick else 6000
+    with table_output(args.json):
+        figures = measure(args.quick)
+    if args.json:
+        print_json("bench_exporter", args, figures)
+
+
+def measure(quick: bool) -> dict:
+    n = 2000 if quick else 6000
+    figures: dict = {"cpu_count": os.cpu_count()}
     print(f"cores: {os.cpu_count()} (shared; figures measured under contention from other work)")
     receiver = ReceiverProcess()
     try:
         print("\n## Background CPU per exported step (1 step span + 6 phase children + 2 gauge points)")
-        print(f"encode only (calling thread):          {encode_only(n):7.1f} us/step")
+        figures["encode_only_us_per_step"] = encode = encode_only(n)
+        print(f"encode only (calling thread):          {encode:7.1f} us/step")
         for protocol in ("grpc", "http/protobuf"):
             background_cpu(receiver, protocol, 300)  # warm-up (channel, caches)
-            print(f"exporter thread, {protocol:<14} phases on : {background_cpu(receiver, protocol, n):7.1f} us/step")
-        print(f"exporter thread, grpc           phases off: {background_cpu(receiver, 'grpc', n, False):7.1f} us/step")
+            cpu = background_cpu(receiver, protocol, n)
+            figures[f"exporter_thread_{protocol.replace('/', '_')}_us_per_step"] = cpu
+            print(f"exporter thread, {protocol:<14} phases on : {cpu:7.1f} us/step")
+        cpu = background_cpu(receiver, 'grpc', n, False)
+        figures["exporter_thread_grpc_phases_off_us_per_step"] = cpu
+        print(f"exporter thread, grpc           phases off: {cpu:7.1f} us/step")
 
         print("\n## Training-thread cost (same process, same run)")
-        cost = training_thread_cost(receiver, 1000 if args.quick else 3000)
+        cost = training_thread_cost(receiver, 1000 if quick else 3000)
         exported = cost.pop("_exported")
         base_wall, base_cpu = cost["instrumented, no exporter"]
+        figures["training_thread"] = [{"variant": name, "wall_us_per_step": wall, "cpu_us_per_step": cpu}
+                                      for name, (wall, cpu) in cost.items()]
+        figures["training_steps_exported"] = exported
         for name, (wall, cpu) in cost.items():
             print(f"{name:<38} median {wall:8.1f} us/step  thread CPU {cpu:8.1f} us/step  "
                   f"(x{wall / base_wall:.3f} wall, x{cpu / base_cpu:.3f} CPU vs no exporter)")
         print(f"(steps exported during the live run: {exported})")
 
         print("\n## Capacity with default settings (queue 8192, batch 512), 100 ms bursts")
-        rates = [200, 1000, 4000, 8000] if args.quick else [200, 500, 1000, 2000, 4000, 6000, 8000, 16000]
-        seconds = 3.0 if args.quick else 5.0
+        rates = [200, 1000, 4000, 8000] if quick else [200, 500, 1000, 2000, 4000, 6000, 8000, 16000]
+        seconds = 3.0 if quick else 5.0
         first_drop = None
+        figures["capacity"] = []
         for rate in rates:
             fed, dropped, dropped_memory, exported = capacity(receiver, rate, seconds)
+            figures["capacity"].append({"steps_per_s": rate, "seconds": seconds, "fed": fed, "dropped": dropped,
+                                        "dropped_memory": dropped_memory, "exported": exported})
             print(f"{rate:6d} steps/s for {seconds:.0f} s: fed {fed:6d} steps, dropped {dropped:6d} steps "
                   f"+ {dropped_memory:6d} memory snapshots, exported {exported:6d} steps")
             if dropped and first_drop is None:
                 first_drop = rate
+        figures["first_drop_steps_per_s"] = first_drop
         print(f"drops begin at: {first_drop or f'> {rates[-1]}'} steps/s (sustained {seconds:.0f} s)")
         print(f"receiver totals: spans, points = {receiver.counts()}")
     finally:
         receiver.close()
+    return figures
 
 
 if __name__ == "__main__":

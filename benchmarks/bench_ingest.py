@@ -1,8 +1,9 @@
 """traceml-processor ingest, freshness and memory, against a real processor process.
 
-    .venv/bin/python benchmarks/bench_ingest.py            # everything (about 2-3 minutes)
-    .venv/bin/python benchmarks/bench_ingest.py --quick    # shorter runs
-    .venv/bin/python benchmarks/bench_ingest.py --baseline-ref d3d0d60 --batch-sizes 2048 512
+    .venv/bin/python -m benchmarks.bench_ingest            # everything (about 2-3 minutes)
+    .venv/bin/python -m benchmarks.bench_ingest --quick    # shorter runs
+    .venv/bin/python -m benchmarks.bench_ingest --json     # the figures as one JSON object
+    .venv/bin/python -m benchmarks.bench_ingest --baseline-ref d3d0d60 --batch-sizes 2048 512
         # only: OTLP/gRPC ingest of that git ref vs the working tree, alternating, same run
 
 What is measured (the processor is the real CLI in its own process; senders are
@@ -25,76 +26,41 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import json
 import os
 import re
-import signal
-import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import grpc
 import psutil
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "processor"))
+from benchmarks.json_output import add_json_flag, print_json, table_output
+from tests.harness import ProcessorProcess
+from tests.processor.otlp_payloads import step_span, trace_request
 
-from otlp_payloads import step_span, trace_request  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 TARGET_SPANS_PER_S = 20_000
 TRACE_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Processor:
-    """The real CLI on port 0 everywhere; the bound ports come from its ready line."""
+class Processor(ProcessorProcess):
+    """The shared processor subprocess, started at once, plus the figures this benchmark reads."""
 
     def __init__(self, folder: Path, refresh_s: float = 0.5, workers: int = 1, code_root: Path | None = None):
-        folder.mkdir(parents=True, exist_ok=True)
-        self.db = folder / "bench.db"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-        if code_root is not None:  # another version of the code (see --baseline-ref)
-            env["PYTHONPATH"] = str(code_root)
-        log_path = folder / "processor.log"
-        self.log = open(log_path, "wb")
+        # code_root: another version of the code (see --baseline-ref), found first on PYTHONPATH.
+        super().__init__(folder, db=folder / "bench.db", summary_dir=None,
+                         env={"PYTHONPATH": str(code_root)} if code_root is not None else None,
+                         extra_args=["--refresh-interval", str(refresh_s), "--idle-timeout", "3600",
+                                     "--log-level", "WARNING", "--workers", str(workers)])
         started = time.perf_counter()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "traceml.processor.cli", "--db", str(self.db),
-             "--otlp-grpc", "127.0.0.1:0", "--otlp-http", "127.0.0.1:0",
-             "--prometheus", "127.0.0.1:0", "--refresh-interval", str(refresh_s),
-             "--idle-timeout", "3600", "--log-level", "WARNING", "--workers", str(workers)],
-            stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        ready = re.compile(rb"traceml-processor ready grpc=(\d+) http=(\d+) prometheus=(\d+)")
-        while True:
-            match = ready.search(log_path.read_bytes())
-            if match:
-                break
-            if self.proc.poll() is not None:
-                raise RuntimeError(log_path.read_text())
-            time.sleep(0.01)
-        self.grpc, self.http, self.prom = (int(g) for g in match.groups())
-        while not self._ready():
-            time.sleep(0.01)
+        self.start(wait_readyz=True)
         self.start_s = time.perf_counter() - started
         self.ps = psutil.Process(self.proc.pid)
-
-    def _ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.http}/readyz", timeout=1) as r:
-                return r.status == 200
-        except OSError:
-            return False
 
     def cpu_s(self) -> float:
         total = 0.0
@@ -119,13 +85,7 @@ class Processor:
             conn.close()
 
     def scrape(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.prom}/metrics", timeout=10) as r:
-            return r.read().decode()
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(120)
-        self.log.close()
+        return self.metrics_text()
 
 
 def build_requests(run_id: str, ranks: int, batch: int, total_spans: int, world: int = 1000) -> list[bytes]:
@@ -148,7 +108,7 @@ def baseline_store_rate(folder: Path, n: int = 20_000) -> float:
     from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
 
     from traceml.processor.decode import Decoder
-    from traceml.processor.storage import StepTimeStore
+    from traceml.processor.sqlite_writer import StepTimeStore
 
     decoder = Decoder()
     records = []
@@ -388,17 +348,24 @@ def main() -> None:
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 256, 512, 2048])
     p.add_argument("--memory-ranks", type=int, default=1024)
     p.add_argument("--memory-steps", type=int, default=120)
-    p.add_argument("--json", type=Path, help="also write the results here")
+    add_json_flag(p)
     p.add_argument("--baseline-ref", help="only compare OTLP/gRPC ingest of this git ref with the working "
                                           "tree, in the same run (e.g. d3d0d60, before the ingest speed-ups)")
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds per version with --baseline-ref")
     args = p.parse_args()
+    with table_output(args.json):
+        figures = measure(args)
+    if args.json:
+        print_json("bench_ingest", args, figures)
+
+
+def measure(args) -> dict:
     if args.baseline_ref:
         print(f"bench_ingest before/after: {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f} at start")
         with tempfile.TemporaryDirectory() as tmp:
-            bench_before_after(Path(tmp), args)
+            before_after = bench_before_after(Path(tmp), args)
         print(f"load average {os.getloadavg()[0]:.1f} at the end")
-        return
+        return {"before_after": before_after}
     if args.quick:
         args.seconds, args.batch_sizes, args.memory_steps = 4.0, [64, 512], 110
     print(f"bench_ingest: {os.cpu_count()} CPUs; figures are under whatever else runs on this machine")
@@ -421,9 +388,8 @@ def main() -> None:
         mem = bench_memory(folder / "memory", args.memory_ranks, args.memory_steps)
         print(f"memory: {mem['ranks']} ranks x {mem['steps']} steps ({mem['rows']:,} rows): "
               f"peak RSS {mem['peak_rss_mib']} MiB, final {mem['final_rss_mib']} MiB (bound 500 MiB)")
-        if args.json:
-            args.json.write_text(json.dumps({"start_s": start_s, "decode_per_s": dec, "store_per_s": base,
-                                             "throughput": results, "freshness": fresh, "memory": mem}, indent=2))
+    return {"start_s": start_s, "decode_spans_per_s": dec, "store_rows_per_s": base,
+            "throughput": results, "freshness": fresh, "memory": mem}
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """What `traceml run` costs on top of plain `torchrun`, and how long the embedded processor takes to start.
 
-    .venv/bin/python benchmarks/bench_launcher.py [--trials 3] [--steps 200]
+    .venv/bin/python -m benchmarks.bench_launcher [--trials 3] [--steps 200] [--json]
 
 Alternates, in one run, `torchrun --nproc-per-node 2 plain_ddp.py` and
 `traceml run --nproc-per-node 2 plain_ddp.py` (same script, same steps; the
@@ -21,6 +21,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks.json_output import add_json_flag, print_json, table_output
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "launcher" / "scripts" / "plain_ddp.py"
@@ -46,7 +48,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--steps", type=int, default=200)
+    add_json_flag(parser)
     args = parser.parse_args()
+    with table_output(args.json):
+        figures = measure(args)
+    if args.json:
+        print_json("bench_launcher", args, figures)
+
+
+def measure(args) -> dict:
     script_args = [str(SCRIPT), "--steps", str(args.steps)]
     plain, traced = [], []
     with tempfile.TemporaryDirectory() as cwd:
@@ -72,6 +82,8 @@ def main() -> None:
             stops.append(time.perf_counter() - t1)
     print(f"embedded processor  start to /readyz {statistics.median(starts):.2f} s, "
           f"SIGTERM to exit {statistics.median(stops):.2f} s (median of {args.trials})")
+    return {"torchrun_s": p, "traceml_run_s": t, "wall_ratio": t / p, "added_s": t - p,
+            "embedded_start_s": statistics.median(starts), "embedded_stop_s": statistics.median(stops)}
 
 
 if __name__ == "__main__":

@@ -60,14 +60,13 @@ optimizer step through `wrap_forward` (the class-wide call wrapper of
 `traceml.forward`) and `wrap_optimizer` (optimizer step hooks)) and "auto" (the
 automatic patches).
 
-    .venv/bin/python benchmarks/bench_overhead.py [--quick] [--json out.json]
+    .venv/bin/python -m benchmarks.bench_overhead [--quick] [--json]
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
 import gc
-import json
 import math
 import os
 import random
@@ -78,8 +77,9 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
-import traceml_checkout  # noqa: E402,F401  (imports the checkout when not installed)
 
+from benchmarks import traceml_checkout  # noqa: E402,F401  (imports the checkout when not installed)
+from benchmarks.json_output import add_json_flag, print_json, table_output  # noqa: E402
 import traceml  # noqa: E402
 from traceml import forward, hooks, patches, samplers  # noqa: E402
 from traceml.schema.vocabulary import RAW_DATALOADER_NEXT  # noqa: E402
@@ -474,7 +474,7 @@ def measure(quick: bool, throughput_rounds: int | None = None, hidden: int = 960
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
-    parser.add_argument("--json", help="also write the figures to this file")
+    add_json_flag(parser)
     parser.add_argument("--rounds", type=int,
                         help="throughput rounds, one ~10 ms step per variant each (default 4000, 200 with --quick)")
     parser.add_argument("--hidden", type=int, default=960,
@@ -482,7 +482,15 @@ def main(argv=None) -> int:
     parser.add_argument("--default-runtime", action="store_true",
                         help="keep glibc's allocator defaults and an unfrozen GC heap (noisier figures)")
     args = parser.parse_args(argv)
-    r = measure(args.quick, args.rounds, args.hidden, not args.default_runtime)
+    with table_output(args.json):
+        r = measure(args.quick, args.rounds, args.hidden, not args.default_runtime)
+        _print_table(r)
+    if args.json:
+        print_json("bench_overhead", args, r)
+    return 0
+
+
+def _print_table(r: dict) -> None:
     print(f"TraceML training-side overhead on CPU (torch {r['torch']}, {r['cpu_count']} cores, "
           f"load avg {r['load_avg_start']} -> {r['load_avg_end']}; "
           + ("steady allocator, frozen GC heap)" if r["gc_frozen"] else "default allocator and GC)"))
@@ -510,10 +518,6 @@ def main(argv=None) -> int:
     print("    garbage collections in the throughput phase, by whose turn it was (set-up included):")
     for key, c in r["gc_collections"].items():
         print(f"      {key:32s} {c['count']:4d}, {c['ms']:.1f} ms in all")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(r, fh, indent=2)
-    return 0
 
 
 if __name__ == "__main__":

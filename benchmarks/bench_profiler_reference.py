@@ -1,6 +1,6 @@
 """Reference point: what PyTorch's own profiler costs per step, beside TraceML, in one run.
 
-    .venv/bin/python benchmarks/bench_profiler_reference.py [--rounds 100] [--steps 30]
+    .venv/bin/python -m benchmarks.bench_profiler_reference [--rounds 100] [--steps 30] [--json]
 
 The same real CPU training step (MLP forward/backward/SGD, one thread) runs in
 alternating blocks: uninstrumented, TraceML manual mode (trace_step + four timed
@@ -21,18 +21,16 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
-import traceml_checkout  # noqa: E402,F401
 
+from benchmarks import traceml_checkout  # noqa: E402,F401  (imports the checkout when not installed)
+from benchmarks.json_output import add_json_flag, print_json, table_output  # noqa: E402
 import traceml  # noqa: E402
-from bench_overhead import _paired_added, _rounds  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from tiny_training import plain_step, traced_step  # noqa: E402
+from benchmarks.bench_overhead import _paired_added, _rounds  # noqa: E402
+from tests.tiny_training import plain_step, traced_step  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -73,7 +71,17 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=100)
     p.add_argument("--steps", type=int, default=30)
+    add_json_flag(p)
     args = p.parse_args()
+    with table_output(args.json):
+        figures = measure(args)
+    if args.json:
+        print_json("bench_profiler_reference", args, figures)
+    return 0
+
+
+def measure(args) -> dict:
+    figures: dict = {"cpu_count": os.cpu_count(), "load_avg_start": round(os.getloadavg()[0], 2), "steps": []}
     traceml.init("manual")
     variants = ["uninstrumented", "TraceML (manual)", "torch.profiler"]
     shapes = {"small step": (64, 2, 16), "~10 ms step": (384, 5, 128)}
@@ -91,10 +99,13 @@ def main() -> int:
         for name in variants:
             med = statistics.median(t for per_round in times[name] for t in per_round)
             added, q1, q3 = _paired_added(times, name, "uninstrumented") if name != "uninstrumented" else (0, 0, 0)
+            ratio = base / (base + added / 1e6)
+            figures["steps"].append({"step": label, "variant": name, "median_step_ms": med * 1e3,
+                                     "added_us": added, "added_us_iqr": [q1, q3], "throughput_ratio": ratio})
             print(f"{name:20s} {med * 1e3:9.3f} ms {added:7.0f} us ({q1:6.0f} to {q3:6.0f}) "
-                  f"{base / (base + added / 1e6):6.3f}")
+                  f"{ratio:6.3f}")
     traceml.shutdown()
-    return 0
+    return figures
 
 
 if __name__ == "__main__":

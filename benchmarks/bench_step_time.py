@@ -14,8 +14,9 @@ then measures, per rank count (400 steps per rank, live window 100):
 
 And the summary profile (`StepTimePipeline.run`) over 64 ranks x 10,000 steps.
 
-    .venv/bin/python benchmarks/bench_step_time.py            # full (1/8/64/1024 ranks + summary)
-    .venv/bin/python benchmarks/bench_step_time.py --quick    # 1/8/64 ranks, small summary
+    .venv/bin/python -m benchmarks.bench_step_time            # full (1/8/64/1024 ranks + summary)
+    .venv/bin/python -m benchmarks.bench_step_time --quick    # 1/8/64 ranks, small summary
+    .venv/bin/python -m benchmarks.bench_step_time --json     # the figures as one JSON object
 """
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.json_output import add_json_flag, print_json, table_output
+from traceml.processor.sqlite_writer import StepTimeStore
 from traceml.processor.step_time.model import RankIdentity, RawEventValue, StepTimeIngestRecord
 from traceml.processor.step_time.pipeline import (
     PROFILE_SUMMARY,
@@ -35,7 +38,6 @@ from traceml.processor.step_time.pipeline import (
     StepTimePipeline,
     StepTimeRequest,
 )
-from traceml.processor.storage import StepTimeStore
 from traceml.schema import vocabulary as v
 
 RUN = "bench"
@@ -140,8 +142,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1/8/64 ranks and a small summary")
     parser.add_argument("--ranks", type=int, nargs="*", help="rank counts for the live figures")
+    parser.add_argument("--summary-ranks", type=int, help="ranks of the summary profile (default 64, 8 with --quick)")
+    parser.add_argument("--summary-steps", type=int,
+                        help="steps per rank of the summary profile (default 10,000, 2,000 with --quick)")
+    add_json_flag(parser)
     args = parser.parse_args(argv)
+    with table_output(args.json):
+        figures = measure(args)
+    if args.json:
+        print_json("bench_step_time", args, figures)
+    return 0
+
+
+def measure(args) -> dict:
     rank_counts = args.ranks or ([1, 8, 64] if args.quick else [1, 8, 64, 1024])
+    figures: dict = {"live": []}
     with tempfile.TemporaryDirectory(prefix="traceml-bench-") as tmp:
         folder = Path(tmp)
         print("Live refresh through LiveStepTimeSession (400 steps/rank, window 100), milliseconds")
@@ -149,14 +164,20 @@ def main(argv: list[str] | None = None) -> int:
               f" {'full read':>9} {'json only':>9} {'full/live':>9}   (db build s)")
         for ranks in rank_counts:
             r = bench_live(folder, ranks)
+            figures["live"].append({"ranks": ranks, **{f"{k}_ms": r[k] * 1e3 for k in (
+                "cold", "live", "live_cpu", "live_max", "unchanged", "full", "json")},
+                "full_to_live_ratio": r["full"] / r["live"], "db_build_s": r["build_s"]})
             print(f"{ranks:>6} {_ms(r['cold'])} {_ms(r['live'])} {_ms(r['live_cpu'])} {_ms(r['live_max'])}"
                   f" {_ms(r['unchanged'])} {_ms(r['full'])} {_ms(r['json'])}"
                   f" {r['full'] / r['live']:9.1f}   ({r['build_s']:.1f})", flush=True)
         ranks, steps = (8, 2_000) if args.quick else (64, 10_000)
+        ranks, steps = args.summary_ranks or ranks, args.summary_steps or steps
         s = bench_summary(folder, ranks, steps)
+        figures["summary"] = {"ranks": ranks, "steps": steps, "wall_s": s["summary"], "cpu_s": s["summary_cpu"],
+                              "db_build_s": s["build_s"]}
         print(f"\nSummary profile over {ranks} ranks x {steps} steps: {s['summary']:.2f} s wall,"
               f" {s['summary_cpu']:.2f} s CPU (median of 3; db build {s['build_s']:.1f} s)")
-    return 0
+    return figures
 
 
 if __name__ == "__main__":

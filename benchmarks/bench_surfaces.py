@@ -5,7 +5,7 @@ like the receivers do), measures the median of N calls of each surface and print
 it next to the analyzer's own cost on the same snapshot, measured in the same run,
 as the baseline ratio.
 
-    .venv/bin/python benchmarks/bench_surfaces.py [--quick]
+    .venv/bin/python -m benchmarks.bench_surfaces [--quick] [--ranks N ...] [--json]
 """
 from __future__ import annotations
 
@@ -18,9 +18,11 @@ from pathlib import Path
 
 from rich.console import Console
 
+from benchmarks.json_output import add_json_flag, print_json, table_output
 from traceml.processor.diagnosis import diagnose
 from traceml.processor.presenters import render_live
 from traceml.processor.reporting import RunMetadata, project_final_summary, summary_metric_points
+from traceml.processor.sqlite_writer import StepTimeStore
 from traceml.processor.step_time.analysis import analyze_snapshot
 from traceml.processor.step_time.model import (
     LiveStepTimeResult,
@@ -30,7 +32,6 @@ from traceml.processor.step_time.model import (
     StepTimeIngestRecord,
 )
 from traceml.processor.step_time.sqlite import load_summary_snapshot
-from traceml.processor.storage import StepTimeStore
 from traceml.schema import vocabulary as v
 
 RUN = "bench-surfaces"
@@ -66,15 +67,26 @@ def _median_ms(fn, repeats: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1, 8 and 64 ranks only")
+    parser.add_argument("--ranks", type=int, nargs="+", help="rank counts (default 1 8 64 1024; --quick: 1 8 64)")
+    parser.add_argument("--repeats", type=int, help="calls per median (default 15, 5 from 1,024 ranks)")
+    add_json_flag(parser)
     args = parser.parse_args()
-    sizes = (1, 8, 64) if args.quick else (1, 8, 64, 1024)
+    with table_output(args.json):
+        figures = measure(args)
+    if args.json:
+        print_json("bench_surfaces", args, figures)
+
+
+def measure(args) -> dict:
+    sizes = args.ranks or ((1, 8, 64) if args.quick else (1, 8, 64, 1024))
+    figures: dict = {"surfaces": []}
     print(f"{'ranks':>6} {'analyzer':>9} {'diagnose':>9} {'summary':>9} {'points':>9} {'render':>9}  (ms; x = / analyzer)")
     with tempfile.TemporaryDirectory() as tmp:
         for ranks in sizes:
             db = Path(tmp) / f"r{ranks}.db"
             _write(db, ranks)
             snapshot = load_summary_snapshot(db, RUN, STEPS)
-            repeats = 5 if ranks >= 1024 else 15
+            repeats = args.repeats or (5 if ranks >= 1024 else 15)
             base = _median_ms(lambda: analyze_snapshot(snapshot, STEPS), repeats)
             window = analyze_snapshot(snapshot, STEPS)
             diag_ms = _median_ms(lambda: diagnose(window), repeats)
@@ -87,6 +99,10 @@ def main() -> None:
                 lambda: Console(file=io.StringIO(), width=150).print(render_live(result)), repeats)
             cells = [f"{x:8.2f}" + f" ({x / base:.2f}x)" for x in (diag_ms, summary_ms, points_ms, render_ms)]
             print(f"{ranks:>6} {base:9.2f} " + " ".join(cells))
+            figures["surfaces"].append({"ranks": ranks, "analyzer_ms": base, "diagnose_ms": diag_ms,
+                                        "final_summary_ms": summary_ms, "summary_metric_points_ms": points_ms,
+                                        "render_live_ms": render_ms})
+    return figures
 
 
 if __name__ == "__main__":

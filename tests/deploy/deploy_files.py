@@ -20,7 +20,8 @@ from pathlib import Path
 
 import yaml
 
-from traceml.processor.ingest import wait_until
+from deploy import promql_names  # noqa: F401  (re-exported for the tests)
+from tests.harness import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -29,9 +30,6 @@ COMPOSE = ROOT / "docker-compose.yml"
 COLLECTOR_DIR = DEPLOY / "collector"
 DASHBOARD_DIR = DEPLOY / "grafana" / "dashboards"
 PROMETHEUS_DIR = DEPLOY / "prometheus"
-
-sys.path.insert(0, str(DEPLOY))
-import promql_names  # noqa: E402,F401  (re-exported for the tests)
 
 
 # --- Dockerfile ------------------------------------------------------------------------------

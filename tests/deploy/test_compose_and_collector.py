@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from deploy_files import (COLLECTOR_DIR, DEPLOY, PROMETHEUS_DIR, ROOT, collector_configs, compose, flag_values,
+from tests.deploy.deploy_files import (COLLECTOR_DIR, DEPLOY, PROMETHEUS_DIR, ROOT, collector_configs, compose, flag_values,
                           image_command, load_yaml, port_of)
 
 from traceml.schema import vocabulary as v

@@ -16,9 +16,10 @@ import time
 import urllib.request
 
 import pytest
-from deploy_files import PROMETHEUS_DIR, EntrypointProcessor, dashboards, panel_queries, promql_names, substitute
-from otlp_payloads import memory_request, step_span, trace_request
-from prometheus_harness import PrometheusServer, free_port, prometheus_available
+from tests.deploy.deploy_files import PROMETHEUS_DIR, EntrypointProcessor, dashboards, panel_queries, promql_names, substitute
+from tests.processor.otlp_payloads import memory_request, step_span, trace_request
+from tests.harness import free_port
+from tests.harness.prometheus_server import PrometheusServer, prometheus_available
 from test_end_to_end import train_two_ranks
 
 from traceml.schema import vocabulary as v

@@ -6,7 +6,7 @@ import json
 import re
 
 import pytest
-from deploy_files import DASHBOARD_DIR, DEPLOY, PROMETHEUS_DIR, dashboards, load_yaml, panel_queries
+from tests.deploy.deploy_files import DASHBOARD_DIR, DEPLOY, PROMETHEUS_DIR, dashboards, load_yaml, panel_queries
 
 from traceml.schema import vocabulary as v
 

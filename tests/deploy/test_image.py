@@ -8,8 +8,8 @@ import sys
 import urllib.request
 
 import pytest
-from deploy_files import ROOT, EntrypointProcessor, dockerfile_instructions, flag_values, image_command, instruction
-from prometheus_harness import free_port
+from tests.deploy.deploy_files import ROOT, EntrypointProcessor, dockerfile_instructions, flag_values, image_command, instruction
+from tests.harness import free_port
 
 TRAINING_STACK = ("torch", "transformers", "lightning", "accelerate")
 

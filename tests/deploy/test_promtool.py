@@ -5,7 +5,7 @@ import shutil
 import subprocess
 
 import pytest
-from deploy_files import PROMETHEUS_DIR
+from tests.deploy.deploy_files import PROMETHEUS_DIR
 
 pytestmark = pytest.mark.skipif(shutil.which("promtool") is None, reason="needs promtool (apt-get install prometheus)")
 RULES = PROMETHEUS_DIR / "rules"

@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+from tests.harness import free_port
+
 from traceml.schema import vocabulary as v
 
 pytestmark = pytest.mark.slow
@@ -23,19 +25,13 @@ STEPS = 12
 WORLD = 2
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _torchrun(tmp: pathlib.Path, endpoint: str, protocol: str) -> dict:
     env = {k: val for k, val in os.environ.items()
            if not k.startswith(("OTEL_", "TRACEML_", "TORCHELASTIC_", "SLURM_"))}
     env.update(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_EXPORTER_OTLP_PROTOCOL=protocol,
                TRACEML_TEST_OUT=str(tmp), TRACEML_TEST_STEPS=str(STEPS))
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
-                           "--master-port", str(_free_port()), str(SCRIPT)],
+                           "--master-port", str(free_port()), str(SCRIPT)],
                           env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
     published = {}
@@ -119,7 +115,7 @@ def _rotel_binary() -> str:
 def test_two_rank_gloo_training_through_the_rotel_relay(receiver, tmp_path):
     binary = _rotel_binary()
     assert binary, "rotel-agent is a dev dependency (pip install rotel)"
-    grpc_port, http_port = _free_port(), _free_port()
+    grpc_port, http_port = free_port(), free_port()
     relay = subprocess.Popen(
         [binary, "start", "--otlp-grpc-endpoint", f"127.0.0.1:{grpc_port}",
          "--otlp-http-endpoint", f"127.0.0.1:{http_port}", "--exporter", "otlp",

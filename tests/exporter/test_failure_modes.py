@@ -10,8 +10,8 @@ import statistics
 import time
 
 import pytest
-from exporter_records import identity, memory_record, step_record
-from otlp_test_receiver import OtlpTestReceiver
+from tests.exporter.exporter_records import identity, memory_record, step_record
+from tests.harness.otlp_receiver import OtlpTestReceiver
 
 import traceml
 from traceml.exporter import OtlpStepExporter, resolve_settings
@@ -123,7 +123,7 @@ def test_export_resumes_when_a_dead_grpc_endpoint_comes_up():
 
 def _loop(steps: int, traced: bool) -> list[float]:
     import torch
-    from tiny_training import plain_step, traced_step
+    from tests.tiny_training import plain_step, traced_step
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

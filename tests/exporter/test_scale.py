@@ -4,7 +4,7 @@ from __future__ import annotations
 import pathlib
 import tracemalloc
 
-from exporter_records import identity, memory_record, step_record
+from tests.exporter.exporter_records import identity, memory_record, step_record
 
 import traceml.exporter
 from traceml.exporter import OtlpStepExporter, resolve_settings

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from instr_fakes import FakeGpuClock, RecordingSink
+from tests.instrumentation.instr_fakes import FakeGpuClock, RecordingSink
 
 import traceml
 from traceml import step_events, timing

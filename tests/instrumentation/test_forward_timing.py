@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 import torch
-from instr_fakes import flush_samplers
+from tests.instrumentation.instr_fakes import flush_samplers
 
 import traceml
 from traceml import forward

@@ -8,7 +8,7 @@ from traceml.samplers import StepMemorySampler, StepTimeSampler
 from traceml.schema.vocabulary import RAW_BACKWARD, RAW_FORWARD, RAW_H2D, RAW_STEP_TIME
 from traceml.timing import CudaEventPool, timed_region
 
-from instr_fakes import FakeCudaEvent, FakeGpuClock, RecordingSink
+from tests.instrumentation.instr_fakes import FakeCudaEvent, FakeGpuClock, RecordingSink
 
 
 def _gpu_event(clock, name, start_ms, end_ms, t0=0, t1=1_000_000):

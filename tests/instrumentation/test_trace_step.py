@@ -6,7 +6,7 @@ import weakref
 
 import pytest
 import torch
-from instr_fakes import flush_samplers
+from tests.instrumentation.instr_fakes import flush_samplers
 
 import traceml
 from traceml import forward, patches, step_events as se

@@ -5,7 +5,7 @@ import subprocess
 import sys
 import textwrap
 
-from launcher_helpers import clean_env
+from tests.launcher.launcher_helpers import clean_env
 
 PROBE = textwrap.dedent("""
     import sys, traceml

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from launcher_helpers import TRACEML, clean_env, traceml
+from tests.launcher.launcher_helpers import TRACEML, clean_env, traceml
 
 STEPS = "60"  # >= 20 aligned steps, so findings are confirmed; each run takes ~15-25 s here
 

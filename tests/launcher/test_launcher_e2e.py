@@ -6,6 +6,7 @@ Trainer, Lightning) and checks what a user gets: the exit status, the run folder
 """
 from __future__ import annotations
 
+import importlib.util
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import time
 
 import pytest
 
-from launcher_helpers import SCRIPTS, TRACEML, clean_env, processors_using, stored_steps, traceml
+from tests.launcher.launcher_helpers import SCRIPTS, TRACEML, clean_env, processors_using, stored_steps, traceml
 
 
 def _ranks_and_steps(summary: dict) -> dict[int, int]:
@@ -111,6 +112,8 @@ def test_sigterm_reaches_the_ranks_and_the_run_is_still_summarised(workdir):
     assert processors_using(db.parent) == []
 
 
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None or importlib.util.find_spec("accelerate") is None,
+                    reason="needs transformers and accelerate (the huggingface extra)")
 def test_hugging_face_trainer_script_is_instrumented_without_code_changes(workdir):
     run = traceml(["run", "--nproc-per-node", "2", str(SCRIPTS / "hf_trainer.py"), "8"], workdir, TRACEML_EXIT_AFTER_FLUSH="1")
     assert run.returncode == 0, run.output[-3000:]
@@ -118,6 +121,7 @@ def test_hugging_face_trainer_script_is_instrumented_without_code_changes(workdi
     assert run.summary["global"]["median"]["forward_ms"]["value"] is not None
 
 
+@pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="needs lightning (the lightning extra)")
 def test_lightning_script_is_instrumented_without_code_changes(workdir):
     run = traceml(["run", "--nproc-per-node", "2", str(SCRIPTS / "lightning_fit.py"), "8", "2"], workdir, TRACEML_EXIT_AFTER_FLUSH="1")
     assert run.returncode == 0, run.output[-3000:]

@@ -1,15 +1,9 @@
-"""Processor tests: helpers live in `processor_harness` (a unique module name: several
-test folders have a conftest.py, so `import conftest` would be ambiguous)."""
+"""Processor tests: the in-process service per test (`tests.harness.processor_service`)."""
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from processor_harness import make_service  # noqa: E402
+from tests.harness.processor_service import make_service
 
 
 @pytest.fixture

@@ -13,19 +13,17 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import textwrap
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from prometheus_harness import PrometheusServer, free_port, prometheus_available
 
-from traceml.processor.ingest import wait_until
+from tests.harness import ProcessorProcess, free_port, wait_until
+from tests.harness.prometheus_server import PrometheusServer, prometheus_available
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not prometheus_available(), reason="needs the prometheus binary")]
@@ -72,50 +70,11 @@ RANK_SCRIPT = textwrap.dedent('''
 ''')
 
 
-class ProcessorProcess:
-    """`python -m traceml.processor.cli` on free loopback ports, stopped with SIGTERM."""
-
-    def __init__(self, folder: Path):
-        self.folder = folder
-        self.db = folder / "traceml.db"
-        self.summary_dir = folder / "summaries"
-        self.log = open(folder / "processor.log", "wb")
-        env = {k: val for k, val in os.environ.items() if not k.startswith("OTEL_")}
-        # Port 0 everywhere: the processor binds free ports and names them in its ready line.
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "traceml.processor.cli", "--db", str(self.db),
-             "--otlp-grpc", "127.0.0.1:0", "--otlp-http", "127.0.0.1:0",
-             "--prometheus", "127.0.0.1:0", "--summary-dir", str(self.summary_dir),
-             "--refresh-interval", "0.5", "--idle-timeout", "600"],
-            stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        line = re.compile(r"traceml-processor ready grpc=(\d+) http=(\d+) prometheus=(\d+)")
-        assert wait_until(lambda: line.search(self.log_text()) or self.proc.poll() is not None, 60, 0.05)
-        match = line.search(self.log_text())
-        assert match, self.log_text()
-        self.grpc, self.http, self.prom = (int(g) for g in match.groups())
-        assert wait_until(self.ready, 60, 0.1), self.log_text()
-
-    def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.http}/readyz", timeout=2) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    def log_text(self) -> str:
-        return (self.folder / "processor.log").read_text(errors="replace")[-5000:]
-
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(60)
-        self.log.close()
-        return code
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     folder = tmp_path_factory.mktemp("e2e")
-    processor = ProcessorProcess(folder)
+    processor = ProcessorProcess(folder, extra_args=["--refresh-interval", "0.5", "--idle-timeout", "600"])
+    processor.start(wait_readyz=True)
     prometheus = PrometheusServer(folder / "prometheus", [f"127.0.0.1:{processor.prom}"]).start()
     yield processor, prometheus
     prometheus.stop()

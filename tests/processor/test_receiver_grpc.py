@@ -6,11 +6,11 @@ import threading
 
 import grpc
 import pytest
-from processor_harness import count_rows, make_service
+from tests.harness.processor_service import count_rows, make_service
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
-from otlp_payloads import (foreign_request, memory_request, run_end_span, step_span, steps_request,
+from tests.processor.otlp_payloads import (foreign_request, memory_request, run_end_span, step_span, steps_request,
                            trace_request)
 
 from traceml.processor.security import BearerAuth
@@ -185,6 +185,6 @@ def test_back_pressure_answers_unavailable_and_loses_nothing(tmp_path):
 
 
 def _wait(predicate, timeout_s=10.0):
-    from traceml.processor.ingest import wait_until
+    from tests.harness import wait_until
 
     return wait_until(predicate, timeout_s)

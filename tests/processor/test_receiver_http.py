@@ -7,12 +7,12 @@ import json
 import sqlite3
 import threading
 
-from processor_harness import count_rows, make_service
+from tests.harness.processor_service import count_rows, make_service
 from google.protobuf import json_format
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metrics_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb2
-from otlp_payloads import foreign_request, memory_request, step_span, steps_request, trace_request
+from tests.processor.otlp_payloads import foreign_request, memory_request, step_span, steps_request, trace_request
 
 from traceml.processor.security import BearerAuth
 from traceml.schema import vocabulary as v
@@ -195,6 +195,6 @@ def test_run_and_rank_caps_reject_with_a_clear_reason(tmp_path):
 
 
 def _wait(predicate, timeout_s=10.0):
-    from traceml.processor.ingest import wait_until
+    from tests.harness import wait_until
 
     return wait_until(predicate, timeout_s)

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import grpc
-from processor_harness import count_rows, make_service
+from tests.harness.processor_service import count_rows, make_service
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
-from otlp_payloads import run_end_span, steps_request, trace_request
+from tests.processor.otlp_payloads import run_end_span, steps_request, trace_request
 
-from traceml.processor.ingest import wait_until
+from tests.harness import wait_until
 
 
 def _own_connection(port: int):

@@ -1,8 +1,5 @@
-"""Reliability tests: real processors on loopback, real SQLite files, real sender processes."""
-from __future__ import annotations
+"""Reliability tests: real processors on loopback, real SQLite files, real sender processes.
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/otlp_test_receiver.py
+Helpers are imported by their full names (`tests.reliability.…`, `tests.harness`);
+the sender and training scripts run as `python -m tests.reliability.<script>`.
+"""

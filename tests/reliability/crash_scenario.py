@@ -1,14 +1,14 @@
-"""Sender processes against a processor that gets killed: shared by the test and bench_faults."""
+"""Sender processes against a processor that gets killed: shared by the test and `checks/faults.py`."""
 from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
-import reliability_helpers as h
+from tests.harness import ProcessorProcess
+from tests.harness.child_python import child_env, module_command
 
-SENDER = Path(__file__).resolve().parent / "sender.py"
+SENDER = "tests.reliability.sender"
 RUN = "crash-run"
 GROUPS = (("0,1", "grpc"), ("2,3", "grpc"), ("4,5", "http"))
 
@@ -26,16 +26,17 @@ def acknowledged(logs: list[Path]) -> set[tuple[str, int, int]]:
     return keys
 
 
-def start_senders(proc: h.ProcessorProcess, folder: Path, stop: Path, **extra) -> list[subprocess.Popen]:
+def start_senders(proc: ProcessorProcess, folder: Path, stop: Path, **extra) -> list[subprocess.Popen]:
     senders = []
     for i, (ranks, transport) in enumerate(GROUPS):
-        cmd = [sys.executable, str(SENDER), "--grpc", str(proc.grpc), "--http", str(proc.http),
+        cmd = [*module_command(SENDER), "--grpc", str(proc.grpc), "--http", str(proc.http),
                "--transport", transport, "--run", RUN, "--ranks", ranks, "--world-size", "6"]
         if "replay_to" in extra:
             cmd += ["--replay-to", str(extra["replay_to"][i])]
         else:
             cmd += ["--ack-log", str(folder / f"acks-{i}.log"), "--stop-file", str(stop)]
-        senders.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        senders.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                       env=child_env()))
     return senders
 
 

@@ -1,7 +1,7 @@
 """The tiny training run under endpoint faults, shared by tests/reliability/test_training_faults.py
-and benchmarks/bench_faults.py.
+and checks/faults.py.
 
-`train` runs `train_script.py` (tiny CPU model, real `traceml.init` + exporter) in a subprocess with a
+`train` runs `tests.reliability.train_script` (tiny CPU model, real `traceml.init` + exporter) in a subprocess with a
 clean OTEL_/TRACEML_ environment; `finish` waits for it and parses the JSON result it prints last;
 `progress_steps` reads how many steps it has completed so far; `lost` is what its exporter counts as
 not delivered.
@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parent / "train_script.py"
+from tests.harness.child_python import child_env, module_command
+
+SCRIPT = "tests.reliability.train_script"
 HANG_BOUND_S = 180
 
 
@@ -30,7 +31,7 @@ def train(env_extra: dict, *, steps: int, queue_size: int = 64, sleep_s: float =
                **env_extra)
     if progress is not None:
         env["FAULT_PROGRESS"] = str(progress)
-    proc = subprocess.Popen([sys.executable, str(SCRIPT)], env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(module_command(SCRIPT), env=child_env(env), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     return finish(proc, timeout_s) if wait else proc
 

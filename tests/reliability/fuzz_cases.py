@@ -6,7 +6,7 @@ the contract, not the decoder: each request's partial-success count and reasons
 must match, and every valid record beside the bad ones must be in SQLite.
 
 Used by tests/reliability/test_bad_input_fuzz.py (CI size) and
-benchmarks/bench_fuzz.py (longer).
+checks/fuzz.py (longer).
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2 as metric_data
 from opentelemetry.proto.trace.v1 import trace_pb2 as span_data
 
-import reliability_helpers as h
+from tests.reliability import reliability_helpers as h
 from traceml.schema import vocabulary as v
 
 # Reasons as documented in docs/processor.md ("Behaviour on bad input").
@@ -465,7 +465,7 @@ class OtlpClient:
             if self.quickack:
                 # Ack the answer's header segment at once. Not needed since the receiver sets
                 # TCP_NODELAY (the ~40 ms Nagle + delayed-ACK stall is gone); kept off by default
-                # so that benchmarks/bench_fuzz.py can show both clients answer equally fast.
+                # so that checks/fuzz.py can show both clients answer equally fast.
                 self.conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
             response = self.conn.getresponse()
             data = response.read()

@@ -1,20 +1,21 @@
 """Many simulated ranks against one processor: memory, lag, ingest and diagnosis under load.
 
-Shared by tests/reliability/test_load.py (CI size) and benchmarks/bench_load.py.
+Shared by tests/reliability/test_load.py (CI size) and checks/load.py.
 """
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import reliability_helpers as h
+from tests.harness import ProcessorProcess, wait_until
+from tests.harness.child_python import child_env, module_command
+from tests.reliability import reliability_helpers as h
 from traceml.schema import vocabulary as v
 
-LOAD_SENDER = Path(__file__).resolve().parent / "load_sender.py"
+LOAD_SENDER = "tests.reliability.load_sender"
 
 
 @dataclass
@@ -71,7 +72,7 @@ def run_load(folder: Path, *, ranks: int, steps_per_s: float, duration_s: float,
              senders: int = 2, interval_s: float = 1.0, run: str = "load-run",
              refresh_interval_s: float = 1.0) -> LoadResult:
     result = LoadResult(ranks, steps_per_s, duration_s)
-    proc = h.ProcessorProcess(folder, extra_args=["--refresh-interval", str(refresh_interval_s)]).start()
+    proc = ProcessorProcess(folder, extra_args=["--refresh-interval", str(refresh_interval_s)]).start()
     try:
         result.rss_start_mib = proc.rss_bytes() / 2**20
         per = ranks // senders
@@ -80,11 +81,11 @@ def run_load(folder: Path, *, ranks: int, steps_per_s: float, duration_s: float,
         for i in range(senders):
             last = ranks - 1 if i == senders - 1 else (i + 1) * per - 1
             procs.append(subprocess.Popen(
-                [sys.executable, str(LOAD_SENDER), "--grpc", str(proc.grpc), "--run", run,
+                [*module_command(LOAD_SENDER), "--grpc", str(proc.grpc), "--run", run,
                  "--ranks", f"{i * per}-{last}", "--world-size", str(ranks),
                  "--steps-per-s", str(steps_per_s), "--duration", str(duration_s),
                  "--interval", str(interval_s), "--straggler", str(straggler)],
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env()))
         while any(p.poll() is None for p in procs):
             rss = proc.rss_bytes() / 2**20
             result.rss_max_mib = max(result.rss_max_mib, rss)
@@ -127,7 +128,7 @@ def run_load(folder: Path, *, ranks: int, steps_per_s: float, duration_s: float,
                                       for labels, score in found)
             return any(culprit == str(straggler) for _, culprit, _ in result.diagnosis)
 
-        result.culprit_found = h.wait_until(diagnosis, 60, 0.5)
+        result.culprit_found = wait_until(diagnosis, 60, 0.5)
     finally:
         code = proc.stop()
     assert code == 0, proc.log_text()[-3000:]

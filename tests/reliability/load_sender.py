@@ -1,6 +1,6 @@
 """Simulated ranks at a steady step rate, each exporting once per interval over OTLP/gRPC.
 
-    python load_sender.py --grpc PORT --run RUN --ranks 0-127 --steps-per-s 2 \
+    python -m tests.reliability.load_sender --grpc PORT --run RUN --ranks 0-127 --steps-per-s 2 \
         --duration 20 [--straggler 37] [--interval 1]
 
 Like the real exporter, each rank sends one request per interval holding the
@@ -15,14 +15,11 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import grpc
 
-import grpc  # noqa: E402
-
-import reliability_helpers as h  # noqa: E402
-from traceml.schema import vocabulary as v  # noqa: E402
+from tests.reliability import reliability_helpers as h
+from traceml.schema import vocabulary as v
 
 STRAGGLER_EVENTS = {**h.EVENTS_MS, v.RAW_DATALOADER_NEXT: h.EVENTS_MS[v.RAW_DATALOADER_NEXT] + 40.0,
                     v.RAW_BACKWARD: h.EVENTS_MS[v.RAW_BACKWARD] - 40.0}

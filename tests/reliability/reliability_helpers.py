@@ -1,22 +1,16 @@
 """Shared pieces of the reliability tests and benchmarks.
 
 Deterministic OTLP builders (span and trace ids derive from run/rank/step, so a
-re-sent request is byte-identical, as a client retry is), a processor started as
-a real `traceml-processor` subprocess on fixed ports (so it can be killed and
-restarted on the same address and database), and SQLite read-backs.
+re-sent request is byte-identical, as a client retry is), SQLite read-backs and a
+Prometheus text parser. The processor subprocess, ports and waiting live in
+`tests.harness`.
 """
 from __future__ import annotations
 
 import hashlib
-import os
 import re
-import signal
-import socket
 import sqlite3
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Iterable, Mapping
 
@@ -40,12 +34,6 @@ EVENTS_MS: Mapping[str, float] = {
     v.RAW_STEP_TIME: 95.0,
 }
 BASE_TIME_S = 1_790_000_000.0  # fixed, so spans are reproducible byte for byte
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def any_value(value) -> common_pb2.AnyValue:
@@ -197,89 +185,6 @@ def integrity_ok(db: Path) -> bool:
         return conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     finally:
         conn.close()
-
-
-# --- a processor as a real subprocess ----------------------------------------------------------
-
-READY = re.compile(r"traceml-processor ready grpc=(\d+) http=(\d+) prometheus=(\S+)")
-
-
-def wait_until(predicate, timeout_s: float, interval_s: float = 0.05) -> bool:
-    """Poll `predicate` ("did not hang" bound, never a performance claim)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval_s)
-    return bool(predicate())
-
-
-class ProcessorProcess:
-    """`python -m traceml.processor.cli` on fixed loopback ports (restartable on the same address)."""
-
-    def __init__(self, folder: Path, *, grpc_port: int | None = None, http_port: int | None = None,
-                 prometheus_port: int | None = None, extra_args: Iterable[str] = (),
-                 env: Mapping[str, str] | None = None):
-        self.folder = Path(folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self.db = self.folder / "traceml.db"
-        self.summary_dir = self.folder / "summaries"
-        self.grpc = grpc_port or free_port()
-        self.http = http_port or free_port()
-        self.prom = prometheus_port or free_port()
-        self.extra_args = list(extra_args)
-        self.env = dict(env or {})
-        self.proc: subprocess.Popen | None = None
-        self.starts = 0
-
-    @property
-    def log_path(self) -> Path:
-        return self.folder / f"processor-{self.starts}.log"
-
-    def start(self, timeout_s: float = 60.0) -> "ProcessorProcess":
-        self.starts += 1
-        env = {k: val for k, val in os.environ.items() if not k.startswith(("OTEL_", "TRACEML_"))}
-        env.update(self.env)
-        cmd = [sys.executable, "-m", "traceml.processor.cli", "--db", str(self.db),
-               "--otlp-grpc", f"127.0.0.1:{self.grpc}", "--otlp-http", f"127.0.0.1:{self.http}",
-               "--prometheus", f"127.0.0.1:{self.prom}", "--summary-dir", str(self.summary_dir),
-               "--export-endpoint", "off", *self.extra_args]
-        self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=self.folder)
-        ok = wait_until(lambda: READY.search(self.log_text()) or self.proc.poll() is not None, timeout_s)
-        if not (ok and READY.search(self.log_text())):
-            # A port can be briefly held after a kill -9; one more try on the same address.
-            raise RuntimeError(f"processor did not start: {self.log_text()}")
-        return self
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def metrics_text(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.prom}/metrics", timeout=10) as r:
-            return r.read().decode()
-
-    def rss_bytes(self) -> int:
-        import psutil
-
-        return psutil.Process(self.proc.pid).memory_info().rss
-
-    def kill9(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(30)
-        self._log.close()
-
-    def stop(self) -> int:
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc else 0
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            code = self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            code = self.proc.wait(10)
-        self._log.close()
-        return code
 
 
 def prometheus_samples(text: str, name: str) -> list[tuple[dict, float]]:

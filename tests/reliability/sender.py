@@ -1,6 +1,6 @@
 """A rank-like sender process: sends step batches, records what was acknowledged.
 
-    python sender.py --grpc PORT --http PORT --transport grpc --run RUN --ranks 0,1 \
+    python -m tests.reliability.sender --grpc PORT --http PORT --transport grpc --run RUN --ranks 0,1 \
         --ack-log FILE --stop-file FILE [--batch 5] [--replay-to STEP]
 
 Each request holds `--batch` consecutive steps of one rank, built
@@ -18,12 +18,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-import grpc  # noqa: E402
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc  # noqa: E402
-
-import reliability_helpers as h  # noqa: E402
+from tests.reliability import reliability_helpers as h
 
 
 def _send_grpc(stub, body: bytes) -> bool:

@@ -11,9 +11,10 @@ import sqlite3
 import threading
 
 import grpc
-from fuzz_cases import TRACES, OtlpClient
+from tests.reliability.fuzz_cases import TRACES, OtlpClient
 
-import reliability_helpers as h
+from tests.harness import wait_until
+from tests.reliability import reliability_helpers as h
 from traceml.processor.service import ProcessorConfig, ProcessorService
 
 RUN = "overload"
@@ -51,10 +52,10 @@ def test_a_stalled_writer_refuses_new_work_at_once_and_nothing_acknowledged_is_l
         lock.execute("BEGIN EXCLUSIVE")  # the writer now waits on the database
         first = threading.Thread(target=send, args=("a",))
         first.start()
-        assert h.wait_until(lambda: service.ingest.in_flight_records == 50, 30)  # the writer holds a
+        assert wait_until(lambda: service.ingest.in_flight_records == 50, 30)  # the writer holds a
         second = threading.Thread(target=send, args=("b",))
         second.start()
-        assert h.wait_until(lambda: service.ingest.pending_records() == 50, 30)  # b waits in the queue
+        assert wait_until(lambda: service.ingest.pending_records() == 50, 30)  # b waits in the queue
         # The queue is at 50 of 100: 60 more records are refused at once, over both transports.
         refused_grpc = client.grpc(TRACES, requests["c"])
         refused_http = client.http(TRACES, requests["d"])

@@ -13,7 +13,7 @@ import json
 
 import grpc
 import pytest
-from fuzz_cases import (
+from tests.reliability.fuzz_cases import (
     HTTP_VARIANTS,
     METRICS,
     RESOURCE_MUTATIONS,
@@ -36,7 +36,8 @@ from fuzz_cases import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import reliability_helpers as h
+from tests.harness import ProcessorProcess, wait_until
+from tests.reliability import reliability_helpers as h
 from traceml.schema import vocabulary as v
 
 # Requests per property (each example sends over gRPC and over HTTP).
@@ -78,7 +79,7 @@ memory_specs = st.builds(
 def processor(tmp_path_factory):
     """The real `traceml-processor` CLI in its own process (so a crash would show as an exit)."""
     # Bit-flipped bodies can invent run ids: lift the run cap so they never crowd out the rest.
-    proc = h.ProcessorProcess(tmp_path_factory.mktemp("fuzz"),
+    proc = ProcessorProcess(tmp_path_factory.mktemp("fuzz"),
                               extra_args=["--refresh-interval", "2", "--max-runs", "1000000"]).start()
     yield proc
     assert proc.stop() == 0, proc.log_text()[-3000:]
@@ -324,11 +325,11 @@ def test_grpc_undecodable_is_counted_and_answered_invalid_argument(processor, cl
     before = undecodable()
     answer = client.grpc_bytes(TRACES, b"\xff\xff\xff\xff")
     assert answer.status == grpc.StatusCode.INVALID_ARGUMENT, answer
-    assert h.wait_until(lambda: undecodable() == before + 1, 10)
+    assert wait_until(lambda: undecodable() == before + 1, 10)
 
 
 def test_refusal_before_reading_the_body_keeps_the_connection_in_step(processor):
-    from fuzz_cases import Ledger
+    from tests.reliability.fuzz_cases import Ledger
 
     c = OtlpClient(processor.grpc, processor.http, Ledger())
     try:

@@ -9,9 +9,10 @@ right after the kill and at the end; replaying everything adds no rows.
 from __future__ import annotations
 
 import psutil
-from crash_scenario import GROUPS, RUN, acknowledged, finish, start_senders
+from tests.reliability.crash_scenario import GROUPS, RUN, acknowledged, finish, start_senders
 
-import reliability_helpers as h
+from tests.harness import ProcessorProcess, wait_until
+from tests.reliability import reliability_helpers as h
 
 
 def _kill_all(children) -> None:
@@ -24,19 +25,19 @@ def _kill_all(children) -> None:
 
 
 def test_kill_9_mid_ingest_loses_no_acknowledged_step_and_replay_adds_nothing(tmp_path):
-    proc = h.ProcessorProcess(tmp_path / "processor", extra_args=["--refresh-interval", "1"]).start()
+    proc = ProcessorProcess(tmp_path / "processor", extra_args=["--refresh-interval", "1"]).start()
     stop = tmp_path / "stop"
     logs = [tmp_path / f"acks-{i}.log" for i in range(len(GROUPS))]
     senders = start_senders(proc, tmp_path, stop)
     try:
-        assert h.wait_until(lambda: len(acknowledged(logs)) >= 600, 120), "senders made no progress"
+        assert wait_until(lambda: len(acknowledged(logs)) >= 600, 120), "senders made no progress"
         proc.kill9()  # mid-stream: requests are in flight
         before_restart = acknowledged(logs)  # nothing can be acknowledged by a dead processor
         assert before_restart <= h.stored_step_keys(proc.db, RUN)
         assert h.integrity_ok(proc.db)
 
         proc.start()  # same ports, same database
-        assert h.wait_until(lambda: len(acknowledged(logs)) >= len(before_restart) + 600, 120)
+        assert wait_until(lambda: len(acknowledged(logs)) >= len(before_restart) + 600, 120)
     finally:
         stop.touch()
         last_steps = finish(senders)
@@ -57,7 +58,7 @@ def test_kill_9_mid_ingest_loses_no_acknowledged_step_and_replay_adds_nothing(tm
 
 
 def test_kill_9_of_a_multi_worker_processor_leaves_no_orphan_workers(tmp_path):
-    proc = h.ProcessorProcess(tmp_path, extra_args=["--workers", "2"]).start()
+    proc = ProcessorProcess(tmp_path, extra_args=["--workers", "2"]).start()
     children = psutil.Process(proc.proc.pid).children(recursive=True)
     assert children
     proc.kill9()
@@ -65,27 +66,27 @@ def test_kill_9_of_a_multi_worker_processor_leaves_no_orphan_workers(tmp_path):
         def all_gone() -> bool:
             return not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children)
 
-        assert h.wait_until(all_gone, 20)
+        assert wait_until(all_gone, 20)
     finally:
         _kill_all(children)  # never leak them into the rest of the suite
 
 
 def test_kill_9_of_a_multi_worker_processor_loses_no_acknowledged_step(tmp_path):
     """Acknowledgement after commit holds when several ingest processes share the ports."""
-    proc = h.ProcessorProcess(tmp_path / "processor", extra_args=["--workers", "2"]).start()
+    proc = ProcessorProcess(tmp_path / "processor", extra_args=["--workers", "2"]).start()
     children = psutil.Process(proc.proc.pid).children(recursive=True)
     stop = tmp_path / "stop"
     logs = [tmp_path / f"acks-{i}.log" for i in range(len(GROUPS))]
     senders = start_senders(proc, tmp_path, stop)
     try:
-        assert h.wait_until(lambda: len(acknowledged(logs)) >= 400, 120), "senders made no progress"
+        assert wait_until(lambda: len(acknowledged(logs)) >= 400, 120), "senders made no progress"
         proc.kill9()
         _kill_all(children)  # the whole processor goes down, workers included (see the test above)
         psutil.wait_procs(children, timeout=10)
         before_restart = acknowledged(logs)
         assert before_restart <= h.stored_step_keys(proc.db, RUN)
         proc.start()
-        assert h.wait_until(lambda: len(acknowledged(logs)) >= len(before_restart) + 400, 120)
+        assert wait_until(lambda: len(acknowledged(logs)) >= len(before_restart) + 400, 120)
     finally:
         stop.touch()
         finish(senders)

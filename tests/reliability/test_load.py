@@ -2,11 +2,11 @@
 every step is stored, and the diagnosis names the one straggler rank.
 
 The bounds are generous "stays bounded" limits, not performance claims (the
-figures themselves come from benchmarks/bench_load.py).
+figures themselves come from checks/load.py).
 """
 from __future__ import annotations
 
-from load_scenario import run_load
+from tests.reliability.load_scenario import run_load
 
 RSS_BOUND_MIB = 500  # issue 5: under 500 MiB with 1,024 ranks
 LAG_BOUND_S = 30.0  # "did not fall behind without bound" on a shared 2-core machine

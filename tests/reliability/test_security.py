@@ -12,10 +12,11 @@ import subprocess
 from pathlib import Path
 
 import grpc
-from fuzz_cases import TRACES, OtlpClient, reasons_in
+from tests.reliability.fuzz_cases import TRACES, OtlpClient, reasons_in
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
-import reliability_helpers as h
+from tests.harness import ProcessorProcess, wait_until
+from tests.reliability import reliability_helpers as h
 from traceml.processor.cli import config_from_args
 from traceml.processor.service import ProcessorConfig
 from traceml.schema import vocabulary as v
@@ -69,7 +70,7 @@ def test_loopback_is_the_default():
 def test_bearer_token_and_tls_are_enforced_on_both_receivers(tmp_path):
     cert, key = _self_signed(tmp_path)
     (tmp_path / "token").write_text(TOKEN + "\n")
-    proc = h.ProcessorProcess(tmp_path / "p", extra_args=[
+    proc = ProcessorProcess(tmp_path / "p", extra_args=[
         "--auth-token-file", str(tmp_path / "token"), "--tls-cert", str(cert), "--tls-key", str(key)]).start()
     try:
         client_ctx = ssl.create_default_context(cafile=str(cert))
@@ -107,7 +108,7 @@ def test_bearer_token_and_tls_are_enforced_on_both_receivers(tmp_path):
 
 
 def test_bearer_token_alone_is_enforced_and_probes_stay_open(tmp_path):
-    proc = h.ProcessorProcess(tmp_path, env={"TRACEML_PROCESSOR_AUTH_TOKEN": TOKEN}).start()  # from the environment
+    proc = ProcessorProcess(tmp_path, env={"TRACEML_PROCESSOR_AUTH_TOKEN": TOKEN}).start()  # from the environment
     try:
         channel = grpc.insecure_channel(f"127.0.0.1:{proc.grpc}")
         bad = h.steps_request("tok-denied", 0, [1])
@@ -131,7 +132,7 @@ def test_bearer_token_alone_is_enforced_and_probes_stay_open(tmp_path):
 
 
 def test_caps_on_runs_ranks_and_attribute_sizes(tmp_path):
-    proc = h.ProcessorProcess(tmp_path, extra_args=["--max-runs", "2", "--max-ranks-per-run", "3"]).start()
+    proc = ProcessorProcess(tmp_path, extra_args=["--max-runs", "2", "--max-ranks-per-run", "3"]).start()
     client = OtlpClient(proc.grpc, proc.http)
     try:
         for run in ("cap-a", "cap-b"):
@@ -178,7 +179,7 @@ HOSTILE_RUN_IDS = (
 
 def test_hostile_run_ids_are_stored_verbatim_and_summaries_stay_inside_the_summary_dir(tmp_path):
     folder = tmp_path / "deep" / "processor"
-    proc = h.ProcessorProcess(folder, extra_args=["--refresh-interval", "0.3"]).start()
+    proc = ProcessorProcess(folder, extra_args=["--refresh-interval", "0.3"]).start()
     client = OtlpClient(proc.grpc, proc.http)
     try:
         for i, run in enumerate(HOSTILE_RUN_IDS):
@@ -191,7 +192,7 @@ def test_hostile_run_ids_are_stored_verbatim_and_summaries_stay_inside_the_summa
             answer = client.grpc(TRACES, request) if i % 2 else client.http(TRACES, request)
             assert answer.status in (grpc.StatusCode.OK, 200) and answer.rejected == 0, (run, answer)
         summaries = proc.summary_dir
-        assert h.wait_until(lambda: len(list(summaries.glob("*/final_summary.json"))) == len(HOSTILE_RUN_IDS), 120), \
+        assert wait_until(lambda: len(list(summaries.glob("*/final_summary.json"))) == len(HOSTILE_RUN_IDS), 120), \
             sorted(p.name for p in summaries.iterdir()) if summaries.exists() else "no summary dir"
     finally:
         client.close()

@@ -5,7 +5,7 @@ exporter) runs in a subprocess. In every case it must finish every step and
 exit cleanly, and whatever telemetry did not arrive must be counted: by the
 exporter's counters and, when a processor is there to receive the end marker, in
 the run's final summary. No timing is asserted (only "did not hang" bounds);
-step-time medians are printed, and compared in benchmarks/bench_faults.py.
+step-time medians are printed, and compared in checks/faults.py.
 """
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from fault_training import HANG_BOUND_S, finish, lost, progress_steps
-from fault_training import train as run_training
-from otlp_test_receiver import OtlpTestReceiver
+from tests.reliability.fault_training import HANG_BOUND_S, finish, lost, progress_steps
+from tests.reliability.fault_training import train as run_training
+from tests.harness.otlp_receiver import OtlpTestReceiver
 
-import reliability_helpers as h
+from tests.harness import ProcessorProcess, free_port, wait_until
+from tests.reliability import reliability_helpers as h
 
 
 def train(run_id: str, endpoint: str, protocol: str, *, steps: int, progress: Path | None = None,
@@ -30,7 +31,7 @@ def train(run_id: str, endpoint: str, protocol: str, *, steps: int, progress: Pa
 
 @pytest.mark.parametrize("protocol", ["grpc"])
 def test_dead_endpoint_training_completes_and_every_step_is_counted_lost(protocol):
-    endpoint = f"http://127.0.0.1:{h.free_port()}"  # nothing listens
+    endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens
     result = train("dead-endpoint", endpoint, protocol, steps=150)
     print(f"\n[dead/{protocol}] {result}")
     exporter = result["exporter"]
@@ -50,16 +51,16 @@ def test_stalling_endpoint_training_completes_and_losses_are_counted():
 
 
 def test_processor_restarted_mid_run_training_completes_and_the_summary_accounts_for_every_step(tmp_path):
-    proc = h.ProcessorProcess(tmp_path / "processor", extra_args=["--refresh-interval", "0.5"]).start()
+    proc = ProcessorProcess(tmp_path / "processor", extra_args=["--refresh-interval", "0.5"]).start()
     progress = tmp_path / "progress"
     steps = 600
     trainer = train("restart-run", f"http://127.0.0.1:{proc.grpc}", "grpc", steps=steps, progress=progress,
                     sleep_s=0.01, wait=False)
     try:
-        assert h.wait_until(lambda: progress_steps(progress) >= 100 or trainer.poll() is not None, HANG_BOUND_S)
+        assert wait_until(lambda: progress_steps(progress) >= 100 or trainer.poll() is not None, HANG_BOUND_S)
         proc.kill9()
         killed_at = progress_steps(progress)
-        assert h.wait_until(lambda: progress_steps(progress) >= killed_at + 50 or trainer.poll() is not None,
+        assert wait_until(lambda: progress_steps(progress) >= killed_at + 50 or trainer.poll() is not None,
                             HANG_BOUND_S)
         proc.start()  # same ports and database
         result = finish(trainer)
@@ -71,7 +72,7 @@ def test_processor_restarted_mid_run_training_completes_and_the_summary_accounts
     assert result["steps"] == steps
     # The end marker reached the restarted processor, which ended the run and wrote its summary.
     summary_file = proc.summary_dir / "restart-run" / "final_summary.json"
-    assert h.wait_until(summary_file.exists, 60), sorted(proc.summary_dir.rglob("*"))
+    assert wait_until(summary_file.exists, 60), sorted(proc.summary_dir.rglob("*"))
     assert proc.stop() == 0
     summary = json.loads(summary_file.read_text())
     telemetry = summary["telemetry"]

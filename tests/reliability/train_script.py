@@ -11,18 +11,14 @@ import dataclasses
 import json
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: tiny_training
 
 
 def main() -> None:
     import torch
 
     import traceml
-    from tiny_training import plain_step, traced_step
+    from tests.tiny_training import plain_step, traced_step
 
     steps = int(os.environ.get("FAULT_STEPS", "200"))
     pause = float(os.environ.get("FAULT_SLEEP_S", "0.01"))

@@ -12,7 +12,7 @@ from typing import Callable
 
 import pytest
 
-from scenarios import SCENARIO_SPECS, SCENARIOS, build_scenario  # noqa: F401  (re-exported)
+from tests.step_time.scenarios import SCENARIO_SPECS, SCENARIOS, build_scenario  # noqa: F401  (re-exported)
 
 
 @pytest.fixture(scope="session")

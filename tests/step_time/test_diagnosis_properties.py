@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import jsonschema
 
-from handbuilt_windows import rank_values, window
+from tests.step_time.handbuilt_windows import rank_values, window
 from traceml.processor.diagnosis import diagnose, issue_order_key
 from traceml.processor.presenters import format_live_line, issue_rows
 from traceml.processor.reporting import RunMetadata, project_final_summary, summary_metric_points

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from handbuilt_windows import rank_values, window
+from tests.step_time.handbuilt_windows import rank_values, window
 from traceml.processor.diagnosis import DEFAULT_POLICY, DiagnosisPolicy, diagnose, issue_order_key
 from traceml.processor.step_time.model import DiagnosisIssue
 from traceml.schema import diagnosis as d

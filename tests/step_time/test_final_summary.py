@@ -7,7 +7,7 @@ import math
 import jsonschema
 import pytest
 
-from handbuilt_windows import rank_values, window
+from tests.step_time.handbuilt_windows import rank_values, window
 from traceml.processor.diagnosis import diagnose
 from traceml.processor.reporting import (
     FINAL_SUMMARY_FILE,

@@ -6,7 +6,7 @@ import sys
 
 from rich.console import Console
 
-from handbuilt_windows import rank_values, window
+from tests.step_time.handbuilt_windows import rank_values, window
 from traceml.processor.diagnosis import diagnose
 from traceml.processor.presenters import format_live_line, issue_rows, render_live
 from traceml.processor.step_time.model import LiveStepTimeResult, StepTimeAnalysis

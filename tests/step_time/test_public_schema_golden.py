@@ -19,7 +19,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from scenarios import SCENARIOS
+from tests.step_time.scenarios import SCENARIOS
 from traceml.processor.reporting import RunMetadata, project_final_summary
 from traceml.processor.step_time.pipeline import PROFILE_SUMMARY, StepTimePipeline, StepTimeRequest
 from traceml.schema.summary import SCHEMA_VERSION, final_summary_json_schema_text

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from handbuilt_windows import rank_values, window
+from tests.step_time.handbuilt_windows import rank_values, window
 from traceml.processor.diagnosis import diagnose
 from traceml.processor.reporting import RankMemory, RankTelemetry, summary_metric_points
 from traceml.processor.reporting.summary_metrics import make_point

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from scenarios import SCENARIOS
+from tests.step_time.scenarios import SCENARIOS
 from traceml.processor.presenters import issue_rows, render_live
 from traceml.processor.reporting import RunMetadata, project_final_summary, summary_metric_points
 from traceml.processor.step_time.pipeline import (

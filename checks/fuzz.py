@@ -1,8 +1,8 @@
 """Bad-input fuzzing, long version: many generated OTLP requests against one real processor.
 
-    .venv/bin/python benchmarks/bench_fuzz.py                     # 100,000 requests (~8-10 min here)
-    .venv/bin/python benchmarks/bench_fuzz.py --requests 20000    # shorter
-    .venv/bin/python benchmarks/bench_fuzz.py --seed 7            # another stream
+    .venv/bin/python -m checks.fuzz                     # 100,000 requests (~8-10 min here)
+    .venv/bin/python -m checks.fuzz --requests 20000    # shorter
+    .venv/bin/python -m checks.fuzz --seed 7            # another stream
 
 The CI version is tests/reliability/test_bad_input_fuzz.py (hypothesis, ~10,000
 requests). This one draws the same request shapes from a seeded generator (the
@@ -26,17 +26,12 @@ import time
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "reliability"))
-sys.path.insert(0, str(ROOT / "tests"))
+import grpc
 
-import traceml_checkout  # noqa: E402,F401
-
-import grpc  # noqa: E402
-
-import fuzz_cases as fc  # noqa: E402
-import reliability_helpers as h  # noqa: E402
-from traceml.schema import vocabulary as v  # noqa: E402
+from tests.harness import ProcessorProcess
+from tests.reliability import fuzz_cases as fc
+from tests.reliability import reliability_helpers as h
+from traceml.schema import vocabulary as v
 
 
 def group(rng: random.Random) -> fc.GroupSpec:
@@ -128,8 +123,8 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args()
     rng = random.Random(args.seed)
-    folder = Path(tempfile.mkdtemp(prefix="bench-fuzz-"))
-    proc = h.ProcessorProcess(folder, extra_args=["--refresh-interval", "2", "--max-runs", "1000000"]).start()
+    folder = Path(tempfile.mkdtemp(prefix="check-fuzz-"))
+    proc = ProcessorProcess(folder, extra_args=["--refresh-interval", "2", "--max-runs", "1000000"]).start()
     client = fc.OtlpClient(proc.grpc, proc.http)
     mismatches: Counter = Counter()
     seconds: Counter = Counter()

@@ -1,8 +1,8 @@
 """1,024 simulated ranks at a realistic step rate against one processor for several minutes.
 
-    .venv/bin/python benchmarks/bench_load.py                          # 1,024 ranks, 1 step/s, 300 s
-    .venv/bin/python benchmarks/bench_load.py --duration 60            # shorter
-    .venv/bin/python benchmarks/bench_load.py --ranks 256 --steps-per-s 2 --duration 20   # the CI shape
+    .venv/bin/python -m checks.load                          # 1,024 ranks, 1 step/s, 300 s
+    .venv/bin/python -m checks.load --duration 60            # shorter
+    .venv/bin/python -m checks.load --ranks 256 --steps-per-s 2 --duration 20   # the CI shape
 
 The processor is the real CLI in its own process; sender processes simulate the
 ranks (each rank exports once per second the steps it finished, as the real
@@ -22,12 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "reliability"))
-
-import traceml_checkout  # noqa: E402,F401
-
-from load_scenario import run_load  # noqa: E402
+from tests.reliability.load_scenario import run_load
 
 
 def main() -> int:
@@ -38,7 +33,7 @@ def main() -> int:
     p.add_argument("--senders", type=int, default=4)
     p.add_argument("--straggler", type=int, default=137)
     args = p.parse_args()
-    folder = Path(tempfile.mkdtemp(prefix="bench-load-"))
+    folder = Path(tempfile.mkdtemp(prefix="check-load-"))
     result = run_load(folder, ranks=args.ranks, steps_per_s=args.steps_per_s, duration_s=args.duration,
                       straggler=args.straggler, senders=args.senders)
     lag = result.lag_samples

@@ -1,4 +1,8 @@
-"""Shared set-up for the processor tests: a real processor on free loopback ports, real SQLite."""
+"""The processor service in the test's own process, on free loopback ports, with a real SQLite file.
+
+Faster than `ProcessorProcess` and inspectable (its receivers, workers and store are
+attributes); a test that must kill or restart the processor uses the subprocess instead.
+"""
 from __future__ import annotations
 
 import sqlite3

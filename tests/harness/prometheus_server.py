@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -20,13 +19,9 @@ import urllib.request
 from pathlib import Path
 from typing import Callable, Sequence
 
+from tests.harness.ports import free_port
+
 PROMETHEUS_BIN = "prometheus"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def prometheus_available() -> bool:

@@ -1,7 +1,7 @@
 """Faults, long version: repeated kill -9 during ingest, and training step time under endpoint faults.
 
-    .venv/bin/python benchmarks/bench_faults.py                 # 10 kill cycles + 5 training scenarios (~4 min)
-    .venv/bin/python benchmarks/bench_faults.py --cycles 3 --repeats 1
+    .venv/bin/python -m checks.faults                 # 10 kill cycles + 5 training scenarios (~4 min)
+    .venv/bin/python -m checks.faults --cycles 3 --repeats 1
 
 1. Crash durability: three sender processes (gRPC, gRPC, HTTP; six ranks) stream
    step batches; the processor is killed with SIGKILL `--cycles` times mid-stream
@@ -10,7 +10,7 @@
    batch adds no rows. Reported: steps acknowledged, stored, lost (must be 0),
    replay rows added (must be 0).
 2. Training under faults: the tiny CPU training loop of tests/reliability
-   (`train_script.py`, real `traceml.init` + exporter) with no TraceML (baseline),
+   (`tests/reliability/train_script.py`, real `traceml.init` + exporter) with no TraceML (baseline),
    a healthy processor, a dead endpoint, a stalling endpoint, and the processor
    killed and restarted mid-run. Reported: median step time and its ratio to the
    baseline measured in the same run, steps completed, and the exporter's
@@ -25,23 +25,18 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "reliability"))
-sys.path.insert(0, str(ROOT / "tests"))
-
-import traceml_checkout  # noqa: E402,F401
-
-import reliability_helpers as h  # noqa: E402
-from crash_scenario import GROUPS, RUN, acknowledged, finish, start_senders  # noqa: E402
-from fault_training import finish as finish_training  # noqa: E402
-from fault_training import lost as lost_spans  # noqa: E402
-from fault_training import progress_steps  # noqa: E402
-from fault_training import train as run_training  # noqa: E402
+from tests.harness import ProcessorProcess, free_port, wait_until
+from tests.reliability import reliability_helpers as h
+from tests.reliability.crash_scenario import GROUPS, RUN, acknowledged, finish, start_senders
+from tests.reliability.fault_training import finish as finish_training
+from tests.reliability.fault_training import lost as lost_spans
+from tests.reliability.fault_training import progress_steps
+from tests.reliability.fault_training import train as run_training
 
 
 def crash_cycles(cycles: int) -> bool:
-    folder = Path(tempfile.mkdtemp(prefix="bench-crash-"))
-    proc = h.ProcessorProcess(folder / "processor", extra_args=["--refresh-interval", "1"]).start()
+    folder = Path(tempfile.mkdtemp(prefix="check-crash-"))
+    proc = ProcessorProcess(folder / "processor", extra_args=["--refresh-interval", "1"]).start()
     stop = folder / "stop"
     logs = [folder / f"acks-{i}.log" for i in range(len(GROUPS))]
     senders = start_senders(proc, folder, stop)
@@ -49,7 +44,7 @@ def crash_cycles(cycles: int) -> bool:
     try:
         for cycle in range(cycles):
             target = len(acknowledged(logs)) + 500
-            if not h.wait_until(lambda: len(acknowledged(logs)) >= target, 120):
+            if not wait_until(lambda: len(acknowledged(logs)) >= target, 120):
                 print(f"  cycle {cycle}: senders made no progress")
                 return False
             proc.kill9()
@@ -59,7 +54,7 @@ def crash_cycles(cycles: int) -> bool:
             print(f"  kill {cycle + 1}: {len(acked)} steps acknowledged so far, {len(missing)} missing after kill -9")
             proc.start()
         target = len(acknowledged(logs)) + 500
-        h.wait_until(lambda: len(acknowledged(logs)) >= target, 120)
+        wait_until(lambda: len(acknowledged(logs)) >= target, 120)
     finally:
         stop.touch()
         last_steps = finish(senders)
@@ -82,9 +77,9 @@ def train(env_extra: dict, steps: int, progress: Path | None = None, wait: bool 
 
 
 def training_faults(steps: int, repeats: int) -> bool:
-    from otlp_test_receiver import OtlpTestReceiver
+    from tests.harness.otlp_receiver import OtlpTestReceiver
 
-    folder = Path(tempfile.mkdtemp(prefix="bench-train-faults-"))
+    folder = Path(tempfile.mkdtemp(prefix="check-train-faults-"))
     results: dict[str, list[dict]] = {}
 
     def record(name, result):
@@ -93,24 +88,24 @@ def training_faults(steps: int, repeats: int) -> bool:
     ok = True
     for r in range(repeats):
         record("no TraceML (baseline)", train({"FAULT_TRACED": "0"}, steps))
-        proc = h.ProcessorProcess(folder / f"healthy-{r}").start()
+        proc = ProcessorProcess(folder / f"healthy-{r}").start()
         record("healthy processor", train({"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{proc.grpc}",
                                            "TRACEML_RUN_ID": f"healthy-{r}"}, steps))
         proc.stop()
-        record("dead endpoint", train({"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{h.free_port()}",
+        record("dead endpoint", train({"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}",
                                        "TRACEML_RUN_ID": f"dead-{r}"}, steps))
         with OtlpTestReceiver(mode="stall", stall_s=120.0) as receiver:
             record("stalling endpoint", train({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.grpc_endpoint,
                                                "TRACEML_RUN_ID": f"stall-{r}"}, steps))
             receiver.release_stalls()
-        proc = h.ProcessorProcess(folder / f"restart-{r}").start()
+        proc = ProcessorProcess(folder / f"restart-{r}").start()
         progress = folder / f"progress-{r}"
         trainer = train({"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{proc.grpc}",
                          "TRACEML_RUN_ID": f"restart-{r}"}, steps, progress, wait=False)
 
-        h.wait_until(lambda: progress_steps(progress) >= steps // 4 or trainer.poll() is not None, 120)
+        wait_until(lambda: progress_steps(progress) >= steps // 4 or trainer.poll() is not None, 120)
         proc.kill9()
-        h.wait_until(lambda: progress_steps(progress) >= steps // 2 or trainer.poll() is not None, 120)
+        wait_until(lambda: progress_steps(progress) >= steps // 2 or trainer.poll() is not None, 120)
         proc.start()
         result = finish_training(trainer, timeout_s=600, check=False)
         time.sleep(1.0)

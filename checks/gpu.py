@@ -19,7 +19,7 @@ real background samplers, delivered to a sink):
 - GPU step overhead: wall time of a small CUDA training loop with and without
   automatic instrumentation (alternating blocks).
 
-    python benchmarks/gpu_check.py        (works from a checkout without installing)
+    python -m checks.gpu        (from the repository root; works from a copy of the tree without installing)
 """
 from __future__ import annotations
 
@@ -28,9 +28,7 @@ import statistics
 import sys
 import time
 
-
-import traceml_checkout  # noqa: E402,F401  (imports the checkout when not installed)
-
+from benchmarks import traceml_checkout  # noqa: F401  (imports the checkout when not installed)
 import traceml  # noqa: E402
 from traceml.schema.vocabulary import (  # noqa: E402
     RAW_BACKWARD,

@@ -22,7 +22,7 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from traceml.identity import RunIdentity
+from .identity import RunIdentity
 from traceml.records import ResolvedStepTime, StepMemorySnapshot
 from traceml.schema import vocabulary as v
 

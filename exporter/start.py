@@ -56,7 +56,7 @@ def start_from_settings(
         settings = resolve_settings(endpoint, protocol, phase_spans=phase_spans, environ=env,
                                     **settings_overrides)
         if identity is None:
-            from traceml.identity import resolve_identity
+            from .identity import resolve_identity
             identity = resolve_identity(run_id=run_id, strategy=strategy, environ=env)
         exporter = OtlpStepExporter(identity, settings)
         _log.info("traceml: exporting run %s rank %d to %s over %s", identity.run_id, identity.rank,

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from traceml.identity import RunIdentity
+from .identity import RunIdentity
 from traceml.records import ResolvedStepTime, StepMemorySnapshot
 from traceml.schema import vocabulary as v
 

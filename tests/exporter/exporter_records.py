@@ -1,7 +1,7 @@
 """Record builders shared by the exporter tests (plain module: `conftest` names collide across folders)."""
 from __future__ import annotations
 
-from traceml.identity import RunIdentity
+from traceml.exporter.identity import RunIdentity
 from traceml.records import EventTotals, PhaseInterval, ResolvedStepTime, StepMemorySnapshot
 from traceml.schema import vocabulary as v
 

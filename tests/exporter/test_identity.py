@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from traceml.identity import (
+from traceml.exporter.identity import (
     SOURCE_ARGUMENT,
     SOURCE_GENERATED,
     SOURCE_LAUNCHER,
@@ -95,7 +95,7 @@ def test_ranks_agree_through_the_rendezvous_store_and_the_next_job_differs():
     assert ids[0] != ids[1]
 
 
-_CHILD = "from traceml.identity import resolve_identity; print(resolve_identity(use_store=False).run_id)"
+_CHILD = "from traceml.exporter.identity import resolve_identity; print(resolve_identity(use_store=False).run_id)"
 _PARENT = textwrap.dedent("""
     import os, subprocess, sys
     outs = []

@@ -37,7 +37,7 @@ from typing import Mapping
 from traceml.schema import environment as env_names
 from traceml.schema import vocabulary as v
 
-_log = logging.getLogger("traceml.identity")
+_log = logging.getLogger("traceml.exporter.identity")
 
 RUN_ID_STORE_KEY = "traceml/run_id"
 STORE_TIMEOUT_S = 5.0

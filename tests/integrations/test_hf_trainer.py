@@ -30,6 +30,8 @@ from transformers import Trainer  # noqa: E402
 import traceml  # noqa: E402
 from traceml import step_events  # noqa: E402
 from traceml.integrations import huggingface as hf  # noqa: E402
+from traceml.integrations.huggingface import guard, installation  # noqa: E402
+from traceml.integrations.patching import is_wrapper  # noqa: E402
 from traceml.schema.vocabulary import RAW_H2D, RAW_STEP_TIME  # noqa: E402
 
 try:  # the folder may or may not be a package
@@ -385,8 +387,8 @@ def test_two_installs_and_a_hand_added_callback_count_each_group_once(traced, tm
     assert hf.init() is True
     assert hf.init() is True
     wrapped = Trainer.get_batch_samples
-    assert getattr(wrapped, "__traceml_hf_wrapped__", False)
-    assert not getattr(wrapped.__wrapped__, "__traceml_hf_wrapped__", False)
+    assert is_wrapper(wrapped)
+    assert not is_wrapper(wrapped.__wrapped__)
     by_hand = hf.TraceMLTrainerCallback()
     trainer, log, _ = h.make_trainer(str(tmp_path), train_dataset=h.MapDataset(10),
                                      callbacks=[by_hand, hf.TraceMLTrainerCallback()])
@@ -433,12 +435,12 @@ def test_each_observed_transfer_records_h2d_and_a_matching_traced_segment(traced
 
     trainer, _, _ = h.make_trainer(str(tmp_path), train_dataset=h.MapDataset(3))
     loader = DataLoaderShard(h.MapDataset(3), device=torch.device("meta"), batch_size=1)
-    attempt = hf._begin_attempt(trainer)
+    attempt = guard.begin_attempt(trainer)
     try:
         batches, _ = trainer.get_batch_samples(iter(loader), 3, torch.device("meta"))
         events = list(step_events.current_capture().events)
     finally:
-        hf._end_attempt(attempt, None)
+        guard.end_attempt(attempt, None)
     assert [b["x"].device.type for b in batches] == ["meta"] * 3
     h2d = [e for e in events if e[0] == RAW_H2D]
     segments = [e for e in events if e[0] == RAW_STEP_TIME]
@@ -499,11 +501,11 @@ def test_traceml_run_attaches_without_importing_transformers_early(tmp_path):
 
 
 def test_version_gate_reads_release_and_pre_release_versions():
-    assert hf._version_tuple("4.46.1") >= hf.MIN_TRANSFORMERS
-    assert hf._version_tuple("5.24.0") >= hf.MIN_TRANSFORMERS
-    assert hf._version_tuple("4.46.0") < hf.MIN_TRANSFORMERS
-    assert hf._version_tuple("4.47.0rc1") == (4, 47, 0)
-    assert hf._version_tuple("4.46.1.dev0") == (4, 46, 1)
+    assert installation.version_tuple("4.46.1") >= hf.MIN_TRANSFORMERS
+    assert installation.version_tuple("5.24.0") >= hf.MIN_TRANSFORMERS
+    assert installation.version_tuple("4.46.0") < hf.MIN_TRANSFORMERS
+    assert installation.version_tuple("4.47.0rc1") == (4, 47, 0)
+    assert installation.version_tuple("4.46.1.dev0") == (4, 46, 1)
 
 
 # --- CUDA (runs only where a GPU exists; CPU runs transfer nothing) ----------------

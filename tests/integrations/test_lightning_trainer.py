@@ -23,6 +23,7 @@ pytest.importorskip("pytorch_lightning")
 
 import traceml  # noqa: E402
 from traceml.integrations import lightning as tl  # noqa: E402
+from traceml.integrations.lightning import accumulation, reporting  # noqa: E402
 from traceml.schema.environment import TRACEML_DISABLE  # noqa: E402
 from traceml.schema.vocabulary import (  # noqa: E402
     RAW_BACKWARD,
@@ -293,8 +294,8 @@ def test_ten_batches_accumulating_four_publish_groups_of_four_four_two(traced, n
 
 
 def test_fallback_rule_when_should_accumulate_is_missing(traced, monkeypatch):
-    monkeypatch.setattr(tl, "_SHOULD_ACCUMULATE", "_no_such_method")
-    monkeypatch.setattr(tl, "_warned", set())
+    monkeypatch.setattr(accumulation, "_SHOULD_ACCUMULATE", "_no_such_method")
+    monkeypatch.setattr(reporting.warn_once, "seen", set())
     model = modules("lightning.pytorch")["Regression"]()
     t = trainer(accumulate_grad_batches=4)
     with warnings.catch_warnings(record=True) as caught:
@@ -512,7 +513,7 @@ def test_a_failing_telemetry_call_never_breaks_training(traced, monkeypatch, bro
         monkeypatch.setattr(torch.nn.Module, "register_forward_hook", no_forward_hooks)
     else:
         monkeypatch.setattr(timing, "timed_region", region)
-    monkeypatch.setattr(tl, "_warned", set())
+    monkeypatch.setattr(reporting.warn_once, "seen", set())
     model = modules("lightning.pytorch")["Regression"]()
     t = trainer(accumulate_grad_batches=2)
     with warnings.catch_warnings(record=True) as caught:

@@ -44,11 +44,11 @@ def find_database(path: str | Path) -> Path:
 
 def list_runs(db_path: Path) -> list[StoredRun]:
     """Runs in the database, most recently active last."""
-    from traceml.processor.storage import open_connection
+    from traceml.processor.sqlite_layout import connect_readonly
 
     try:
-        conn = open_connection(db_path, readonly=True)
-    except sqlite3.Error as exc:
+        conn = connect_readonly(db_path)
+    except (sqlite3.Error, OSError) as exc:
         raise RunLookupError(f"cannot open {db_path}: {exc}") from exc
     try:
         rows = conn.execute(

@@ -1,10 +1,15 @@
 """OTLP export requests -> typed TraceML ingest records, with every refusal counted.
 
 The decoder is the processor's only reader of wire names (all from
-`traceml.schema.vocabulary`). It never raises on content: a bad span or data
-point is rejected with a reason and the rest of the request is kept; telemetry
-that is not TraceML's is ignored and counted. The receivers turn the counts into
-OTLP partial-success answers and self-metrics.
+`traceml.schema.vocabulary`) and its only judge of values: what it hands on is
+valid (run id, rank, step and timestamps; every duration None or a finite
+float in [0, `DecodeLimits.max_event_ms`], one day by default; every count None
+or an int in [0, `max_event_count`]; every memory peak None or an int in
+[0, `max_memory_bytes`]), so nothing after it checks again. A
+span or data point with any other value is rejected whole, with its reason; the
+rest of the request is kept. It never raises on content; telemetry that is not
+TraceML's is ignored and counted. The receivers turn the counts into OTLP
+partial-success answers and self-metrics.
 """
 from __future__ import annotations
 
@@ -16,8 +21,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-from google.protobuf import json_format
-
 from traceml.processor.step_time.model import (
     RankIdentity,
     RawEventValue,
@@ -25,6 +28,10 @@ from traceml.processor.step_time.model import (
     StepTimeIngestRecord,
 )
 from traceml.schema import vocabulary as v
+
+MAX_EVENT_MS = 86_400_000.0
+"""One day, per summed event and step: a longer phase is a broken clock, not a measurement.
+The read side applies the same cap to rows some other tool wrote into the store."""
 
 # Reasons (stable strings: they appear in partial-success messages and self-metrics).
 MISSING_RUN_ID = "missing_run_id"
@@ -57,7 +64,7 @@ class DecodeLimits:
     max_run_id_chars: int = 256
     max_attributes: int = 512  # per span / data point
     max_step: int = 2**53
-    max_event_ms: float = 86_400_000.0  # one day per summed event and step
+    max_event_ms: float = MAX_EVENT_MS
     max_event_count: int = 10_000_000
     max_memory_bytes: int = 2**50  # 1 PiB
 
@@ -642,6 +649,8 @@ def parse_otlp_json(body: bytes, message):
     """Fill protobuf `message` from an OTLP/JSON body (unknown fields ignored). Raises ValueError."""
     # Parsing, the id rewrite and ParseDict all recurse; a hostile nesting depth
     # raises RecursionError in any of them, which is a bad body like any other.
+    from google.protobuf import json_format  # here: the read side imports this module's cap
+
     try:
         document = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -662,4 +671,6 @@ def parse_otlp_json(body: bytes, message):
 
 def otlp_json_response(response) -> bytes:
     """A partial-success response as OTLP/JSON (lowerCamelCase, defaults omitted)."""
+    from google.protobuf import json_format
+
     return json_format.MessageToJson(response, indent=None).encode()

@@ -36,7 +36,7 @@ class IngestOutcome:
 
     accepted: int
     duplicates: int
-    rejected: dict[str, int]  # decode + store reasons -> items refused
+    rejected: dict[str, int]  # decode's reasons -> items refused
 
 
 @dataclass
@@ -214,27 +214,18 @@ class IngestQueue:
             if counts:
                 self._store.record_drops(run_id, rank, counts)
         self.commits += 1
-        store_rejected = Counter(result.rejected)
-        self._stats.add_reasons(dict(store_rejected))
-        # The store reports one merged result; split it over the tickets in order.
+        # The store reports one merged result; split its duplicates over the tickets in
+        # order. It refuses nothing: every record passed the decoder.
         duplicates_left = result.duplicates
         for t in tickets:
             written = len(t.batch.step_records) + len(t.batch.memory_records)
-            refused: Counter = Counter(t.batch.rejected)
-            for reason in list(store_rejected):
-                take = min(store_rejected[reason], written)
-                if take:
-                    refused[reason] += take
-                    store_rejected[reason] -= take
-                    written -= take
             dup = min(duplicates_left, written)
             duplicates_left -= dup
             accepted = written - dup + len(t.batch.run_ends) + len(t.batch.drops)
-            t.outcome = IngestOutcome(accepted, dup, dict(refused))
+            t.outcome = IngestOutcome(accepted, dup, dict(t.batch.rejected))
             signal = t.batch.signal
             self._stats.add("accepted", signal, accepted)
             self._stats.add("duplicate", signal, dup)
-            self._stats.add("rejected", signal, sum(refused.values()) - t.batch.rejected_count)
         if self._on_committed is not None:
             try:
                 self._on_committed([t.batch for t in tickets])

@@ -20,6 +20,7 @@ from typing import AbstractSet, Callable, Protocol, Sequence
 from traceml.processor.decode import DecodedBatch
 from traceml.processor.summary_export import Point
 from traceml.processor.security import summary_folder
+from traceml.processor.sqlite_layout import connect_readonly
 from traceml.schema import vocabulary as v
 
 LOG = logging.getLogger(__name__)
@@ -143,7 +144,7 @@ class RunMonitor:
                 self._runs.setdefault(run_id, RunState(run_id, now, now))
         if not self.db_path.exists():
             return
-        conn = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True, timeout=5.0)
+        conn = connect_readonly(self.db_path)
         try:
             for run_id, last_receive, _, latest_row in conn.execute(
                     "SELECT run_id, last_receive_time, last_sample_time, latest_row_id FROM step_time_runs"):
@@ -252,7 +253,7 @@ class RunMonitor:
         """Runs whose stored activity changed since the last poll count as active (workers' commits)."""
         if not self.db_path.exists():
             return
-        conn = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True, timeout=5.0)
+        conn = connect_readonly(self.db_path)
         try:
             changed = []
             for run_id, last_receive, last_sample, latest_row in conn.execute(

@@ -64,7 +64,7 @@ class StepTimeBackend:
 
 class ProcessorService:
     def __init__(self, config: ProcessorConfig, backend=None):
-        from traceml.processor.storage import StepTimeStore
+        from traceml.processor.sqlite_writer import StepTimeStore
 
         config.tls.validate()
         if config.workers < 1:
@@ -106,11 +106,11 @@ class ProcessorService:
         """
         import time
 
-        import sqlite3
+        from traceml.processor.sqlite_layout import connect_readonly
 
         now = time.time()
         recent = []
-        conn = sqlite3.connect(f"file:{self.config.db}?mode=ro", uri=True, timeout=5.0)
+        conn = connect_readonly(self.config.db)
         try:
             for run_id, last_receive in conn.execute("SELECT run_id, last_receive_time FROM step_time_runs"):
                 if now - last_receive >= self.config.idle_timeout_s:

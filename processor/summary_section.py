@@ -14,12 +14,9 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from traceml.schema import vocabulary as v
 from traceml.processor.reporting.inputs import RankMemory, RankTelemetry, RunMetadata, RunTelemetry
-
-
-def _connect(db_path: Path) -> sqlite3.Connection:
-    return sqlite3.connect(f"file:{Path(db_path)}?mode=ro", uri=True, timeout=5.0)
+from traceml.processor.sqlite_layout import connect_readonly
+from traceml.schema import vocabulary as v
 
 
 def read_rank_memory(conn: sqlite3.Connection, run_id: str, *, latest: bool) -> list[RankMemory]:
@@ -86,7 +83,7 @@ def read_run_facts(db_path: Path, run_id: str, *, latest_memory: bool,
     """Both readers in one short read-only connection; empty lists before the tables exist."""
     if not Path(db_path).exists():
         return [], []
-    conn = _connect(db_path)
+    conn = connect_readonly(db_path)
     try:
         return (read_rank_memory(conn, run_id, latest=latest_memory),
                 read_rank_telemetry(conn, run_id, count_stored=count_stored))

@@ -82,7 +82,7 @@ def _worker_main(config, grpc_addr, http_addr, shared_counts, ready, stop, index
     from traceml.processor.ingest import IngestQueue, ProcessorStats
     from traceml.processor.receiver_grpc import GrpcReceiver
     from traceml.processor.receiver_http import HttpReceiver
-    from traceml.processor.storage import StepTimeStore
+    from traceml.processor.sqlite_writer import StepTimeStore
 
     store = StepTimeStore(config.db)
     stats = ProcessorStats(shared=shared_counts)

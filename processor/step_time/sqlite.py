@@ -16,8 +16,11 @@ writer stores beside the typed columns, one `numpy.frombuffer` per selection):
 
 Decoding: a row whose `packed` BLOB is missing or malformed is skipped
 (`unreadable_values`); a negative (`negative_value`), infinite (`non_finite_value`)
-or absurd (`absurd_value`) value written by some other tool is dropped to missing.
-Counts land in `snapshot.rejected`. Runs never mix: every statement filters on run id.
+or absurd (`absurd_value`, over the decoder's one-day cap) value is dropped to
+missing. Our writer stores only values the decoder accepted, so these checks are
+for rows some other tool wrote into the file. Counts land in `snapshot.rejected`.
+Runs never mix: every statement filters on run id. The table layout and the
+`packed` format are `sqlite_layout`'s; connections are its `connect_readonly`.
 """
 from __future__ import annotations
 
@@ -38,23 +41,22 @@ from traceml.processor.step_time.model import (
     StepTimeSourceCursor,
     StepTimeSourceGrid,
 )
-from traceml.processor.storage import (
-    ABSURD_MS,
+from traceml.processor.decode import ABSURD, MAX_EVENT_MS, NEGATIVE, NON_FINITE
+from traceml.processor.sqlite_layout import (
     PACKED_FIELDS,
     PACKED_METRICS,
     PACKED_RANK,
     PACKED_SAMPLE_TIME,
     PACKED_STEP,
     PACKED_VALUES,
+    connect_readonly,
 )
 from traceml.schema.vocabulary import STRATEGY_DDP, STRATEGY_SINGLE
 
 LOG = logging.getLogger(__name__)
 
 REASON_UNREADABLE = "unreadable_values"
-REASON_NEGATIVE = "negative_value"
-REASON_NON_FINITE = "non_finite_value"
-REASON_ABSURD = "absurd_value"
+REASON_NEGATIVE, REASON_NON_FINITE, REASON_ABSURD = NEGATIVE, NON_FINITE, ABSURD  # decode's names
 
 _ROW_COLUMNS = "id, packed"  # rank and step travel inside `packed`: two objects per row
 _N_VALUES = PACKED_VALUES
@@ -98,14 +100,8 @@ class RunHeader:
 
 
 def connect_reader(path: str | Path) -> sqlite3.Connection:
-    """A short-lived reader connection; never creates the database file."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"no Step Time database at {path}")
-    conn = sqlite3.connect(str(path), timeout=5.0, isolation_level=None, check_same_thread=False)
-    conn.execute("PRAGMA busy_timeout = 5000")
-    conn.execute("PRAGMA query_only = 1")
-    return conn
+    """A short-lived reader connection (the one seam tests wrap to trace statements)."""
+    return connect_readonly(path)
 
 
 def read_header(conn: sqlite3.Connection, run_id: str) -> RunHeader:
@@ -164,7 +160,7 @@ def decode_rows(rows: list[tuple], rejected: Counter) -> DecodedRows:
     with np.errstate(invalid="ignore"):
         negative = values < 0
         infinite = np.isinf(values)
-        absurd = (values > ABSURD_MS) & ~infinite
+        absurd = (values > MAX_EVENT_MS) & ~infinite
     bad = negative | infinite | absurd
     if bad.any():
         for reason, mask in ((REASON_NEGATIVE, negative & ~infinite),

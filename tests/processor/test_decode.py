@@ -53,7 +53,9 @@ def test_resource_identity_from_env_style_strings_and_aliases():
     ({v.event_attribute(v.RAW_FORWARD, "cpu_ms"): "30"}, "wrong_attribute_type"),
     ({v.event_attribute(v.RAW_FORWARD, "count"): 1.5}, "wrong_attribute_type"),
     ({v.event_attribute(v.RAW_FORWARD, "count"): -1}, "negative_value"),
+    ({v.event_attribute(v.RAW_FORWARD, "cpu_ms"): -0.001}, "negative_value"),  # timer noise too
     ({v.event_attribute(v.RAW_FORWARD, "gpu_ms"): 2e8}, "absurd_value"),
+    ({v.event_attribute(v.RAW_FORWARD, "cpu_ms"): 86_400_000.5}, "absurd_value"),  # over one day
     ({v.ATTR_STEP: 2**60}, "absurd_value"),
     ({v.ATTR_STEP: True}, "wrong_attribute_type"),
     ({v.ATTR_RANK: 1.0}, "wrong_attribute_type"),

@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections import Counter
 
 import pytest
 from otlp_payloads import step_span, trace_request
 
+from tests.harness.stored_rows import stored_run
 from traceml.processor.decode import Decoder
+from traceml.processor.normalise import normalise_step_record
+from traceml.processor.sqlite_layout import SAMPLE_COLUMNS
+from traceml.processor.sqlite_writer import StepTimeStore
 from traceml.processor.step_time.model import RankIdentity, RawEventValue, StepTimeIngestRecord
-from traceml.processor.storage import SAMPLE_COLUMNS, StepTimeStore, normalise_step_record
 from traceml.schema import vocabulary as v
 
 CPU = v.event_attribute(v.RAW_FORWARD, v.EVENT_FIELD_CPU_MS)
@@ -73,21 +75,21 @@ def _record(step=1, events=None, strategy="ddp", identity=None):
 @pytest.mark.parametrize("events", [
     None,
     {v.RAW_FORWARD: RawEventValue(1e-7, 123456.789, 7)},
-    {v.RAW_FORWARD: RawEventValue(5, None, 1)},                  # int ms: json.dumps path
-    {v.RAW_FORWARD: RawEventValue(1.0, None, None)},
+    {v.RAW_FORWARD: RawEventValue(1.0, None, None)},             # no count attribute
+    {v.RAW_FORWARD: RawEventValue(None, 2.5, 1)},                # GPU clock only
     {"_traceml_internal:mystery": RawEventValue(1.0, None, 1), v.RAW_H2D: RawEventValue(2.0, None, 1)},
 ])
 def test_audit_json_is_what_json_dumps_writes(events):
     record = _record(events=events)
-    row = normalise_step_record(record, 0.0, Counter())
+    row, _ = normalise_step_record(record, 0.0)
     expected = json.dumps({k: [e.cpu_ms, e.gpu_ms, e.count] for k, e in record.events.items()},
                           sort_keys=True, separators=(",", ":"))
     assert row[SAMPLE_COLUMNS.index("payload")] == expected
 
 
 def test_digest_sees_every_sender_field_and_ignores_receive_time():
-    base = normalise_step_record(_record(), 1.0, Counter())[-1]
-    assert normalise_step_record(_record(), 2.0, Counter())[-1] == base
+    base = normalise_step_record(_record(), 1.0)[0][-1]
+    assert normalise_step_record(_record(), 2.0)[0][-1] == base
     variants = [
         _record(strategy="fsdp"),
         _record(identity=RankIdentity(0, 1, 0, 2, 2, "h")),
@@ -96,7 +98,7 @@ def test_digest_sees_every_sender_field_and_ignores_receive_time():
         StepTimeIngestRecord("run-f", RankIdentity(0, 0, 0, 2, 2, "h"), 1, 999.0, 1001.5,
                              _record().events, "ddp"),
     ]
-    digests = {normalise_step_record(r, 1.0, Counter())[-1] for r in variants}
+    digests = {normalise_step_record(r, 1.0)[0][-1] for r in variants}
     assert len(digests) == len(variants) and base not in digests
 
 
@@ -110,7 +112,7 @@ def test_mixed_batch_of_new_identical_and_changed_rows(tmp_path):
         assert (mixed.accepted, mixed.duplicates, mixed.replaced) == (2, 2, 1)
         again = store.write([_record(step=1), changed, _record(step=4)])
         assert (again.accepted, again.duplicates, again.replaced) == (0, 3, 0)
-        latest = store.run_record("run-f").latest_row_id
+    latest = stored_run(db, "run-f").latest_row_id
     conn = sqlite3.connect(db)
     rows = dict(conn.execute("SELECT step, forward_cpu_ms FROM step_time_samples").fetchall())
     ids = dict(conn.execute("SELECT step, id FROM step_time_samples").fetchall())

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from traceml.processor.sqlite_writer import StepTimeStore
 from traceml.processor.step_time.analysis import WINDOW_METRICS, analyze_snapshot
 from traceml.processor.step_time.model import (
     ClockPair,
@@ -23,7 +24,6 @@ from traceml.processor.step_time.model import (
     StepTimeSourceRow,
 )
 from traceml.processor.step_time.sqlite import load_summary_snapshot
-from traceml.processor.storage import StepTimeStore
 from traceml.schema.vocabulary import (
     CANONICAL_METRICS,
     OCCURRENCE_METRICS,

@@ -174,14 +174,15 @@ def test_forward_missing_everywhere_has_zero_coverage(scenario_db):
 
 
 def test_several_runs_in_one_database_never_mix(tmp_path):
-    from traceml.processor.storage import StepTimeStore
     from scenarios import scenario_records
+    from tests.harness.stored_rows import stored_run_ids
+    from traceml.processor.sqlite_writer import StepTimeStore
 
     db = tmp_path / "all.db"
     with StepTimeStore(db) as store:
         for name in SCENARIOS:
             store.write(scenario_records(name))
-        assert store.runs() == list(SCENARIOS)
+    assert stored_run_ids(db) == list(SCENARIOS)
     for name in ("complete_gpu", "ddp_rank_straggler", "single_rank_cpu"):
         alone = tmp_path / f"{name}.db"
         with StepTimeStore(alone) as store:

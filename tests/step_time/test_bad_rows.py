@@ -1,8 +1,10 @@
 """Bad input never crashes a refresh: each case follows its documented rule with a counted reason.
 
-Rules (processor/storage.py and step_time/sqlite.py docstrings):
-- unknown raw event names: kept in the audit payload only, counted `unknown_event`;
-- NaN/inf/negative durations at write: dropped to missing (tiny negatives floored), counted;
+Rules (processor/normalise.py, sqlite_writer.py and step_time/sqlite.py docstrings):
+- unknown raw event names: kept in the audit payload only, counted as unknown events;
+- NaN/inf/negative/over-a-day durations never reach the writer: the decoder rejects
+  their span whole (tests/processor/test_decode.py), so the rules below are for rows
+  some other tool wrote;
 - a row written by some other tool with an unparsable payload: the payload is never
   parsed on the read path, so the row's typed values are used;
 - a row whose packed values are missing or malformed: skipped, counted `unreadable_values`;
@@ -14,21 +16,16 @@ from __future__ import annotations
 import math
 import sqlite3
 import struct
-from collections import Counter
 
 import pytest
+from tests.harness.stored_rows import insert_foreign_row, pack_values
 
 from traceml.processor.step_time.model import RankIdentity, RawEventValue, StepTimeIngestRecord
 from traceml.processor.step_time.pipeline import LiveStepTimeSession, StepTimePipeline, StepTimeRequest
 from traceml.processor.step_time.sqlite import load_summary_snapshot
-from traceml.processor.storage import (
-    PACKED_FIELDS,
-    SAMPLE_COLUMNS,
-    StepTimeStore,
-    metric_columns,
-    normalise_step_record,
-    pack_values,
-)
+from traceml.processor.normalise import normalise_step_record
+from traceml.processor.sqlite_layout import PACKED_FIELDS, SAMPLE_COLUMNS, metric_columns
+from traceml.processor.sqlite_writer import StepTimeStore
 from traceml.schema import vocabulary as v
 from traceml.schema.vocabulary import CANONICAL_METRICS
 
@@ -57,16 +54,12 @@ def db(tmp_path):
 
 def _insert_foreign(path, rank, step, *, payload=None, packed=b"keep"):
     """Insert a row the way a foreign or broken writer might, bypassing StepTimeStore."""
-    row = list(normalise_step_record(_record(rank, step), 0.0, Counter()))
+    row = list(normalise_step_record(_record(rank, step), 0.0)[0])
     if payload is not None:
         row[SAMPLE_COLUMNS.index("payload")] = payload
     if packed != b"keep":
         row[SAMPLE_COLUMNS.index("packed")] = packed
-    conn = sqlite3.connect(path)
-    with conn:
-        conn.execute(f"INSERT INTO step_time_samples ({','.join(SAMPLE_COLUMNS)})"
-                     f" VALUES ({','.join('?' * len(SAMPLE_COLUMNS))})", row)
-    conn.close()
+    insert_foreign_row(path, tuple(row))
 
 
 def _live(path):
@@ -78,29 +71,10 @@ def test_unknown_event_names_are_kept_for_audit_and_ignored_by_analysis(db):
     with StepTimeStore(db) as store:
         result = store.write([_record(r, 11, **{"_traceml_internal:new_thing": RawEventValue(9.0, None, 1)})
                               for r in (0, 1)])
-    assert result.accepted == 2 and result.value_issues == {"unknown_event": 2}
+    assert result.accepted == 2 and result.unknown_events == 2
     _, live = _live(db)
     assert live.freshness == "live" and live.analysis.window.steps[-1] == 11
     assert live.analysis.window.rank_facts[0].average.traced_step_time == 95.0
-
-
-def test_nan_and_negative_durations_are_dropped_and_counted_at_write(db):
-    with StepTimeStore(db) as store:
-        result = store.write([
-            _record(0, 11, **{v.RAW_FORWARD: RawEventValue(math.nan, None, 1)}),
-            _record(1, 11, **{v.RAW_FORWARD: RawEventValue(-4.0, None, 1)}),
-            _record(0, 12, **{v.RAW_H2D: RawEventValue(math.inf, None, 1)}),
-            _record(1, 12),
-        ])
-    assert result.accepted == 4
-    assert result.value_issues == {"non_finite_value": 2, "negative_value": 1}
-    _, live = _live(db)
-    window = live.analysis.window
-    assert live.freshness == "live" and window.steps[-1] == 12
-    # forward missing on one aligned step of each rank -> unavailable, not averaged over fewer steps
-    assert window.rank_facts[0].average.forward is None
-    assert window.rank_facts[1].average.forward is None
-    assert window.rank_facts[1].average.h2d == 5.0
 
 
 def test_unparsable_payload_is_never_parsed_on_the_read_path(db):
@@ -125,17 +99,19 @@ def test_rows_with_unreadable_values_are_skipped_and_counted(db, packed):
     assert snapshot.rejected == {"unreadable_values": 1}
 
 
-def test_negative_and_infinite_stored_values_are_dropped_on_read(db):
+def test_negative_infinite_and_over_a_day_stored_values_are_dropped_on_read(db):
     columns = {metric_columns(m)[0]: 30.0 for m in CANONICAL_METRICS}
     columns["forward_cpu_ms"] = -3.0
     columns["h2d_cpu_ms"] = math.inf
+    columns["backward_cpu_ms"] = 86_400_001.0
     _insert_foreign(db, 0, 11, packed=pack_values(columns, 11.5, 0, 11))
     _insert_foreign(db, 1, 11)
     snapshot = load_summary_snapshot(db, RUN)
-    assert snapshot.rejected == {"negative_value": 1, "non_finite_value": 1}
+    assert snapshot.rejected == {"negative_value": 1, "non_finite_value": 1, "absurd_value": 1}
     analysis = StepTimePipeline().run(StepTimeRequest(db, RUN, profile="summary"))
     assert analysis.window.steps[-1] == 11
     assert analysis.window.rank_facts[0].average.forward is None
+    assert analysis.window.rank_facts[0].average.backward is None
     assert analysis.window.rank_facts[0].average.h2d == pytest.approx(5.0 * 10 / 11)  # absent -> 0
 
 

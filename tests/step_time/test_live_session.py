@@ -8,9 +8,9 @@ import time
 
 from scenarios import build_scenario, scenario_records
 from traceml.processor.diagnosis import diagnose
+from traceml.processor.sqlite_writer import StepTimeStore
 from traceml.processor.step_time.model import RankIdentity, RawEventValue, StepTimeIngestRecord
 from traceml.processor.step_time.pipeline import LiveStepTimeSession, StepTimePipeline, StepTimeRequest
-from traceml.processor.storage import StepTimeStore
 from traceml.schema import vocabulary as v
 
 

@@ -1,0 +1,171 @@
+"""The Step Time database as it lies on disk: what the write side and the read side share.
+
+The writer (`sqlite_writer`, fed row tuples by `normalise`) creates these tables
+and fills the `packed` BLOB; every reader (`step_time/sqlite.py` for the
+analysis, the small fact readers in `runs`, `service`, `summary_section` and the
+launcher's `stored_runs`) opens the file through `connect_readonly` and decodes
+`packed` with the constants below. Neither side imports the other.
+
+This module runs no query, creates nothing and judges no value: creating the
+schema is the writer's, what a value may be is `decode.py`'s.
+"""
+from __future__ import annotations
+
+import sqlite3
+import struct
+from pathlib import Path
+from urllib.parse import quote
+
+from traceml.schema.vocabulary import CANONICAL_METRICS
+
+SCHEMA_USER_VERSION = 1
+"""`PRAGMA user_version` of a database laid out as below."""
+
+BUSY_TIMEOUT_S = 5.0
+"""How long any connection, reader or writer, waits on another's lock before SQLITE_BUSY."""
+
+
+def metric_columns(metric: str) -> tuple[str, str, str]:
+    """Canonical metric -> its (cpu ms, gpu ms, count) column names."""
+    return f"{metric}_cpu_ms", f"{metric}_gpu_ms", f"{metric}_count"
+
+
+METRIC_VALUE_COLUMNS: tuple[str, ...] = tuple(
+    column for metric in CANONICAL_METRICS for column in metric_columns(metric)
+)
+"""Typed value columns of `step_time_samples`, three per canonical metric (cpu, gpu, count)."""
+
+PACKED_METRICS: tuple[str, ...] = CANONICAL_METRICS
+"""Order of the metrics inside `packed`."""
+PACKED_VALUES = 2 * len(PACKED_METRICS)
+PACKED_SAMPLE_TIME, PACKED_RANK, PACKED_STEP = PACKED_VALUES, PACKED_VALUES + 1, PACKED_VALUES + 2
+PACKED_FIELDS = PACKED_VALUES + 3
+PACKED_FORMAT = struct.Struct(f"<{PACKED_FIELDS}d")
+"""`packed` = little-endian float64 [m0 cpu, m0 gpu, m1 cpu, ..., sample_time, global_rank,
+step]; NaN = missing.
+
+The same values as the typed columns (plus the row's rank and step, exact in
+float64), in one BLOB: the analysis read path turns a whole selection into one
+numpy array with a single `frombuffer`, instead of building one Python object per
+value. Only the writer fills it; a reader must still expect a row some other tool
+wrote (missing, short or out-of-range `packed`).
+"""
+
+SAMPLE_COLUMNS: tuple[str, ...] = (
+    "run_id", "global_rank", "local_rank", "node_rank", "world_size", "local_world_size",
+    "hostname", "step", "start_time", "sample_time", "receive_time", "training_strategy",
+    *METRIC_VALUE_COLUMNS, "payload", "packed", "digest",
+)
+"""Column order of one `step_time_samples` row tuple (`id` is SQLite's)."""
+
+MEMORY_COLUMNS: tuple[str, ...] = (
+    "run_id", "global_rank", "step", "device", "peak_allocated_bytes", "peak_reserved_bytes",
+    "sample_time", "receive_time",
+)
+"""Column order of one `step_memory_samples` row tuple."""
+
+_METRIC_DDL = ",\n    ".join(
+    f"{c} {'INTEGER' if c.endswith('_count') else 'REAL'}" for c in METRIC_VALUE_COLUMNS
+)
+
+DDL = f"""
+CREATE TABLE IF NOT EXISTS step_time_samples (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id TEXT NOT NULL,
+    global_rank INTEGER NOT NULL,
+    local_rank INTEGER,
+    node_rank INTEGER,
+    world_size INTEGER,
+    local_world_size INTEGER,
+    hostname TEXT,
+    step INTEGER NOT NULL,
+    start_time REAL,
+    sample_time REAL,
+    receive_time REAL NOT NULL,
+    training_strategy TEXT,
+    {_METRIC_DDL},
+    payload TEXT NOT NULL,
+    packed BLOB,
+    digest TEXT NOT NULL,
+    UNIQUE (run_id, global_rank, step)
+);
+-- Live tail: latest steps of a run (range on step) and rows newer than a cursor (rowid).
+CREATE INDEX IF NOT EXISTS step_time_samples_run_step ON step_time_samples (run_id, step);
+CREATE INDEX IF NOT EXISTS step_time_samples_run ON step_time_samples (run_id);
+
+CREATE TABLE IF NOT EXISTS step_memory_samples (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id TEXT NOT NULL,
+    global_rank INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    device TEXT NOT NULL,
+    peak_allocated_bytes INTEGER,
+    peak_reserved_bytes INTEGER,
+    sample_time REAL,
+    receive_time REAL NOT NULL,
+    UNIQUE (run_id, global_rank, step, device)
+);
+
+-- One row per run: strategy, rank-universe version (bumped when a rank appears or its
+-- identity changes) and the stored cursor (latest row id, latest step).
+CREATE TABLE IF NOT EXISTS step_time_runs (
+    run_id TEXT PRIMARY KEY,
+    training_strategy TEXT,
+    ranks_version INTEGER NOT NULL DEFAULT 0,
+    latest_row_id INTEGER NOT NULL DEFAULT 0,
+    latest_step INTEGER,
+    first_receive_time REAL NOT NULL,
+    last_receive_time REAL NOT NULL,
+    last_sample_time REAL
+);
+
+-- The persisted rank universe of a run, with identity and end-of-run facts.
+CREATE TABLE IF NOT EXISTS step_time_ranks (
+    run_id TEXT NOT NULL,
+    global_rank INTEGER NOT NULL,
+    local_rank INTEGER,
+    node_rank INTEGER,
+    world_size INTEGER,
+    local_world_size INTEGER,
+    hostname TEXT,
+    first_receive_time REAL NOT NULL,
+    finished_time REAL,
+    final_counts TEXT,
+    PRIMARY KEY (run_id, global_rank)
+);
+
+-- Telemetry a rank reported dropped (cumulative per queue; the largest report is kept).
+CREATE TABLE IF NOT EXISTS step_time_drops (
+    run_id TEXT NOT NULL,
+    global_rank INTEGER NOT NULL,
+    queue TEXT NOT NULL,
+    dropped INTEGER NOT NULL,
+    PRIMARY KEY (run_id, global_rank, queue)
+);
+"""
+
+
+def connect_readonly(path: str | Path) -> sqlite3.Connection:
+    """Every reader's connection to a Step Time database.
+
+    Opened `mode=ro`, so a reader never creates, migrates or locks the file for
+    writing: pointing one at a live processor's database is safe. Autocommit
+    (no implicit transactions): a reader that needs one consistent view across
+    statements says `BEGIN` / `COMMIT` itself. Not tied to the opening thread;
+    callers use it from one thread at a time and close it soon.
+
+    Raises `FileNotFoundError` when nothing is at `path` (SQLite would say only
+    "unable to open database file"), `sqlite3.Error` for anything else.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no Step Time database at {path}")
+    return sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S,
+                           isolation_level=None, check_same_thread=False)
+
+
+__all__ = [
+    "BUSY_TIMEOUT_S", "DDL", "MEMORY_COLUMNS", "METRIC_VALUE_COLUMNS", "PACKED_FIELDS",
+    "PACKED_FORMAT", "PACKED_METRICS", "PACKED_RANK", "PACKED_SAMPLE_TIME", "PACKED_STEP",
+    "PACKED_VALUES", "SAMPLE_COLUMNS", "SCHEMA_USER_VERSION", "connect_readonly", "metric_columns",
+]

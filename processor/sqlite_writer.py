@@ -1,0 +1,310 @@
+"""The write side of the Step Time store: the processor's one SQLite writer.
+
+Receivers hand decoded batches to the ingest queue, whose writer thread calls
+`StepTimeStore.write`; every `write` commits before it returns (acknowledge
+after commit). Rows come from `normalise` (this module decides only what is
+stored again and what replaces what):
+
+- Re-sent identical (run, rank, step) rows add nothing (`duplicates`); a
+  different row for the same key replaces the stored one (latest wins) and gets
+  a new, higher row id so live readers that tail by id see the change.
+- Raw event names this version does not know stay in `payload` only
+  (`unknown_events`, logged once).
+- Per run, the cursor (latest row id and step) and the rank universe, whose
+  version moves when a rank appears or its identity changes; end-of-run markers
+  and reported drops.
+
+It validates nothing: every record has passed `decode.py`, the processor's one
+judge of values (it rejects a span whole, with a counted reason, rather than
+let a bad value reach here), and the receivers are the only way in. The tables
+and the packed row format are `sqlite_layout`'s; reading is the read side's.
+
+One writer connection behind a lock (WAL, so readers never wait for it).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+from traceml.processor.normalise import normalise_memory_record, normalise_step_record
+from traceml.processor.sqlite_layout import (
+    BUSY_TIMEOUT_S,
+    DDL,
+    MEMORY_COLUMNS,
+    SAMPLE_COLUMNS,
+    SCHEMA_USER_VERSION,
+)
+from traceml.processor.step_time.model import StepMemoryIngestRecord, StepTimeIngestRecord
+
+LOG = logging.getLogger(__name__)
+
+_INSERT_SAMPLE = (
+    f"INSERT OR IGNORE INTO step_time_samples ({','.join(SAMPLE_COLUMNS)})"
+    f" VALUES ({','.join('?' * len(SAMPLE_COLUMNS))})"
+)
+_INSERT_MEMORY = (
+    f"INSERT OR IGNORE INTO step_memory_samples ({', '.join(MEMORY_COLUMNS)})"
+    f" VALUES ({', '.join('?' * len(MEMORY_COLUMNS))})"
+)
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """What one `write` call did: rows stored (`accepted`, of which `replaced` took the
+    place of a different stored row), identical resends (`duplicates`), and raw event
+    names kept in the audit payload only (`unknown_events`)."""
+
+    accepted: int
+    duplicates: int
+    replaced: int = 0
+    unknown_events: int = 0
+
+
+def ensure_schema(conn: sqlite3.Connection) -> None:
+    """Create tables and indexes (idempotent) and switch the file to WAL."""
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.executescript(DDL)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_USER_VERSION}")
+    conn.commit()
+
+
+class StepTimeStore:
+    """The processor's single SQLite writer (WAL). Thread-safe: one connection, one lock."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S, check_same_thread=False)
+        # WAL + synchronous=NORMAL: a commit is durable against a killed process (the WAL
+        # holds it); only an OS crash or power loss may lose the last commits. See
+        # docs/processor.md. A modest page cache (16 MiB, default 2 MiB) keeps more of the
+        # rank-spread unique index in memory; fewer automatic checkpoints mean fewer
+        # fsyncs in the commit path.
+        self._conn.execute("PRAGMA synchronous = NORMAL")
+        self._conn.execute("PRAGMA cache_size = -16384")  # KiB
+        self._conn.execute("PRAGMA wal_autocheckpoint = 4000")  # pages
+        ensure_schema(self._conn)
+        self._unknown_logged = False
+        self._closed = False
+
+    # --- writing ---------------------------------------------------------------------
+
+    def write(
+        self,
+        step_records: Iterable[StepTimeIngestRecord] = (),
+        memory_records: Iterable[StepMemoryIngestRecord] = (),
+        *,
+        receive_time: float | None = None,
+    ) -> WriteResult:
+        """Normalise, deduplicate and commit decoded records of both kinds; returns after commit."""
+        now = time.time() if receive_time is None else receive_time
+
+        step_rows: dict[tuple[str, int, int], tuple] = {}
+        duplicates = 0
+        superseded = 0  # a different row for the same key later in this batch (latest wins)
+        unknown_events = 0
+        for record in step_records:
+            row, unknown = normalise_step_record(record, now)
+            unknown_events += unknown
+            key = (row[0], row[1], row[7])
+            previous = step_rows.get(key)
+            if previous is not None:
+                if previous[-1] == row[-1]:
+                    duplicates += 1
+                else:
+                    superseded += 1
+            step_rows[key] = row
+
+        memory_rows: dict[tuple[str, int, int, str], tuple] = {}
+        for record in memory_records:
+            row = normalise_memory_record(record, now)
+            key = (row[0], row[1], row[2], row[3])
+            previous = memory_rows.get(key)
+            if previous is not None:
+                if previous[:7] == row[:7]:
+                    duplicates += 1
+                else:
+                    superseded += 1
+            memory_rows[key] = row
+
+        accepted = superseded
+        replaced = superseded
+        with self._lock:
+            self._check_open()
+            conn = self._conn
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                if step_rows:
+                    rows = list(step_rows.values())
+                    # Insert first: when every key is new (the common case) nothing else
+                    # runs. Otherwise drop the stored rows whose digest differs (latest
+                    # wins, and the re-insert gets a new, higher id) and insert again;
+                    # what is still ignored then was an identical resend.
+                    before = conn.total_changes
+                    conn.executemany(_INSERT_SAMPLE, rows)
+                    inserted = conn.total_changes - before
+                    if inserted != len(rows):
+                        before = conn.total_changes
+                        conn.executemany(
+                            "DELETE FROM step_time_samples"
+                            " WHERE run_id = ? AND global_rank = ? AND step = ? AND digest != ?",
+                            [(r[0], r[1], r[7], r[-1]) for r in rows],
+                        )
+                        deleted = conn.total_changes - before
+                        if deleted:
+                            replaced += deleted
+                            before = conn.total_changes
+                            conn.executemany(_INSERT_SAMPLE, rows)
+                            inserted += conn.total_changes - before
+                    accepted += inserted
+                    duplicates += len(rows) - inserted
+                    self._update_runs_and_ranks(conn, rows, now)
+                if memory_rows:
+                    rows = list(memory_rows.values())
+                    conn.executemany(
+                        "DELETE FROM step_memory_samples WHERE run_id = ? AND global_rank = ?"
+                        " AND step = ? AND device = ? AND (peak_allocated_bytes IS NOT ?"
+                        " OR peak_reserved_bytes IS NOT ? OR sample_time IS NOT ?)",
+                        [(r[0], r[1], r[2], r[3], r[4], r[5], r[6]) for r in rows],
+                    )
+                    before = conn.total_changes
+                    conn.executemany(_INSERT_MEMORY, rows)
+                    inserted = conn.total_changes - before
+                    accepted += inserted
+                    duplicates += len(rows) - inserted
+                conn.commit()
+            except BaseException:
+                conn.rollback()
+                raise
+        if unknown_events:
+            self._log_unknown_events(unknown_events)
+        return WriteResult(accepted=accepted, duplicates=duplicates, replaced=replaced,
+                           unknown_events=unknown_events)
+
+    @staticmethod
+    def _update_runs_and_ranks(conn: sqlite3.Connection, rows: Sequence[tuple], now: float) -> None:
+        per_run: dict[str, list] = {}
+        ranks: dict[tuple[str, int], tuple] = {}
+        for r in rows:
+            entry = per_run.setdefault(r[0], [None, None, None])  # strategy, max step, max sample
+            if r[11] is not None:
+                entry[0] = r[11]
+            entry[1] = r[7] if entry[1] is None else max(entry[1], r[7])
+            if r[9] is not None:
+                entry[2] = r[9] if entry[2] is None else max(entry[2], r[9])
+            ranks[(r[0], r[1])] = r[:7]
+        for run_id, (strategy, max_step, max_sample) in per_run.items():
+            conn.execute(
+                "INSERT INTO step_time_runs (run_id, training_strategy, latest_row_id, latest_step,"
+                " first_receive_time, last_receive_time, last_sample_time)"
+                " VALUES (?, ?, 0, ?, ?, ?, ?)"
+                " ON CONFLICT (run_id) DO UPDATE SET"
+                " training_strategy = coalesce(excluded.training_strategy, training_strategy),"
+                " latest_step = max(coalesce(latest_step, excluded.latest_step), excluded.latest_step),"
+                " last_receive_time = excluded.last_receive_time,"
+                " last_sample_time = max(coalesce(last_sample_time, excluded.last_sample_time),"
+                "                        coalesce(excluded.last_sample_time, last_sample_time))",
+                (run_id, strategy, max_step, now, now, max_sample),
+            )
+            conn.execute(
+                "UPDATE step_time_runs SET latest_row_id ="
+                " (SELECT coalesce(max(id), 0) FROM step_time_samples WHERE run_id = ?)"
+                " WHERE run_id = ?",
+                (run_id, run_id),
+            )
+        before = conn.total_changes
+        conn.executemany(
+            "INSERT INTO step_time_ranks (run_id, global_rank, local_rank, node_rank, world_size,"
+            " local_world_size, hostname, first_receive_time) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (run_id, global_rank) DO UPDATE SET"
+            " local_rank = coalesce(excluded.local_rank, local_rank),"
+            " node_rank = coalesce(excluded.node_rank, node_rank),"
+            " world_size = coalesce(excluded.world_size, world_size),"
+            " local_world_size = coalesce(excluded.local_world_size, local_world_size),"
+            " hostname = coalesce(excluded.hostname, hostname)"
+            " WHERE (excluded.local_rank IS NOT NULL AND excluded.local_rank IS NOT local_rank)"
+            " OR (excluded.node_rank IS NOT NULL AND excluded.node_rank IS NOT node_rank)"
+            " OR (excluded.world_size IS NOT NULL AND excluded.world_size IS NOT world_size)"
+            " OR (excluded.local_world_size IS NOT NULL"
+            "     AND excluded.local_world_size IS NOT local_world_size)"
+            " OR (excluded.hostname IS NOT NULL AND excluded.hostname IS NOT hostname)",
+            [(*identity, now) for identity in ranks.values()],
+        )
+        if conn.total_changes != before:
+            changed_runs = {run_id for run_id, _ in ranks}
+            conn.executemany(
+                "UPDATE step_time_runs SET ranks_version = ranks_version + 1 WHERE run_id = ?",
+                [(run_id,) for run_id in changed_runs])
+
+    def mark_rank_finished(self, run_id: str, rank: int, final_counts: Mapping[str, int]) -> None:
+        """Record a rank's clean end (the `traceml.run.end` marker) with its final counts."""
+        now = time.time()
+        with self._lock:
+            self._check_open()
+            with self._conn:
+                self._conn.execute(
+                    "INSERT INTO step_time_runs (run_id, first_receive_time, last_receive_time)"
+                    " VALUES (?, ?, ?) ON CONFLICT (run_id) DO UPDATE SET"
+                    " last_receive_time = excluded.last_receive_time",
+                    (run_id, now, now),
+                )
+                cur = self._conn.execute(
+                    "INSERT OR IGNORE INTO step_time_ranks (run_id, global_rank, first_receive_time)"
+                    " VALUES (?, ?, ?)", (run_id, rank, now))
+                if cur.rowcount:  # a rank the universe did not hold yet
+                    self._conn.execute(
+                        "UPDATE step_time_runs SET ranks_version = ranks_version + 1"
+                        " WHERE run_id = ?", (run_id,))
+                self._conn.execute(
+                    "UPDATE step_time_ranks SET finished_time = ?, final_counts = ?"
+                    " WHERE run_id = ? AND global_rank = ?",
+                    (now, json.dumps(dict(final_counts), sort_keys=True), run_id, rank),
+                )
+
+    def record_drops(self, run_id: str, rank: int, counts: Mapping[str, int]) -> None:
+        """Store a rank's cumulative dropped-telemetry counters (largest report per queue wins)."""
+        rows = [(run_id, rank, queue, n) for queue, n in counts.items()]
+        if not rows:
+            return
+        with self._lock:
+            self._check_open()
+            with self._conn:
+                self._conn.executemany(
+                    "INSERT INTO step_time_drops (run_id, global_rank, queue, dropped)"
+                    " VALUES (?, ?, ?, ?) ON CONFLICT (run_id, global_rank, queue) DO UPDATE SET"
+                    " dropped = max(dropped, excluded.dropped)",
+                    rows,
+                )
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._conn.close()
+
+    def __enter__(self) -> "StepTimeStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("StepTimeStore is closed")
+
+    def _log_unknown_events(self, count: int) -> None:
+        level = logging.DEBUG if self._unknown_logged else logging.WARNING
+        self._unknown_logged = True
+        LOG.log(level, "step time store: %d raw event value(s) of names this version does not know,"
+                       " kept in the audit payload only (logged once)", count)
+
+
+__all__ = ["StepTimeStore", "WriteResult", "ensure_schema"]

@@ -1,0 +1,97 @@
+"""What a test reads back from, or plants in, a Step Time database.
+
+The processor itself never needs these reads (its readers are `runs`, `service`,
+`summary_section` and `step_time/sqlite.py`), so they live here rather than on
+the writer. Reads go through the processor's own `connect_readonly`, so they are
+safe beside a live processor. `insert_foreign_row` plays a writer that is not
+ours, for the read side's defences.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from traceml.processor.sqlite_layout import (
+    PACKED_FORMAT,
+    PACKED_METRICS,
+    SAMPLE_COLUMNS,
+    connect_readonly,
+    metric_columns,
+)
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    """One `step_time_runs` row: strategy and cursor."""
+
+    run_id: str
+    training_strategy: str | None
+    latest_row_id: int
+    latest_step: int | None
+    last_receive_time: float
+    last_sample_time: float | None
+
+
+def _query(db: Path, sql: str, args: tuple = ()) -> list[tuple]:
+    conn = connect_readonly(db)
+    try:
+        return conn.execute(sql, args).fetchall()
+    finally:
+        conn.close()
+
+
+def stored_run_ids(db: Path) -> list[str]:
+    """Run ids in the store, oldest first."""
+    return [r[0] for r in _query(db, "SELECT run_id FROM step_time_runs ORDER BY first_receive_time, run_id")]
+
+
+def stored_run(db: Path, run_id: str) -> StoredRun | None:
+    rows = _query(db, "SELECT run_id, training_strategy, latest_row_id, latest_step, last_receive_time,"
+                      " last_sample_time FROM step_time_runs WHERE run_id = ?", (run_id,))
+    return StoredRun(*rows[0]) if rows else None
+
+
+def finished_ranks(db: Path, run_id: str) -> dict[int, dict[str, int]]:
+    """Ranks that sent their end-of-run marker -> their final counts."""
+    rows = _query(db, "SELECT global_rank, final_counts FROM step_time_ranks"
+                      " WHERE run_id = ? AND finished_time IS NOT NULL", (run_id,))
+    return {rank: json.loads(counts or "{}") for rank, counts in rows}
+
+
+def reported_drops(db: Path, run_id: str) -> dict[int, dict[str, int]]:
+    """rank -> queue -> dropped records reported."""
+    out: dict[int, dict[str, int]] = {}
+    for rank, queue, dropped in _query(
+            db, "SELECT global_rank, queue, dropped FROM step_time_drops WHERE run_id = ?", (run_id,)):
+        out.setdefault(rank, {})[queue] = dropped
+    return out
+
+
+def pack_values(values: Mapping[str, float | None], sample_time: float | None, rank: int,
+                step: int) -> bytes:
+    """Column name -> value, into the `packed` BLOB layout (NaN for missing), as any writer could."""
+    flat = []
+    for metric in PACKED_METRICS:
+        cpu_col, gpu_col, _ = metric_columns(metric)
+        for col in (cpu_col, gpu_col):
+            value = values.get(col)
+            flat.append(math.nan if value is None else float(value))
+    flat.append(math.nan if sample_time is None else float(sample_time))
+    return PACKED_FORMAT.pack(*flat, rank, step)
+
+
+def insert_foreign_row(db: Path, row: tuple) -> None:
+    """Insert one `step_time_samples` row (in `SAMPLE_COLUMNS` order) bypassing the writer."""
+    conn = sqlite3.connect(db)
+    with conn:
+        conn.execute(f"INSERT INTO step_time_samples ({','.join(SAMPLE_COLUMNS)})"
+                     f" VALUES ({','.join('?' * len(SAMPLE_COLUMNS))})", row)
+    conn.close()
+
+
+__all__ = ["StoredRun", "finished_ranks", "insert_foreign_row", "pack_values", "reported_drops",
+           "stored_run", "stored_run_ids"]

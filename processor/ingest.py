@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Callable
@@ -233,13 +232,3 @@ class IngestQueue:
                 LOG.exception("post-commit hook failed")
         for t in tickets:
             t.done.set()
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.02) -> bool:
-    """Poll `predicate` (used by shutdown paths and tests)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval_s)
-    return predicate()

@@ -37,7 +37,6 @@ import numpy as np
 from traceml.processor.step_time.model import (
     CLOCK_CPU,
     CLOCK_GPU,
-    LIVE_WINDOW_STEPS,
     RankIdentity,
     StepTimeMetric,
     StepTimeRankFacts,
@@ -180,18 +179,6 @@ def _finite_or_nan(value: float | None) -> float:
         return np.nan
     value = float(value)
     return value if np.isfinite(value) and value >= 0 else np.nan
-
-
-class StepTimeAnalyzer:
-    """Snapshot -> window for one profile (the live and summary profiles differ only in size)."""
-
-    def __init__(self, max_steps: int = LIVE_WINDOW_STEPS):
-        if max_steps < 1:
-            raise ValueError("max_steps must be >= 1")
-        self.max_steps = max_steps
-
-    def analyze(self, snapshot: StepTimeRepositorySnapshot) -> StepTimeWindow:
-        return analyze_snapshot(snapshot, self.max_steps)
 
 
 def analyze_snapshot(snapshot: StepTimeRepositorySnapshot, max_steps: int) -> StepTimeWindow:
@@ -383,6 +370,6 @@ def empty_window(run_id: str, universe: Sequence[int] = (),
 
 
 __all__ = [
-    "StepTimeAnalyzer", "WINDOW_METRICS",
+    "WINDOW_METRICS",
     "analyze_snapshot", "empty_window", "grid_from_rows", "representative_index",
 ]

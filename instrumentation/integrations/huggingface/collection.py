@@ -4,8 +4,8 @@
 Inside a guarded attempt its iterator is wrapped so that each `next()` enables
 DataLoader timing and Accelerate's batch placement timing, then restores the outer
 (disabled) policy. `skip_first_batches` is watched for Accelerate's lazy resume
-skip, whose group is then left out whole. The three seams go in together or not at
-all (`install`); the guard asks `is_installed()` and `bypassed()` per attempt.
+skip, whose group is then left out whole. `install` puts the seams in together;
+the guard asks `bypassed()` once per attempt.
 """
 from __future__ import annotations
 
@@ -20,13 +20,9 @@ from ..patching import is_wrapper, patch_once
 from .attempt import active_attempt, close_step, discard_pending
 from .reporting import CustomCollectionWarning, warn_once
 
-_local = threading.local()
+_local = threading.local()  # .placing: > 0 while a measured next() runs on this thread
 _installed = False
-
-
-def is_installed() -> bool:
-    """True once the collection seams are in place (transformers new enough)."""
-    return _installed
+"""True once `install` ran (transformers new enough); until then every attempt is bypassed."""
 
 
 def bypassed(trainer: Any) -> bool:

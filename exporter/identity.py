@@ -4,11 +4,9 @@ Resolved once per process from arguments and the launcher's environment
 (torchrun, SLURM). Importing this module never imports torch; torch is touched
 only to agree on a generated run id across ranks (see `_agreed_run_id`).
 
-Run id precedence (ARCHITECTURE.md section 4):
-1. an explicit argument, else `TRACEML_RUN_ID`;
-2. `TORCHELASTIC_RUN_ID`, unless it is the literal `none` (plain `torchrun`
-   without `--rdzv-id` sets exactly that);
-3. `SLURM_JOB_ID`;
+Run id: the declared sources in the order `traceml.schema.run_id` gives (an
+explicit argument or `TRACEML_RUN_ID`, then `TORCHELASTIC_RUN_ID` unless `none`,
+then `SLURM_JOB_ID`: the launcher follows the same order), else
 4. a generated id that every rank of the job agrees on:
    a. through the job's rendezvous store (the initialised default process
       group's store, or torchrun's agent TCPStore at MASTER_ADDR:MASTER_PORT):
@@ -28,27 +26,32 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import secrets
 import socket
-import time
 from dataclasses import dataclass
 from typing import Mapping
 
 from traceml.schema import environment as env_names
 from traceml.schema import vocabulary as v
+from traceml.schema.run_id import (
+    SOURCE_ARGUMENT,
+    SOURCE_GENERATED,
+    SOURCE_RENDEZVOUS,
+    SOURCE_SLURM,
+    SOURCE_TRACEML_ENV,
+    declared_run_id,
+    fresh_run_id,
+)
 
 _log = logging.getLogger("traceml.exporter.identity")
 
 RUN_ID_STORE_KEY = "traceml/run_id"
 STORE_TIMEOUT_S = 5.0
 
-SOURCE_ARGUMENT = "argument"
-SOURCE_TRACEML_ENV = "TRACEML_RUN_ID"
-SOURCE_TORCHELASTIC = "TORCHELASTIC_RUN_ID"
-SOURCE_SLURM = "SLURM_JOB_ID"
+SOURCE_TORCHELASTIC = SOURCE_RENDEZVOUS  # in a rank the rendezvous id is TORCHELASTIC_RUN_ID
 SOURCE_STORE = "rendezvous_store"
 SOURCE_LAUNCHER = "launcher_process"
-SOURCE_GENERATED = "generated"
+__all__ = ["RunIdentity", "resolve_identity", "fresh_run_id", "SOURCE_ARGUMENT", "SOURCE_TRACEML_ENV",
+           "SOURCE_TORCHELASTIC", "SOURCE_SLURM", "SOURCE_STORE", "SOURCE_LAUNCHER", "SOURCE_GENERATED"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,14 +153,9 @@ def _resolve_strategy(strategy: str | None, env: Mapping[str, str], world_size: 
 
 def _resolve_run_id(explicit: str | None, env: Mapping[str, str], world_size: int,
                     local_world_size: int, use_store: bool) -> tuple[str, str]:
-    if explicit is not None and explicit.strip():
-        return explicit.strip(), SOURCE_ARGUMENT
-    for name, source in ((env_names.TRACEML_RUN_ID, SOURCE_TRACEML_ENV),
-                         (env_names.TORCHELASTIC_RUN_ID, SOURCE_TORCHELASTIC),
-                         (env_names.SLURM_JOB_ID, SOURCE_SLURM)):
-        value = (env.get(name) or "").strip()
-        if value and not (name == env_names.TORCHELASTIC_RUN_ID and value.lower() == "none"):
-            return value, source
+    declared = declared_run_id(explicit, env.get(env_names.TORCHELASTIC_RUN_ID), env)
+    if declared is not None:
+        return declared
     if world_size <= 1:
         return fresh_run_id(), SOURCE_GENERATED
     if use_store:
@@ -170,11 +168,6 @@ def _resolve_run_id(explicit: str | None, env: Mapping[str, str], world_size: in
                      "TORCHELASTIC_RUN_ID, SLURM_JOB_ID, rendezvous store); ranks on different "
                      "nodes may disagree. Set TRACEML_RUN_ID to one value for the whole job.")
     return (derived, SOURCE_LAUNCHER) if derived else (fresh_run_id(), SOURCE_GENERATED)
-
-
-def fresh_run_id() -> str:
-    """A new run id: UTC start time plus 32 random bits (sortable, unique across jobs)."""
-    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(4)
 
 
 def _agreed_run_id(env: Mapping[str, str]) -> str | None:

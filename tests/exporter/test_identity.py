@@ -1,6 +1,7 @@
 """Run identity: the run-id precedence, rank variables, strategy, and a generated id all ranks share."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -119,3 +120,27 @@ def test_without_a_store_ranks_under_one_launcher_agree_and_consecutive_jobs_dif
     # Same-process check of the source label.
     ident = resolve_identity(environ={"WORLD_SIZE": "2", "RANK": "0", "MASTER_PORT": "1"}, use_store=False)
     assert ident.run_id_source == SOURCE_LAUNCHER
+
+
+@pytest.mark.parametrize("explicit, rdzv, environ", [
+    ("cli", "rdzv", {"TRACEML_RUN_ID": "env", "SLURM_JOB_ID": "9"}),
+    (None, "rdzv", {"TRACEML_RUN_ID": " env ", "SLURM_JOB_ID": "9"}),
+    (None, "rdzv", {"SLURM_JOB_ID": "9"}),
+    (None, "None", {"SLURM_JOB_ID": "9"}),
+    (None, "  ", {"TRACEML_RUN_ID": "", "SLURM_JOB_ID": "9"}),
+])
+def test_a_rank_and_the_launcher_choose_the_same_declared_run_id(explicit, rdzv, environ):
+    """The launcher's --rdzv-id reaches the ranks as TORCHELASTIC_RUN_ID: both must pick the same id."""
+    from traceml.launcher import run_dir
+
+    launcher = run_dir.resolve_run_id(explicit, rdzv, environ)
+    rank = resolve_identity(explicit, environ=dict(environ, TORCHELASTIC_RUN_ID=rdzv))
+    assert launcher.run_id == rank.run_id
+
+
+def test_a_generated_run_id_has_one_format_on_both_sides():
+    from traceml.launcher import run_dir
+
+    pattern = r"\d{8}-\d{6}-[0-9a-f]{8}"
+    assert re.fullmatch(pattern, run_dir.resolve_run_id(None, None, {}).run_id)
+    assert re.fullmatch(pattern, resolve_identity(environ={}).run_id)

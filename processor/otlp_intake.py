@@ -7,8 +7,6 @@ ignored (non-TraceML) telemetry is mentioned in the message but not rejected.
 """
 from __future__ import annotations
 
-from collections import Counter
-
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metrics_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb2
 
@@ -29,14 +27,7 @@ class OtlpIntake:
         self.stats.add("ignored", batch.signal, batch.ignored_count)
         self.stats.add_reasons(dict(batch.rejected))
         outcome = self.ingest.submit(batch)  # raises Backpressure / IngestUnavailable
-        message = batch.message()
-        extra = Counter(outcome.rejected)
-        extra.subtract(batch.rejected)
-        store_refused = {k: n for k, n in extra.items() if n > 0}
-        if store_refused:
-            counts = ", ".join(f"{k}={n}" for k, n in sorted(store_refused.items()))
-            message = "; ".join(filter(None, [message, f"store refused ({counts})"]))
-        return outcome, message
+        return outcome, batch.message()  # every refusal is the decoder's: the store refuses nothing
 
     def traces(self, request: trace_pb2.ExportTraceServiceRequest) -> trace_pb2.ExportTraceServiceResponse:
         outcome, message = self._ingest(self.decoder.decode_traces(request))

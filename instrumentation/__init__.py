@@ -17,7 +17,6 @@ then bound here, so later lookups such as `traceml.trace_step` on every step are
 plain attribute reads. Submodules (`traceml.timing`, `traceml.samplers`, ...) load
 on first access too.
 """
-from __future__ import annotations
 
 import importlib
 

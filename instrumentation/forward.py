@@ -30,6 +30,7 @@ from traceml.schema.vocabulary import RAW_FORWARD
 
 from . import step_events as _se
 from .hooks import HookRegionTimer
+from .process_state import recording as _rec
 
 _get_ident = threading.get_ident
 _lock = threading.RLock()  # re-entrant: a weakref callback can run inside a locked section (GC)
@@ -173,15 +174,15 @@ def _timed_call(cls, own):
     region counts the thread and is ignored), as the automatic patches do.
     """
     timers = _timers
-    se = _se
+    rec = _rec
     # The next __call__ inline (no helper frame: this runs on every call of every
     # instance of the class): the class's own, or the base's, looked up at call time.
 
     def __call__(self, *args, **kwargs):
         timer = timers.get(id(self))
-        if timer is None or not se._recording or timer.module() is not self:
+        if timer is None or not rec.recording or timer.module() is not self:
             return super(cls, self).__call__(*args, **kwargs) if own is None else own(self, *args, **kwargs)
-        if _get_ident() != se._owner:
+        if _get_ident() != rec.owner:
             timer = HookRegionTimer(RAW_FORWARD)
         timer.pre()
         try:

@@ -14,10 +14,12 @@ from traceml.schema.vocabulary import RAW_DATALOADER_NEXT, RAW_OPTIMIZER_STEP
 
 from . import step_events as _se
 from . import timing as _timing
+from .process_state import recording as _rec
 from .timing import timed_region
 
 _perf_ns = time.perf_counter_ns
 _get_ident = threading.get_ident
+_MAX_EVENTS = _se.MAX_EVENTS_PER_CAPTURE
 
 
 class HookRegionTimer:
@@ -45,21 +47,21 @@ class HookRegionTimer:
     # microsecond of the training thread's time (cold caches), several times its
     # hot-loop cost.
     def pre(self, *_args, **_kwargs) -> None:
-        se = _se
-        if not se._recording:
+        rec = _rec
+        if not rec.recording:
             return None
         region = self._region
         if self._depth:
-            if region._state == 1 and region._capture is se._active:
+            if region._state == 1 and region._capture is rec.active:
                 self._depth += 1
                 return None
             region.discard()  # stale: its post-hook never ran
         self._depth = 1
         region._g0 = None
-        if not (_timing._gpu_default or _timing._gpu_undecided) and _get_ident() == se._owner \
-                and not se.held:
-            capture = se._active
-            region._capture = capture if capture is not None else se.current_capture()
+        if not (_timing._gpu_default or _timing._gpu_undecided) and _get_ident() == rec.owner \
+                and not _se.held:
+            capture = rec.active
+            region._capture = capture if capture is not None else _se.current_capture()
             region._state = 1
             region._t0 = _perf_ns()
             return None
@@ -85,11 +87,10 @@ class HookRegionTimer:
         capture = region._capture
         region._capture = None
         event = (region.raw_event, region._t0, t1, None, None)
-        se = _se
-        if capture is se._active and len(capture.events) < se.MAX_EVENTS_PER_CAPTURE:
+        if capture is _rec.active and len(capture.events) < _MAX_EVENTS:
             capture.events.append(event)
         else:
-            se.record_timing_event(event, capture)
+            _se.record_timing_event(event, capture)
 
     def remove_hooks(self) -> None:
         """Remove every hook registered with this timer's `pre`/`post` (its `handles`)."""
@@ -147,11 +148,11 @@ def timed_next_method(orig_next):
     shared = HookRegionTimer(RAW_DATALOADER_NEXT)
 
     def __next__(self):
-        if not _timing._dataloader_timing or not _se._recording:
+        if not _timing._dataloader_timing or not _rec.recording:
             return orig_next(self)
         # The shared timer on the training thread; another thread gets its own (its
         # region counts the foreign thread) and never touches the shared one's depth.
-        timer = shared if _get_ident() == _se._owner else HookRegionTimer(RAW_DATALOADER_NEXT)
+        timer = shared if _get_ident() == _rec.owner else HookRegionTimer(RAW_DATALOADER_NEXT)
         timer.pre()
         try:
             item = orig_next(self)

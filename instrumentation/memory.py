@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 from . import step_events as _se
+from .process_state import recording as _rec
 
 _new = object.__new__
 
@@ -105,8 +106,8 @@ class StepMemoryTracker:
         reading.peak_allocated_bytes = allocated
         reading.peak_reserved_bytes = reserved
         reading.time_ns = time.time_ns()
-        if _se._recording:
-            capture = _se._active
+        if _rec.recording:
+            capture = _rec.active
             if capture is None:
                 capture = _se.current_capture()
             capture.memory = reading  # StepCapture.record(), inlined

@@ -19,8 +19,8 @@ import weakref
 
 from . import forward as _forward
 from . import hooks as _hooks
-from . import step_events as _se
 from . import timing as _timing
+from .process_state import recording as _rec
 from .timing import timed_region
 
 _get_ident = threading.get_ident
@@ -68,11 +68,11 @@ def install() -> bool:
         backward_timer = _hooks.HookRegionTimer(RAW_BACKWARD)
 
         def backward(self, *args, **kwargs):
-            if not _se._recording:
+            if not _rec.recording:
                 return orig_backward(self, *args, **kwargs)
             # One reused timer on the training thread (its pre/post are the region, two
             # calls in all); another thread gets its own (its region counts the thread).
-            timer = backward_timer if _get_ident() == _se._owner else _hooks.HookRegionTimer(RAW_BACKWARD)
+            timer = backward_timer if _get_ident() == _rec.owner else _hooks.HookRegionTimer(RAW_BACKWARD)
             timer.pre()
             try:
                 return orig_backward(self, *args, **kwargs)
@@ -111,13 +111,13 @@ def _patch_host_to_device(tensor_cls) -> None:
     moves = _hooks.moves_host_to_device
 
     def to(self, *args, **kwargs):
-        if _se._recording and moves(self, args, kwargs):
+        if _rec.recording and moves(self, args, kwargs):
             with timed_region(RAW_H2D):
                 return orig_to(self, *args, **kwargs)
         return orig_to(self, *args, **kwargs)
 
     def cuda(self, *args, **kwargs):
-        if _se._recording and getattr(self, "is_cpu", False) is True:
+        if _rec.recording and getattr(self, "is_cpu", False) is True:
             with timed_region(RAW_H2D):
                 return orig_cuda(self, *args, **kwargs)
         return orig_cuda(self, *args, **kwargs)

@@ -36,6 +36,7 @@ import time
 import warnings
 from collections import deque
 
+from .process_state import recording as _rec
 from .records import StepMemorySnapshot
 
 QUEUE_CAPACITY = 2048
@@ -149,11 +150,11 @@ def _call_wakeup(wakeup) -> None:
 
 
 # --- Process-wide state (owned by the helpers below) ------------------------------
+# Whether recording is on, the training thread and the active capture live in
+# `process_state.recording` (`_rec`), which the hot path reads; only the helpers
+# below write it.
 
-_active: StepCapture | None = None
 _next_step = 0
-_recording = False
-_owner: int | None = None
 _timing_queue = BoundedDropQueue()
 _memory_queue = BoundedDropQueue()
 _events_dropped = 0
@@ -181,14 +182,15 @@ def misuse_counts() -> dict[str, int]:
 
 def recording_allowed() -> bool:
     """True when recording is on and the caller is the recording (training) thread."""
-    global _owner, _foreign_dropped
-    if not _recording:
+    global _foreign_dropped
+    rec = _rec
+    if not rec.recording:
         return False
     tid = _get_ident()
-    if tid == _owner:
+    if tid == rec.owner:
         return True
-    if _owner is None:
-        _owner = tid
+    if rec.owner is None:
+        rec.owner = tid
         return True
     _foreign_dropped += 1
     warn_once("foreign_thread", "a timed region or trace_step() was entered on a thread other "
@@ -198,15 +200,14 @@ def recording_allowed() -> bool:
 
 def current_capture() -> StepCapture:
     """The active capture, created lazily (pending events attach to the next step)."""
-    global _active
-    capture = _active
+    capture = _rec.active
     if capture is None:
         # StepCapture() without its Python-level __init__ frame: this runs every step.
         capture = _new(StepCapture)
         capture.events = []
         capture.memory = None
         capture.detached = False
-        _active = capture
+        _rec.active = capture
     return capture
 
 
@@ -214,7 +215,7 @@ begin_step_capture = current_capture
 
 
 def has_active_capture() -> bool:
-    return _active is not None
+    return _rec.active is not None
 
 
 def record_timing_event(event: tuple, capture: StepCapture | None = None) -> bool:
@@ -224,9 +225,9 @@ def record_timing_event(event: tuple, capture: StepCapture | None = None) -> boo
     step completed or aborted in between spans a boundary and is discarded.
     """
     global _events_dropped
-    if not _recording:
+    if not _rec.recording:
         return False
-    active = _active
+    active = _rec.active
     if capture is not None and (capture is not active or capture.detached):
         warn_once("spanning_region", f"region {event[0]!r} spanned a step boundary "
                   "(opened before the step completed or aborted, closed after); it is discarded")
@@ -278,18 +279,20 @@ def complete_step_capture(capture: StepCapture | None = None, last_event: tuple 
     a memory reading without peaks, as `StepMemoryTracker.read()` does off CUDA.
     Both are ignored when `capture` is not the active capture.
     """
-    global _active, _next_step, _events_dropped
-    active = _active
+    global _next_step, _events_dropped
+    rec = _rec
+    active = rec.active
     if active is None or (capture is not None and capture is not active):
         return None
-    _active = None
+    rec.active = None
     active.detached = True
-    if last_event is not None and _recording:
+    recording = rec.recording
+    if last_event is not None and recording:
         if len(active.events) < MAX_EVENTS_PER_CAPTURE:
             active.events.append(last_event)
         else:
             _events_dropped += 1
-    if not _recording or (not active.events and active.memory is None and memory_device is None):
+    if not recording or (not active.events and active.memory is None and memory_device is None):
         return None
     step = _next_step
     _next_step = step + 1
@@ -310,11 +313,10 @@ def complete_step_capture(capture: StepCapture | None = None, last_event: tuple 
 
 def abort_step_capture(capture: StepCapture | None = None) -> None:
     """Discard the active capture (or do nothing if `capture` is already detached)."""
-    global _active
-    active = _active
+    active = _rec.active
     if active is None or (capture is not None and capture is not active):
         return
-    _active = None
+    _rec.active = None
     active.detached = True
 
 
@@ -372,26 +374,20 @@ def dropped_counts() -> dict[str, int]:
 
 def set_recording(enabled: bool) -> None:
     """Turn recording on or off; turning it off discards the active capture unpublished."""
-    global _recording, _active
-    if not enabled and _active is not None:
-        _active.detached = True
-        _active = None
-    _recording = bool(enabled)
+    rec = _rec
+    if not enabled and rec.active is not None:
+        rec.active.detached = True
+        rec.active = None
+    rec.recording = bool(enabled)
 
 
 def claim_recording_thread() -> None:
     """Make the calling thread the training thread (traceml.init() does this)."""
-    global _owner
-    _owner = _get_ident()
-
-
-def recording_thread() -> int | None:
-    """Ident of the training thread, or None until one records or claims."""
-    return _owner
+    _rec.owner = _get_ident()
 
 
 def is_recording() -> bool:
-    return _recording
+    return _rec.recording
 
 
 def steps_completed() -> int:
@@ -409,18 +405,13 @@ def queue_wakeup(queue: str):
     return {"timing": _timing_queue, "memory": _memory_queue}[queue].wakeup
 
 
-def queue_depths() -> dict[str, int]:
-    return {"timing": len(_timing_queue), "memory": len(_memory_queue)}
-
-
 def _reset_for_tests() -> None:
     """Forget all state (tests only): counter, queues, captures, warnings, owner."""
-    global _active, _next_step, _recording, _owner, _timing_queue, _memory_queue
-    global _events_dropped, _foreign_dropped
-    _active = None
+    global _next_step, _timing_queue, _memory_queue, _events_dropped, _foreign_dropped
+    _rec.active = None
+    _rec.recording = False
+    _rec.owner = None
     _next_step = 0
-    _recording = False
-    _owner = None
     _timing_queue = BoundedDropQueue()
     _memory_queue = BoundedDropQueue()
     _events_dropped = 0

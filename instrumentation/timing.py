@@ -17,9 +17,11 @@ import threading
 import time
 
 from . import step_events as _se
+from .process_state import recording as _rec
 
 _perf_ns = time.perf_counter_ns
 _get_ident = threading.get_ident
+_MAX_EVENTS = _se.MAX_EVENTS_PER_CAPTURE
 
 
 class CudaEventPool:
@@ -174,16 +176,17 @@ class timed_region:
                           "the second entry is ignored")
             return self
         se = _se
+        rec = _rec
         # Fast path inlined (recording on, training thread); recording_allowed() handles
         # the rest: claiming the thread, counting foreign threads.
-        if not (se._recording and _get_ident() == se._owner) and not se.recording_allowed():
+        if not (rec.recording and _get_ident() == rec.owner) and not se.recording_allowed():
             self._state = 2
             return self
         held = se.held
         if held and self.raw_event in held:
             self._state = 2
             return self
-        capture = se._active
+        capture = rec.active
         self._capture = capture if capture is not None else se.current_capture()
         self._state = 1
         gpu = self._gpu
@@ -215,12 +218,11 @@ class timed_region:
             capture = self._capture
             self._capture = None
             event = (self.raw_event, self._t0, t1, g0, g1)
-            se = _se
             # The capture it opened in is still the active one (so recording is on):
             # record_timing_event's common case, inline.
-            if capture is se._active and len(capture.events) < se.MAX_EVENTS_PER_CAPTURE:
+            if capture is _rec.active and len(capture.events) < _MAX_EVENTS:
                 capture.events.append(event)
-            elif not se.record_timing_event(event, capture) and g0 is not None:
+            elif not _se.record_timing_event(event, capture) and g0 is not None:
                 _pool.release(g0)
                 _pool.release(g1)
         elif self._state == 2:

@@ -25,6 +25,7 @@ from . import step_events as _se
 from . import timing as _timing
 from .forward import time_forward_or_warn
 from .memory import StepMemoryTracker
+from .process_state import recording as _rec
 from .process_state import session as _session
 from .step_events import abort_step_capture, complete_step_capture
 from .timing import timed_region
@@ -115,9 +116,10 @@ class trace_step:
                           "traceml.init(); the step runs untraced")
             return self
         se = _se
+        rec = _rec
         outer = session.open_step
         if outer is not None:
-            if outer._capture is se._active and se._recording:
+            if outer._capture is rec.active and rec.recording:
                 _se.warn_once("nested_trace_step", "trace_step() was nested inside another "
                               "trace_step(); the inner one is ignored and the outer step is kept")
                 return self
@@ -127,7 +129,7 @@ class trace_step:
             _se.warn_once("superseded_trace_step", "a trace_step() was never exited and its "
                           "capture has ended; it is superseded by the new step")
             session.open_step = None
-        if not (se._recording and _get_ident() == se._owner) and not se.recording_allowed():
+        if not (rec.recording and _get_ident() == rec.owner) and not se.recording_allowed():
             return self  # recording off (e.g. an integration skipping a group) or another thread
         session.open_step = self
         self._active = True
@@ -143,7 +145,7 @@ class trace_step:
                 tracker = StepMemoryTracker(None)
                 _tracker_cache[0], _tracker_cache[1] = _model_ref(model), tracker
         self._tracker = tracker
-        capture = se._active
+        capture = rec.active
         self._capture = capture if capture is not None else se.current_capture()
         if tracker._cuda:
             tracker.reset()

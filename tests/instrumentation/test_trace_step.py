@@ -443,7 +443,7 @@ def test_auto_mode_dataloader_on_another_thread_leaves_the_training_threads_inpu
         next(iter(torch.utils.data.DataLoader(StartsTheOtherThread())))
         # Recorded as soon as the training thread's next() returned, while the other
         # thread's next() is still open.
-        assert [event[0] for event in se._active.events] == [RAW_DATALOADER_NEXT]
+        assert [event[0] for event in se.current_capture().events] == [RAW_DATALOADER_NEXT]
     finally:
         release.set()
         foreign.join(30)

@@ -1,0 +1,136 @@
+"""The hot path's shape: how many Python frames the training thread enters per step and region.
+
+Inside a real step every Python-level call costs the training thread far more than
+in a hot loop (docs/performance.md, "Training-side overhead"), so the hot path was
+built to enter as few frames as it can. A benchmark notices when it grows only on a
+quiet machine; these exact counts notice it in every test run. Frames are counted
+with `sys.setprofile` ('call' events; C calls are not frames), in steady state
+(after a warm-up call), with the garbage collector off so that no finaliser runs
+inside the counted window. Where torch's own Python code runs (optimizer, DataLoader,
+module call, autograd) only TraceML's frames are counted: torch's vary by version.
+"""
+from __future__ import annotations
+
+import gc
+import pathlib
+import sys
+
+import pytest
+import torch
+
+import traceml
+
+TRACEML_FILES = str(pathlib.Path(traceml.__file__).resolve().parent)
+
+EXPECTED_FRAMES = {
+    "manual": {"trace_step": 7, "timed_forward": 2, "timed_region": 3, "optimizer_step": 2,
+               "dataloader_next": 3, "forward": 3, "backward": 0},
+    "auto": {"trace_step": 7, "timed_forward": 2, "timed_region": 3, "optimizer_step": 2,
+             "dataloader_next": 3, "forward": 3, "backward": 3},
+}
+"""Frames per operation. `trace_step` counts every frame its `with` enters (no other
+code runs there); the others count TraceML's frames only. Manual mode has no
+backward patch (0)."""
+
+HOW_TO_UPDATE = (
+    "Python frames entered on the training thread's hot path changed. If that is a "
+    "deliberate change, measure its cost (benchmarks/bench_overhead.py, "
+    "bench_cold_cache.py), update EXPECTED_FRAMES in {file} to the new counts and say "
+    "why in the commit; otherwise find the frame that was added.")
+
+
+def _frames(call) -> tuple[int, int]:
+    """(TraceML frames, all frames) entered by one `call()`, not counting `call` itself."""
+    ours = total = 0
+
+    def profile(frame, event, _arg):
+        nonlocal ours, total
+        if event == "call":
+            total += 1
+            if frame.f_code.co_filename.startswith(TRACEML_FILES):
+                ours += 1
+
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+        if gc_was_enabled:
+            gc.enable()
+    return ours, total - 1
+
+
+def _steady(call) -> tuple[int, int]:
+    call()  # warm-up: first-use work (tracker selection, lazy attributes) is not the hot path
+    return _frames(call)
+
+
+def _measure(mode: str) -> dict[str, int]:
+    traceml.init(mode=mode)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(16, 4)), batch_size=1)
+    if mode == "manual":
+        traceml.wrap_forward(model)
+        traceml.wrap_optimizer(optimizer)
+        loader = traceml.wrap_dataloader(loader)
+    batches = iter(loader)
+    x = torch.randn(2, 4)
+    loss = model(x).sum()
+
+    def empty_step():
+        with traceml.trace_step(model):
+            pass
+
+    def shorthand_region():
+        with traceml.timed_forward():
+            pass
+
+    def named_region():
+        with traceml.timed_region("custom"):
+            pass
+
+    got = {}
+    ours, total = _steady(empty_step)
+    assert ours == total, "only TraceML code runs inside an empty trace_step"
+    got["trace_step"] = total
+    step = traceml.trace_step(model)
+    step.__enter__()  # the regions below run inside an open step, as in training
+    try:
+        got["timed_forward"] = _steady(shorthand_region)[0]
+        got["timed_region"] = _steady(named_region)[0]
+        got["optimizer_step"] = _steady(optimizer.step)[0]
+        got["dataloader_next"] = _steady(lambda: next(batches))[0]
+        got["forward"] = _steady(lambda: model(x))[0]
+        got["backward"] = _steady(lambda: loss.backward(retain_graph=True))[0]
+    finally:
+        step.__exit__(None, None, None)
+    traceml.shutdown()
+    return got
+
+
+@pytest.mark.parametrize("mode", ["manual", "auto"])
+def test_frames_per_hot_path_operation_are_exactly_the_measured_counts(mode):
+    got, expected = _measure(mode), EXPECTED_FRAMES[mode]
+    assert got == expected, f"{mode}: measured {got}, expected {expected}. " + HOW_TO_UPDATE.format(file=__file__)
+
+
+def test_the_counter_sees_an_added_frame():
+    """The counter itself: one extra Python call inside the step is one more frame."""
+    traceml.init(mode="manual")
+
+    def helper():
+        return None
+
+    def step_with_helper():
+        with traceml.trace_step():
+            helper()
+
+    def step():
+        with traceml.trace_step():
+            pass
+
+    assert _steady(step_with_helper)[1] == _steady(step)[1] + 1

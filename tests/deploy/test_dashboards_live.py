@@ -20,7 +20,7 @@ from tests.deploy.deploy_files import PROMETHEUS_DIR, EntrypointProcessor, dashb
 from tests.processor.otlp_payloads import memory_request, step_span, trace_request
 from tests.harness import free_port
 from tests.harness.prometheus_server import PrometheusServer, prometheus_available
-from test_end_to_end import train_two_ranks
+from tests.processor.test_end_to_end import train_two_ranks
 
 from traceml.schema import vocabulary as v
 

@@ -39,6 +39,7 @@ def _settings(endpoint, protocol, **env):
 
 @pytest.mark.parametrize("scenario", ["dead", "stall", "error"])
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+@pytest.mark.slow
 def test_sink_calls_never_block_and_losses_are_counted(scenario, protocol):
     with OtlpTestReceiver(mode="ok" if scenario == "dead" else scenario, stall_s=30.0) as receiver:
         endpoint = _dead_endpoint() if scenario == "dead" else (
@@ -98,6 +99,7 @@ def test_export_resumes_after_the_endpoint_recovers(fresh_receiver):
     assert end["attributes"][v.ATTR_RUN_END_EXPORT_FAILURES] == exporter.stats().failures["traces"] > 0
 
 
+@pytest.mark.slow
 def test_export_resumes_when_a_dead_grpc_endpoint_comes_up():
     endpoint = _dead_endpoint()
     port = int(endpoint.rsplit(":", 1)[1])
@@ -140,6 +142,7 @@ def _loop(steps: int, traced: bool) -> list[float]:
 
 @pytest.mark.parametrize("scenario,protocol", [("dead", "grpc"), ("stall", "grpc"), ("error", "http/protobuf"),
                                                ("stall", "http/protobuf")])
+@pytest.mark.slow
 def test_real_training_loop_is_never_blocked_by_a_bad_endpoint(scenario, protocol, monkeypatch):
     steps = 300
     with OtlpTestReceiver(mode=scenario if scenario != "dead" else "ok", stall_s=30.0) as receiver:

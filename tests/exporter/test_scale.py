@@ -4,6 +4,8 @@ from __future__ import annotations
 import pathlib
 import tracemalloc
 
+import pytest
+
 from tests.exporter.exporter_records import identity, memory_record, step_record
 
 import traceml.exporter
@@ -25,6 +27,7 @@ def _exporter_bytes() -> int:
     return sum(stat.size for stat in snapshot.statistics("filename"))
 
 
+@pytest.mark.slow
 def test_five_thousand_steps_no_overflow_and_flat_memory(fresh_receiver):
     run_id = "scale"
     settings = resolve_settings(fresh_receiver.grpc_endpoint, "grpc", environ={})

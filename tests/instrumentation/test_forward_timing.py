@@ -144,6 +144,7 @@ def test_a_forward_that_raises_closes_its_region(sink, manual):
     assert forward.forward_timer(model)._depth == 0
 
 
+@pytest.mark.slow
 def test_torch_compile_around_or_inside_the_model(sink, manual):
     x = torch.randn(2, 4)
     net = Net()

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from tests.harness import free_port
 
 RANK_SCRIPT = textwrap.dedent('''
@@ -58,6 +60,7 @@ RANK_SCRIPT = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_each_capture_their_own_steps(tmp_path):
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)

@@ -5,6 +5,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from tests.launcher.launcher_helpers import clean_env
 
 PROBE = textwrap.dedent("""
@@ -25,6 +27,7 @@ def _bootstrap(args, cwd, **env):
                           env=clean_env(**env), capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_script_runs_as_main_with_its_argv_and_folder_and_traceml_initialised(tmp_path):
     (tmp_path / "sub").mkdir()
     script = tmp_path / "sub" / "probe.py"
@@ -37,6 +40,7 @@ def test_script_runs_as_main_with_its_argv_and_folder_and_traceml_initialised(tm
     assert "initialized True" in out.stdout
 
 
+@pytest.mark.slow
 def test_exit_status_and_exceptions_propagate_unchanged(tmp_path):
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
@@ -46,6 +50,7 @@ def test_exit_status_and_exceptions_propagate_unchanged(tmp_path):
     assert "ValueError: boom from the script" in raised.stderr
 
 
+@pytest.mark.slow
 def test_module_entry_point(tmp_path):
     package = tmp_path / "pkg"
     package.mkdir()
@@ -64,6 +69,7 @@ def test_kill_switch_leaves_the_script_running_without_traceml(tmp_path):
     assert "initialized False" in out.stdout
 
 
+@pytest.mark.slow
 def test_exit_after_flush_runs_atexit_handlers_and_keeps_failure_statuses(tmp_path):
     script = tmp_path / "probe.py"
     script.write_text(PROBE + textwrap.dedent("""

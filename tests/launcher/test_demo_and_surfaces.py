@@ -41,6 +41,7 @@ def demo_runs(tmp_path_factory):
 
 
 @pytest.mark.parametrize("scenario", list(EXPECTED))
+@pytest.mark.slow
 def test_demo_diagnosis_names_the_injected_problem_and_rank(demo_runs, scenario, tmp_path):
     run = demo_runs(scenario)
     if scenario == "balanced" and run.returncode == 1 and "STRAGGLER" in run.summary["diagnosis"]["kind"]:
@@ -59,6 +60,7 @@ def test_demo_diagnosis_names_the_injected_problem_and_rank(demo_runs, scenario,
     assert "[traceml] OK:" in run.output
 
 
+@pytest.mark.slow
 def test_live_without_a_terminal_prints_plain_progress_lines(demo_runs):
     run = demo_runs("input-bound")
     lines = [line for line in run.output.splitlines() if re.match(r"\[traceml\] step \d+ \[", line)]
@@ -67,6 +69,7 @@ def test_live_without_a_terminal_prints_plain_progress_lines(demo_runs):
     assert "\x1b[" not in run.output  # no terminal control codes in a log
 
 
+@pytest.mark.slow
 def test_live_view_in_a_real_terminal_shows_the_diagnosis(tmp_path):
     pexpect = pytest.importorskip("pexpect")
     child = pexpect.spawn(str(TRACEML), ["demo", "--scenario", "input-straggler", "--steps", STEPS, "--live"],
@@ -84,6 +87,7 @@ def test_live_view_in_a_real_terminal_shows_the_diagnosis(tmp_path):
     assert "INPUT_STRAGGLER" in live_part
 
 
+@pytest.mark.slow
 def test_summary_rebuilds_the_same_result_from_the_run_folder(demo_runs, tmp_path):
     run = demo_runs("input-straggler")
     original = run.summary
@@ -102,6 +106,7 @@ def test_summary_reports_a_path_without_data_clearly(tmp_path):
     assert "holds no TraceML database" in result.output
 
 
+@pytest.mark.slow
 def test_top_reads_a_processor_database(demo_runs):
     run = demo_runs("compute-straggler")
     top = traceml(["top", "--db", str(run.run_dir / "traceml.sqlite"), "--once"], run.cwd)
@@ -110,6 +115,7 @@ def test_top_reads_a_processor_database(demo_runs):
     assert run.summary["metadata"]["run_id"] in top.output
 
 
+@pytest.mark.slow
 def test_compare_marks_the_diagnosis_and_input_wait_changes_as_material(demo_runs):
     a, b = demo_runs("balanced"), demo_runs("input-straggler")
     result = traceml(["compare", str(a.run_dir), str(b.run_dir / "final_summary.json"), "--json"], a.cwd)

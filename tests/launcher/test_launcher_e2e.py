@@ -21,6 +21,7 @@ def _ranks_and_steps(summary: dict) -> dict[int, int]:
     return {g["global_rank"]: g["steps"] for g in summary["groups"]}
 
 
+@pytest.mark.slow
 def test_plain_pytorch_script_runs_on_two_ranks_and_ends_with_a_summary(workdir):
     run = traceml(["run", "--nproc-per-node", "2", str(SCRIPTS / "plain_ddp.py"), "--steps", "12"], workdir)
     assert run.returncode == 0, run.output[-3000:]
@@ -37,6 +38,7 @@ def test_plain_pytorch_script_runs_on_two_ranks_and_ends_with_a_summary(workdir)
     assert processors_using(run.run_dir) == []
 
 
+@pytest.mark.slow
 def test_a_crashing_rank_forwards_its_exit_code_and_the_run_is_still_summarised(workdir):
     run = traceml(["run", "--nproc-per-node", "2", str(SCRIPTS / "plain_ddp.py"), "--steps", "40",
                    "--fail-rank", "1", "--fail-at", "5", "--exit-code", "7"], workdir)
@@ -88,6 +90,7 @@ def _watch_with_top(db):
     assert len(set(steps)) >= 2 and steps == sorted(steps), steps
 
 
+@pytest.mark.slow
 def test_sigterm_reaches_the_ranks_and_the_run_is_still_summarised(workdir):
     proc = subprocess.Popen(
         [str(TRACEML), "run", "--nproc-per-node", "2", "--run-id", "sigterm-run",
@@ -114,6 +117,7 @@ def test_sigterm_reaches_the_ranks_and_the_run_is_still_summarised(workdir):
 
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None or importlib.util.find_spec("accelerate") is None,
                     reason="needs transformers and accelerate (the huggingface extra)")
+@pytest.mark.slow
 def test_hugging_face_trainer_script_is_instrumented_without_code_changes(workdir):
     run = traceml(["run", "--nproc-per-node", "2", str(SCRIPTS / "hf_trainer.py"), "8"], workdir, TRACEML_EXIT_AFTER_FLUSH="1")
     assert run.returncode == 0, run.output[-3000:]
@@ -122,6 +126,7 @@ def test_hugging_face_trainer_script_is_instrumented_without_code_changes(workdi
 
 
 @pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="needs lightning (the lightning extra)")
+@pytest.mark.slow
 def test_lightning_script_is_instrumented_without_code_changes(workdir):
     run = traceml(["run", "--nproc-per-node", "2", str(SCRIPTS / "lightning_fit.py"), "8", "2"], workdir, TRACEML_EXIT_AFTER_FLUSH="1")
     assert run.returncode == 0, run.output[-3000:]
@@ -129,6 +134,7 @@ def test_lightning_script_is_instrumented_without_code_changes(workdir):
     assert run.summary["global"]["median"]["backward_ms"]["value"] is not None
 
 
+@pytest.mark.slow
 def test_with_an_endpoint_the_launcher_only_exports(workdir, tmp_path_factory):
     """An external processor receives the ranks' telemetry; no embedded processor, no run folder."""
     from traceml.launcher.embedded import EmbeddedProcessor
@@ -148,6 +154,7 @@ def test_with_an_endpoint_the_launcher_only_exports(workdir, tmp_path_factory):
         external.stop()
 
 
+@pytest.mark.slow
 def test_training_still_runs_when_the_embedded_processor_cannot_start(workdir):
     # A directory where the database file should be: the real processor fails to open it.
     (workdir / "traceml_runs" / "blocked" / "traceml.sqlite").mkdir(parents=True)
@@ -159,6 +166,7 @@ def test_training_still_runs_when_the_embedded_processor_cannot_start(workdir):
     assert not (workdir / "traceml_runs" / "blocked" / "final_summary.json").exists()
 
 
+@pytest.mark.slow
 def test_a_missing_script_is_refused_before_anything_starts(workdir):
     run = traceml(["run", "--nproc-per-node", "2", "no_such_script.py"], workdir)
     assert run.returncode == 2, run.output[-3000:]

@@ -102,6 +102,7 @@ def assert_serving(processor, client):
     assert ("alive-check", 0, step) in h.stored_step_keys(processor.db, "alive-check")
 
 
+@pytest.mark.slow
 def test_ten_thousand_generated_requests_keep_every_valid_record(processor, client):
     ledger = client.ledger
 
@@ -267,6 +268,7 @@ def test_a_million_attributes_are_refused_and_the_valid_spans_beside_them_kept(p
     assert_serving(processor, client)
 
 
+@pytest.mark.slow
 def test_gzip_bombs_and_oversized_bodies_are_refused_without_harm(processor, client):
     bomb = gzip_bomb(256 << 20)  # 256 MiB of zeros in a few hundred KiB
     assert len(bomb) < 1 << 20

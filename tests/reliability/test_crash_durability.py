@@ -9,6 +9,8 @@ right after the kill and at the end; replaying everything adds no rows.
 from __future__ import annotations
 
 import psutil
+import pytest
+
 from tests.reliability.crash_scenario import GROUPS, RUN, acknowledged, finish, start_senders
 
 from tests.harness import ProcessorProcess, wait_until
@@ -24,6 +26,7 @@ def _kill_all(children) -> None:
             pass
 
 
+@pytest.mark.slow
 def test_kill_9_mid_ingest_loses_no_acknowledged_step_and_replay_adds_nothing(tmp_path):
     proc = ProcessorProcess(tmp_path / "processor", extra_args=["--refresh-interval", "1"]).start()
     stop = tmp_path / "stop"
@@ -71,6 +74,7 @@ def test_kill_9_of_a_multi_worker_processor_leaves_no_orphan_workers(tmp_path):
         _kill_all(children)  # never leak them into the rest of the suite
 
 
+@pytest.mark.slow
 def test_kill_9_of_a_multi_worker_processor_loses_no_acknowledged_step(tmp_path):
     """Acknowledgement after commit holds when several ingest processes share the ports."""
     proc = ProcessorProcess(tmp_path / "processor", extra_args=["--workers", "2"]).start()

@@ -6,6 +6,8 @@ figures themselves come from checks/load.py).
 """
 from __future__ import annotations
 
+import pytest
+
 from tests.reliability.load_scenario import run_load
 
 RSS_BOUND_MIB = 500  # issue 5: under 500 MiB with 1,024 ranks
@@ -13,6 +15,7 @@ LAG_BOUND_S = 30.0  # "did not fall behind without bound" on a shared 2-core mac
 STRAGGLER = 137
 
 
+@pytest.mark.slow
 def test_256_ranks_memory_and_lag_bounded_and_the_straggler_named(tmp_path):
     result = run_load(tmp_path, ranks=256, steps_per_s=2.0, duration_s=20.0, straggler=STRAGGLER)
     print("\n" + result.line() + "\n" + result.rss_trajectory())

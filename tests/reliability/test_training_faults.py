@@ -30,6 +30,7 @@ def train(run_id: str, endpoint: str, protocol: str, *, steps: int, progress: Pa
 
 
 @pytest.mark.parametrize("protocol", ["grpc"])
+@pytest.mark.slow
 def test_dead_endpoint_training_completes_and_every_step_is_counted_lost(protocol):
     endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens
     result = train("dead-endpoint", endpoint, protocol, steps=150)
@@ -40,6 +41,7 @@ def test_dead_endpoint_training_completes_and_every_step_is_counted_lost(protoco
     assert lost(exporter) >= 150  # nothing silently vanished
 
 
+@pytest.mark.slow
 def test_stalling_endpoint_training_completes_and_losses_are_counted():
     with OtlpTestReceiver(mode="stall", stall_s=60.0) as receiver:
         result = train("stall-endpoint", receiver.http_endpoint, "http/protobuf", steps=150)
@@ -50,6 +52,7 @@ def test_stalling_endpoint_training_completes_and_losses_are_counted():
     assert exporter["steps_exported"] + lost(exporter) + exporter["queued_steps"] >= 150
 
 
+@pytest.mark.slow
 def test_processor_restarted_mid_run_training_completes_and_the_summary_accounts_for_every_step(tmp_path):
     proc = ProcessorProcess(tmp_path / "processor", extra_args=["--refresh-interval", "0.5"]).start()
     progress = tmp_path / "progress"

@@ -1,0 +1,40 @@
+"""Benchmarks' `--json`: one JSON object on stdout, of the shape `benchmarks/json_output.py` promises.
+
+Runs the cheapest benchmarks in tiny configurations; the figures themselves are not
+judged here (a shared CI machine says nothing about them), only that they are there.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+
+from tests.harness.child_python import ROOT, child_env, module_command
+
+
+def _run_json(module: str, *args: str) -> dict:
+    out = subprocess.run(module_command(module, *args, "--json"), cwd=ROOT, env=child_env(),
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    document = json.loads(out.stdout)  # stdout holds the object alone: the table went to stderr
+    assert document["benchmark"] == module.rsplit(".", 1)[1]
+    assert "json" not in document["config"]
+    return document
+
+
+def test_bench_surfaces_prints_its_figures_as_json():
+    document = _run_json("benchmarks.bench_surfaces", "--ranks", "1", "2", "--repeats", "1")
+    assert document["config"]["ranks"] == [1, 2]
+    rows = document["figures"]["surfaces"]
+    assert [row["ranks"] for row in rows] == [1, 2]
+    for row in rows:
+        for key in ("analyzer_ms", "diagnose_ms", "final_summary_ms", "summary_metric_points_ms", "render_live_ms"):
+            assert row[key] > 0
+
+
+def test_bench_step_time_prints_its_figures_as_json():
+    document = _run_json("benchmarks.bench_step_time", "--ranks", "1", "--summary-ranks", "1",
+                         "--summary-steps", "50")
+    (live,) = document["figures"]["live"]
+    assert live["ranks"] == 1 and live["live_ms"] > 0 and live["cold_ms"] > 0
+    summary = document["figures"]["summary"]
+    assert summary["ranks"] == 1 and summary["steps"] == 50 and summary["wall_s"] > 0

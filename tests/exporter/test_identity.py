@@ -109,6 +109,7 @@ _PARENT = textwrap.dedent("""
 """).format(child=_CHILD)
 
 
+@pytest.mark.slow
 def test_without_a_store_ranks_under_one_launcher_agree_and_consecutive_jobs_differ():
     env = {k: val for k, val in __import__("os").environ.items()
            if k not in ("TRACEML_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID")}

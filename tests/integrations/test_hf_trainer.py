@@ -34,10 +34,8 @@ from traceml.integrations.huggingface import guard, installation  # noqa: E402
 from traceml.integrations.patching import is_wrapper  # noqa: E402
 from traceml.schema.vocabulary import RAW_H2D, RAW_STEP_TIME  # noqa: E402
 
-try:  # the folder may or may not be a package
-    from . import hf_helpers as h
-except ImportError:
-    import hf_helpers as h
+from tests.harness.child_python import child_env  # noqa: E402
+from tests.integrations import hf_helpers as h  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -305,6 +303,7 @@ def test_exception_mid_group_publishes_nothing_partial_and_propagates(traced, tm
     assert [m.step for m in memory] == [0, 1, 2]
 
 
+@pytest.mark.slow
 def test_out_of_memory_retry_does_not_merge_the_failed_group(traced, tmp_path):
     # Accelerate retries `_inner_training_loop` with a smaller batch on this CPU OOM message.
     def oom_in_second_group(model, x):
@@ -465,8 +464,7 @@ _LAUNCHED_SCRIPT = textwrap.dedent("""
     import json, sys
     assert "transformers" not in sys.modules, "auto_attach imported transformers"
     import traceml
-    sys.path.insert(0, {helpers!r})
-    import hf_helpers as h
+    from tests.integrations import hf_helpers as h
     from transformers import Trainer
     from traceml.integrations import huggingface as hf
     assert hf.is_installed()
@@ -483,14 +481,14 @@ _LAUNCHED_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_traceml_run_attaches_without_importing_transformers_early(tmp_path):
     script = tmp_path / "train.py"
-    script.write_text(_LAUNCHED_SCRIPT.format(helpers=os.path.dirname(os.path.abspath(h.__file__)),
-                                              out=str(tmp_path / "out")))
+    script.write_text(_LAUNCHED_SCRIPT.format(out=str(tmp_path / "out")))
     env = {k: v for k, v in os.environ.items()
            if k not in ("TRACEML_DISABLE", "OTEL_EXPORTER_OTLP_ENDPOINT")}
     done = subprocess.run([sys.executable, "-m", "traceml.launcher.bootstrap", str(script)],
-                          capture_output=True, text=True, timeout=240, env=env, cwd=str(tmp_path))
+                          capture_output=True, text=True, timeout=240, env=child_env(env), cwd=str(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]
     line = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")][-1]
     import json

@@ -21,6 +21,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("lightning")
 pytest.importorskip("pytorch_lightning")
 
+from tests.harness.child_python import child_env  # noqa: E402
 import traceml  # noqa: E402
 from traceml.integrations import lightning as tl  # noqa: E402
 from traceml.integrations.lightning import accumulation, reporting  # noqa: E402
@@ -457,8 +458,7 @@ _RESUME = textwrap.dedent("""
     traceml.init(mode="auto")
     tl.auto_attach()
     assert "lightning.pytorch" not in sys.modules
-    sys.path.insert(0, {tests!r})
-    import test_lightning_trainer as h  # imports torch and both Lightning namespaces
+    from tests.integrations import test_lightning_trainer as h  # imports torch and both Lightning namespaces
 
     sink = h.ListSink()
     traceml.register_sink(sink)
@@ -472,6 +472,7 @@ _RESUME = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_resume_from_checkpoint_keeps_step_ids_process_local(traced, tmp_path):
     model = modules("lightning.pytorch")["Regression"]()
     t = trainer(accumulate_grad_batches=2)
@@ -480,8 +481,8 @@ def test_resume_from_checkpoint_keeps_step_ids_process_local(traced, tmp_path):
     t.save_checkpoint(ckpt)
     assert traced.finish().ids() == [0, 1, 2, 3]
 
-    script = _RESUME.format(tests=os.path.dirname(__file__), ckpt=ckpt)
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    script = _RESUME.format(ckpt=ckpt)
+    env = child_env(PYTHONWARNINGS="ignore")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          timeout=150, env=env)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -14,9 +14,9 @@ import json
 import sqlite3
 
 import pytest
-from otlp_payloads import step_span, trace_request
-
 from tests.harness.stored_rows import stored_run
+from tests.processor.otlp_payloads import step_span, trace_request
+
 from traceml.processor.decode import Decoder
 from traceml.processor.normalise import normalise_step_record
 from traceml.processor.sqlite_layout import SAMPLE_COLUMNS

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import logging
 
-import grpc
-from fuzz_cases import TRACES, OtlpClient
-from otlp_test_receiver import OtlpTestReceiver, attributes
+import pytest
 
-import reliability_helpers as h
+import grpc
+from tests.reliability.fuzz_cases import TRACES, OtlpClient
+from tests.harness.otlp_receiver import OtlpTestReceiver, attributes
+
+from tests.harness import free_port, wait_until
+from tests.reliability import reliability_helpers as h
 from traceml.processor.summary_export import SummaryExportConfig
 from traceml.processor.service import ProcessorConfig, ProcessorService
 from traceml.schema import vocabulary as v
@@ -43,8 +46,9 @@ def accepted_records(receiver: OtlpTestReceiver) -> float:
     return latest
 
 
+@pytest.mark.slow
 def test_destination_down_then_up_ingest_continues_and_the_gap_is_reported(tmp_path):
-    port = h.free_port()  # nothing listens here yet
+    port = free_port()  # nothing listens here yet
     config = ProcessorConfig(db=tmp_path / "traceml.db", otlp_grpc=("127.0.0.1", 0), otlp_http=("127.0.0.1", 0),
                              refresh_interval_s=0.3,
                              export=SummaryExportConfig(endpoint=f"http://127.0.0.1:{port}", protocol="grpc",
@@ -69,7 +73,7 @@ def test_destination_down_then_up_ingest_continues_and_the_gap_is_reported(tmp_p
             ingest()
             return service.pusher.failed >= 2
 
-        assert h.wait_until(outage_seen, 60, 0.2)
+        assert wait_until(outage_seen, 60, 0.2)
         during = step
         assert h.stored_step_keys(config.db, RUN) == {(RUN, r, s) for r in (0, 1) for s in range(1, during + 1)}
         assert service.pusher.sent == 0 and service.pusher.last_error
@@ -81,10 +85,10 @@ def test_destination_down_then_up_ingest_continues_and_the_gap_is_reported(tmp_p
 
         # Recovery: the destination comes up on the same address; pushes resume by themselves.
         receiver.start()
-        assert h.wait_until(lambda: service.pusher.sent >= 1 and accepted_records(receiver) >= 2 * during, 90, 0.2), \
+        assert wait_until(lambda: service.pusher.sent >= 1 and accepted_records(receiver) >= 2 * during, 90, 0.2), \
             (service.pusher.sent, service.pusher.failed, service.pusher.last_error)
         ingest()
-        assert h.wait_until(lambda: accepted_records(receiver) >= 2 * step, 30, 0.2)
+        assert wait_until(lambda: accepted_records(receiver) >= 2 * step, 30, 0.2)
         names = {metric.name for _r, metric, _p in receiver.metric_points()}
         assert {"traceml.window.steps", "traceml.processor.run.lag"} <= names, names
         pushed_failures = [p.as_double or p.as_int for _r, metric, p in receiver.metric_points()
@@ -100,9 +104,10 @@ def test_destination_down_then_up_ingest_continues_and_the_gap_is_reported(tmp_p
     assert h.count_rows(config.db) == 2 * step
 
 
+@pytest.mark.slow
 def test_http_destination_down_then_up(tmp_path):
     """The same over OTLP/HTTP: a test receiver started after the outage is found on its port."""
-    port = h.free_port()
+    port = free_port()
     receiver = OtlpTestReceiver(http_port=port)  # started once the outage has been seen
     config = ProcessorConfig(db=tmp_path / "traceml.db", otlp_grpc=("127.0.0.1", 0), otlp_http=None,
                              refresh_interval_s=0.3,
@@ -112,10 +117,10 @@ def test_http_destination_down_then_up(tmp_path):
     client = OtlpClient(service.grpc_port, 0)
     try:
         assert client.grpc(TRACES, h.steps_request(RUN, 0, range(1, 6), world_size=1)).rejected == 0
-        assert h.wait_until(lambda: service.pusher.failed >= 1, 60, 0.2)
+        assert wait_until(lambda: service.pusher.failed >= 1, 60, 0.2)
         receiver.start()
         try:
-            assert h.wait_until(lambda: service.pusher.sent >= 1 and accepted_records(receiver) >= 5, 60, 0.2)
+            assert wait_until(lambda: service.pusher.sent >= 1 and accepted_records(receiver) >= 5, 60, 0.2)
         finally:
             receiver.stop()
     finally:

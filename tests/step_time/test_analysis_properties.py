@@ -167,6 +167,7 @@ def check_against_reference(window, rows, universe, max_steps):
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(source_rows())
+@pytest.mark.slow
 def test_random_patterns_match_the_plain_python_reference(case):
     rows, universe, max_steps = case
     window = analyze_snapshot(_snapshot(rows, universe), max_steps)

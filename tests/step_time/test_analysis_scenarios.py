@@ -10,7 +10,7 @@ import statistics
 
 import pytest
 
-from scenarios import SCENARIO_SPECS, SCENARIOS
+from tests.step_time.scenarios import SCENARIO_SPECS, SCENARIOS
 from traceml.processor.step_time.analysis import WINDOW_METRICS
 from traceml.processor.step_time.pipeline import (
     PROFILE_LIVE,
@@ -61,7 +61,7 @@ def test_complete_gpu_selects_gpu_and_keeps_both_clock_aggregates(scenario_db):
 
 
 def test_live_profile_keeps_only_the_latest_hundred_common_steps(tmp_path):
-    from scenarios import build_scenario
+    from tests.step_time.scenarios import build_scenario
 
     db = build_scenario("complete_gpu", tmp_path / "c.db")
     live = _PIPELINE.run(StepTimeRequest(db, "complete_gpu", profile=PROFILE_LIVE, max_steps=10)).window
@@ -174,8 +174,8 @@ def test_forward_missing_everywhere_has_zero_coverage(scenario_db):
 
 
 def test_several_runs_in_one_database_never_mix(tmp_path):
-    from scenarios import scenario_records
     from tests.harness.stored_rows import stored_run_ids
+    from tests.step_time.scenarios import scenario_records
     from traceml.processor.sqlite_writer import StepTimeStore
 
     db = tmp_path / "all.db"

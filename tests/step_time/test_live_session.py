@@ -6,7 +6,7 @@ import sqlite3
 import threading
 import time
 
-from scenarios import build_scenario, scenario_records
+from tests.step_time.scenarios import build_scenario, scenario_records
 from traceml.processor.diagnosis import diagnose
 from traceml.processor.sqlite_writer import StepTimeStore
 from traceml.processor.step_time.model import RankIdentity, RawEventValue, StepTimeIngestRecord

@@ -9,19 +9,17 @@ from pathlib import Path
 
 import grpc
 import pytest
-from processor_harness import count_rows, make_service
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
-from otlp_payloads import steps_request
-from test_runs import send_straggler_run
+from tests.processor.test_runs import send_straggler_run
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from otlp_test_receiver import OtlpTestReceiver, attributes  # noqa: E402
-
-from traceml.processor.cli import config_from_args  # noqa: E402
-from traceml.processor.ingest import wait_until  # noqa: E402
-from traceml.processor.summary_export import SummaryExportConfig  # noqa: E402
-from traceml.processor.security import TlsConfig  # noqa: E402
-from traceml.schema import vocabulary as v  # noqa: E402
+from tests.harness import wait_until
+from tests.harness.otlp_receiver import OtlpTestReceiver, attributes
+from tests.harness.processor_service import count_rows, make_service
+from tests.processor.otlp_payloads import steps_request
+from traceml.processor.cli import config_from_args
+from traceml.processor.summary_export import SummaryExportConfig
+from traceml.processor.security import TlsConfig
+from traceml.schema import vocabulary as v
 
 
 def _diagnosis_points(receiver: OtlpTestReceiver, run_id: str):
@@ -53,8 +51,9 @@ def test_summary_metrics_are_pushed_over_otlp(tmp_path, protocol):
         assert kinds == {"sum"}
 
 
+@pytest.mark.slow
 def test_unreachable_export_destination_never_blocks_ingest(tmp_path):
-    from prometheus_harness import free_port
+    from tests.harness import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"
     svc = make_service(tmp_path, prometheus=None, export=SummaryExportConfig(dead, interval_s=0.1, timeout_s=0.5))

@@ -5,13 +5,18 @@ import socketserver
 import threading
 
 
+SHUTDOWN_POLL_S = 0.05
+"""How often the accept loop looks for a stop request: `stop()` waits up to this long
+per listener (the service stops two in a row), and an idle loop wakes this often."""
+
+
 class ServerThread:
     """Owns one bound server: `start()` serves in the background, `stop()` closes it."""
 
     def __init__(self, server: socketserver.BaseServer, name: str):
         self.server = server
         self.port = server.server_address[1]
-        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
+        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": SHUTDOWN_POLL_S},
                                         name=name, daemon=True)
 
     def start(self) -> None:

@@ -136,6 +136,7 @@ def test_compare_marks_the_diagnosis_and_input_wait_changes_as_material(demo_run
     assert same.returncode == 0 and "Material changes: none" in same.output
 
 
+@pytest.mark.slow
 def test_compare_thresholds_on_a_recorded_summary(demo_runs):
     """Below the documented thresholds a change is shown but not material; above, it is."""
     import copy

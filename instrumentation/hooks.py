@@ -13,8 +13,8 @@ from operator import methodcaller
 from traceml.schema.vocabulary import RAW_DATALOADER_NEXT, RAW_OPTIMIZER_STEP
 
 from . import step_events as _se
-from . import timing as _timing
 from .process_state import recording as _rec
+from .process_state import timing_policy as _policy
 from .timing import timed_region
 
 _perf_ns = time.perf_counter_ns
@@ -58,7 +58,7 @@ class HookRegionTimer:
             region.discard()  # stale: its post-hook never ran
         self._depth = 1
         region._g0 = None
-        if not (_timing._gpu_default or _timing._gpu_undecided) and _get_ident() == rec.owner \
+        if not (_policy.gpu_default or _policy.gpu_undecided) and _get_ident() == rec.owner \
                 and not _se.held:
             capture = rec.active
             region._capture = capture if capture is not None else _se.current_capture()
@@ -148,7 +148,7 @@ def timed_next_method(orig_next):
     shared = HookRegionTimer(RAW_DATALOADER_NEXT)
 
     def __next__(self):
-        if not _timing._dataloader_timing or not _rec.recording:
+        if not _policy.dataloader_timing or not _rec.recording:
             return orig_next(self)
         # The shared timer on the training thread; another thread gets its own (its
         # region counts the foreign thread) and never touches the shared one's depth.

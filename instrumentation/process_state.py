@@ -9,6 +9,10 @@ Each holder has one writer and is read on the hot path:
 - `recording`: whether recording is on, which thread records, and the active
   capture. Written only by `step_events`' helpers; read by every timed region,
   hook and patch.
+- `timing_policy`: which clock a region without an explicit device uses, the
+  CUDA event pool, and whether DataLoader waits are timed. Written only by
+  `timing`'s helpers (`prepare_gpu_timing`, `configure_gpu_timing`,
+  `dataloader_timing_scope`); read by timed regions, hooks and `trace_step`.
 
 Each is one instance that is never replaced (its fields change in place), so a
 hot-path module binds it once at import and reads a slot, which is as cheap as
@@ -45,5 +49,22 @@ class RecordingState:
         self.active = None  # the StepCapture events go to (None: created lazily)
 
 
+class TimingPolicy:
+    """How a region that names no device is timed, as every region and hook reads it."""
+
+    __slots__ = ("gpu_default", "gpu_undecided", "pool", "dataloader_timing")
+
+    def __init__(self) -> None:
+        self.gpu_default = False  # CUDA event pairs for regions without an explicit device
+        # True between init() on a CUDA-capable machine and the first trace_step: regions
+        # use CUDA events only once the process initialised CUDA itself (it moved a model
+        # or a tensor there), so a CPU-only job on a GPU machine never gets a CUDA
+        # context from us.
+        self.gpu_undecided = False
+        self.pool = None  # the timing.CudaEventPool regions take their events from
+        self.dataloader_timing = True  # whether DataLoader next() is timed as input wait
+
+
 session = SessionState()
 recording = RecordingState()
+timing_policy = TimingPolicy()

@@ -18,6 +18,7 @@ import time
 
 from . import step_events as _se
 from .process_state import recording as _rec
+from .process_state import timing_policy as _policy
 
 _perf_ns = time.perf_counter_ns
 _get_ident = threading.get_ident
@@ -73,17 +74,12 @@ def _cuda_event_factory(device_index: int | None):
     return lambda: torch.cuda.Event(enable_timing=True)
 
 
-# Process-wide timing policy (set by traceml.init / trace_step, read on every region).
-_gpu_default = False
-_gpu_undecided = False
-"""True between init() on a CUDA-capable machine and the first trace_step: regions use
-CUDA events only once the process has initialised CUDA itself (it moved a model or a
-tensor there), so a CPU-only job on a GPU machine never gets a CUDA context from us."""
-_pool: CudaEventPool | None = None
-_dataloader_timing = True
+# The process-wide timing policy lives in process_state.timing_policy (set by
+# traceml.init and trace_step through the helpers below, read on every region).
 
 
-def _cuda_ready() -> bool:
+def cuda_in_use() -> bool:
+    """Whether this process has initialised CUDA itself (never initialises it)."""
     torch = sys.modules.get("torch")
     try:
         return torch is not None and bool(torch.cuda.is_initialized())
@@ -103,40 +99,38 @@ def cuda_available() -> bool:
 
 def default_gpu() -> bool:
     """Whether a region without an explicit device gets CUDA events right now."""
-    return _gpu_default if not _gpu_undecided else _cuda_ready()
+    return _policy.gpu_default if not _policy.gpu_undecided else cuda_in_use()
 
 
 def prepare_gpu_timing() -> None:
     """CUDA is available: let regions before the first step use events once CUDA is in use."""
-    global _gpu_undecided, _pool
-    if _pool is None:
-        _pool = CudaEventPool()
-    _gpu_undecided = True
+    if _policy.pool is None:
+        _policy.pool = CudaEventPool()
+    _policy.gpu_undecided = True
 
 
 def configure_gpu_timing(enabled: bool, pool: CudaEventPool | None = None,
                          device_index: int | None = None) -> None:
     """Use CUDA event pairs for regions without an explicit device (needs a pool on CUDA)."""
-    global _gpu_default, _pool, _gpu_undecided
     if pool is not None:
-        _pool = pool
-    elif enabled and _pool is None:
-        _pool = CudaEventPool(device_index=device_index)
-    _gpu_default = bool(enabled)
-    _gpu_undecided = False
+        _policy.pool = pool
+    elif enabled and _policy.pool is None:
+        _policy.pool = CudaEventPool(device_index=device_index)
+    _policy.gpu_default = bool(enabled)
+    _policy.gpu_undecided = False
 
 
 def event_pool() -> CudaEventPool | None:
-    return _pool
+    return _policy.pool
 
 
 def gpu_timing_enabled() -> bool:
-    return _gpu_default
+    return _policy.gpu_default
 
 
 def _device_is_cuda(device) -> bool:
     if device is None:
-        return _gpu_default
+        return _policy.gpu_default
     kind = getattr(device, "type", None)
     if kind is None:
         kind = str(device).split(":", 1)[0]
@@ -190,11 +184,12 @@ class timed_region:
         self._capture = capture if capture is not None else se.current_capture()
         self._state = 1
         gpu = self._gpu
+        policy = _policy
         if gpu is None:  # the process policy: default_gpu(), inline (every region's path)
-            gpu = _gpu_default if not _gpu_undecided else _cuda_ready()
-        if gpu and _pool is not None:
+            gpu = policy.gpu_default if not policy.gpu_undecided else cuda_in_use()
+        if gpu and policy.pool is not None:
             try:
-                g0 = _pool.acquire()
+                g0 = policy.pool.acquire()
                 g0.record()
                 self._g0 = g0
             except Exception as exc:  # telemetry never breaks the training step
@@ -210,7 +205,7 @@ class timed_region:
             g1 = None
             if g0 is not None:
                 try:
-                    g1 = _pool.acquire()
+                    g1 = _policy.pool.acquire()
                     g1.record()
                 except Exception as exc:  # the CPU time is kept; the GPU time is unavailable
                     _cuda_event_failed(exc)
@@ -223,8 +218,8 @@ class timed_region:
             if capture is _rec.active and len(capture.events) < _MAX_EVENTS:
                 capture.events.append(event)
             elif not _se.record_timing_event(event, capture) and g0 is not None:
-                _pool.release(g0)
-                _pool.release(g1)
+                _policy.pool.release(g0)
+                _policy.pool.release(g1)
         elif self._state == 2:
             self._state = 3
         else:
@@ -241,7 +236,7 @@ class timed_region:
         """Close an open region without recording it (e.g. the epoch-ending `next()`)."""
         if self._state == 1:
             if self._g0 is not None:
-                _pool.release(self._g0)
+                _policy.pool.release(self._g0)
                 self._g0 = None
             self._capture = None
         self._state = 3
@@ -266,14 +261,12 @@ class _DataLoaderTimingScope:
         self._outer = None
 
     def __enter__(self):
-        global _dataloader_timing
-        self._outer = _dataloader_timing
-        _dataloader_timing = self._enabled
+        self._outer = _policy.dataloader_timing
+        _policy.dataloader_timing = self._enabled
         return self
 
     def __exit__(self, *exc) -> bool:
-        global _dataloader_timing
-        _dataloader_timing = self._outer
+        _policy.dataloader_timing = self._outer
         return False
 
 
@@ -283,12 +276,10 @@ def dataloader_timing_scope(enabled: bool) -> _DataLoaderTimingScope:
 
 
 def dataloader_timing_enabled() -> bool:
-    return _dataloader_timing
+    return _policy.dataloader_timing
 
 
 def _reset_for_tests() -> None:
-    global _gpu_default, _pool, _dataloader_timing, _gpu_undecided
-    _gpu_default = False
-    _gpu_undecided = False
-    _pool = None
-    _dataloader_timing = True
+    _policy.gpu_default = _policy.gpu_undecided = False
+    _policy.pool = None
+    _policy.dataloader_timing = True

@@ -27,6 +27,7 @@ from .forward import time_forward_or_warn
 from .memory import StepMemoryTracker
 from .process_state import recording as _rec
 from .process_state import session as _session
+from .process_state import timing_policy as _policy
 from .step_events import abort_step_capture, complete_step_capture
 from .timing import timed_region
 
@@ -71,7 +72,7 @@ def _tracker_for(model) -> StepMemoryTracker:
     # Without a model (or one without parameters) the step runs on CUDA only once the
     # job itself initialised CUDA: a CPU job on a GPU machine gets no CUDA context.
     default_device = _session.default_device
-    device = default_device if _timing._cuda_ready() else None
+    device = default_device if _timing.cuda_in_use() else None
     if model is not None:
         try:
             device = next(model.parameters()).device
@@ -149,7 +150,7 @@ class trace_step:
         self._capture = capture if capture is not None else se.current_capture()
         if tracker._cuda:
             tracker.reset()
-        if tracker._cuda or _timing._gpu_default or se.held:
+        if tracker._cuda or _policy.gpu_default or se.held:
             region = self._region = _step_region  # reused: trace_step never nests
             region._state = 0
             region._g0 = None

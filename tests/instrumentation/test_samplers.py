@@ -8,7 +8,8 @@ from traceml.samplers import StepMemorySampler, StepTimeSampler
 from traceml.schema.vocabulary import RAW_BACKWARD, RAW_FORWARD, RAW_H2D, RAW_STEP_TIME
 from traceml.timing import CudaEventPool, timed_region
 
-from tests.instrumentation.instr_fakes import FakeCudaEvent, FakeGpuClock, RecordingSink
+from tests.harness.sinks import RecordingSink
+from tests.instrumentation.instr_fakes import FakeCudaEvent, FakeGpuClock
 
 
 def _gpu_event(clock, name, start_ms, end_ms, t0=0, t1=1_000_000):
@@ -221,9 +222,9 @@ def test_before_the_first_step_regions_use_cuda_events_only_once_cuda_is_in_use(
 
     clock = FakeGpuClock()
     timing.prepare_gpu_timing()
-    timing._pool._factory = clock.event
+    timing.event_pool()._factory = clock.event
     ready = {"value": False}
-    monkeypatch.setattr(timing, "_cuda_ready", lambda: ready["value"])
+    monkeypatch.setattr(timing, "cuda_in_use", lambda: ready["value"])
     with timed_region(RAW_H2D):
         pass  # the job has not touched CUDA: no events, no CUDA context from TraceML
     ready["value"] = True

@@ -39,6 +39,8 @@ from traceml.schema.vocabulary import (  # noqa: E402
     RAW_STEP_TIME,
 )
 
+from tests.harness.sinks import RecordingSink  # noqa: E402  (the one recording sink; stdlib only)
+
 MiB = 1 << 20
 _failures: list[str] = []
 
@@ -53,19 +55,7 @@ def close(measured: float | None, expected: float, rel: float = 0.15, abs_ms: fl
     return measured is not None and abs(measured - expected) <= max(rel * expected, abs_ms)
 
 
-class Sink:
-    def __init__(self) -> None:
-        self.steps = []
-        self.memory = []
-
-    def on_step_time(self, record) -> None:
-        self.steps.append(record)
-
-    def on_step_memory(self, record) -> None:
-        self.memory.append(record)
-
-
-def wait_for(sink: Sink, steps: int, timeout_s: float = 30.0) -> None:
+def wait_for(sink: RecordingSink, steps: int, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while len(sink.steps) < steps and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -85,13 +75,13 @@ def reference_ms(torch, fn, repeats: int = 5) -> float:
 
 
 def session(mode: str):
-    sink = Sink()
+    sink = RecordingSink()
     traceml.register_sink(sink)
     traceml.init(mode=mode)
     return sink
 
 
-def end_session(sink: Sink) -> None:
+def end_session(sink: RecordingSink) -> None:
     traceml.shutdown(timeout_s=30)
     traceml.unregister_sink(sink)
 

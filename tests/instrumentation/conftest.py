@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import pytest
-from tests.instrumentation.instr_fakes import FakeGpuClock, RecordingSink
+from tests.harness.sinks import RecordingSink
+from tests.instrumentation.instr_fakes import FakeGpuClock
 
 import traceml
 from traceml import step_events, timing

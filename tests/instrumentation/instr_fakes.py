@@ -1,4 +1,6 @@
-"""Test helpers for the instrumentation tests: a recording sink, a sampler flush and fake CUDA events.
+"""Test helpers for the instrumentation tests: a sampler flush and fake CUDA events.
+
+The recording sink is shared with the other suites: `tests.harness.sinks.RecordingSink`.
 
 Only the GPU is faked: `FakeCudaEvent` has the two methods the timing sampler may
 call on a real `torch.cuda.Event` (`query()`, `elapsed_time()`) plus `record()`.
@@ -12,20 +14,6 @@ def flush_samplers() -> None:
 
     StepTimeSampler().run_once()
     StepMemorySampler().run_once()
-
-
-class RecordingSink:
-    """A TelemetrySink that keeps what it receives."""
-
-    def __init__(self) -> None:
-        self.steps = []
-        self.memory = []
-
-    def on_step_time(self, record) -> None:
-        self.steps.append(record)
-
-    def on_step_memory(self, record) -> None:
-        self.memory.append(record)
 
 
 class FakeGpuClock:

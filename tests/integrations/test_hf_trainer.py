@@ -35,21 +35,10 @@ from traceml.integrations.patching import is_wrapper  # noqa: E402
 from traceml.schema.vocabulary import RAW_H2D, RAW_STEP_TIME  # noqa: E402
 
 from tests.harness.child_python import child_env  # noqa: E402
+from tests.harness.sinks import RecordingSink  # noqa: E402
 from tests.integrations import hf_helpers as h  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.steps = []
-        self.memory = []
-
-    def on_step_time(self, record) -> None:
-        self.steps.append(record)
-
-    def on_step_memory(self, record) -> None:
-        self.memory.append(record)
 
 
 class Traced:
@@ -57,7 +46,7 @@ class Traced:
 
     def __init__(self) -> None:
         traceml._reset_for_tests()
-        self.sink = Sink()
+        self.sink = RecordingSink()
         traceml.register_sink(self.sink)
         assert hf.init() is True
 
@@ -467,16 +456,14 @@ _LAUNCHED_SCRIPT = textwrap.dedent("""
     from tests.integrations import hf_helpers as h
     from transformers import Trainer
     from traceml.integrations import huggingface as hf
+    from tests.harness.sinks import RecordingSink
     assert hf.is_installed()
-    steps = []
-    class Sink:
-        def on_step_time(self, record): steps.append(record)
-        def on_step_memory(self, record): pass
-    traceml.register_sink(Sink())
+    sink = RecordingSink()
+    traceml.register_sink(sink)
     trainer, log, _ = h.make_trainer({out!r}, train_dataset=h.MapDataset(10))
     trainer.train()
     traceml.shutdown()
-    steps.sort(key=lambda r: r.step)
+    steps = sorted(sink.steps, key=lambda r: r.step)
     print("RESULT", json.dumps([h.event_counts(r) for r in steps]))
 """)
 

@@ -1,0 +1,22 @@
+"""A TelemetrySink that keeps what it receives, for tests and the CUDA check.
+
+The samplers publish to registered sinks; a test or a check asserts on the records
+they delivered. One class for every suite (instrumentation, integrations, the GPU
+check) so a change to the sink protocol is made in one place. Stdlib only: the GPU
+check imports it without pytest.
+"""
+from __future__ import annotations
+
+
+class RecordingSink:
+    """Keeps every step-time and step-memory record it is handed, in arrival order."""
+
+    def __init__(self) -> None:
+        self.steps = []
+        self.memory = []
+
+    def on_step_time(self, record) -> None:
+        self.steps.append(record)
+
+    def on_step_memory(self, record) -> None:
+        self.memory.append(record)

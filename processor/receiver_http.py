@@ -237,7 +237,7 @@ class _Server6(_Server):
     address_family = socket.AF_INET6
 
 
-class HttpReceiver:
+class HttpReceiver(ServerThread):
     """Owns one threaded HTTP server; `port` is the bound port (useful with port 0)."""
 
     def __init__(self, handler: OtlpIntake, host: str, port: int, *,
@@ -245,17 +245,9 @@ class HttpReceiver:
                  readiness: Callable[[], tuple[bool, str]] = lambda: (True, "ready"),
                  reuse_port: bool = False):
         server_cls = _Server6 if ":" in host else _Server
-        self._server = server_cls((host, port), handler, auth, readiness, handler.stats, reuse_port)
+        server = server_cls((host, port), handler, auth, readiness, handler.stats, reuse_port)
         if tls.enabled:
             # The handshake runs on the handler thread, never on the accept loop.
-            self._server.socket = tls.server_context().wrap_socket(
-                self._server.socket, server_side=True, do_handshake_on_connect=False)
-        self._serving = ServerThread(self._server, "traceml-otlp-http")
-        self.host = host
-        self.port = self._serving.port
-
-    def start(self) -> None:
-        self._serving.start()
-
-    def stop(self) -> None:
-        self._serving.stop()
+            server.socket = tls.server_context().wrap_socket(
+                server.socket, server_side=True, do_handshake_on_connect=False)
+        super().__init__(server, host, "traceml-otlp-http")

@@ -126,20 +126,11 @@ class _PromServer(ThreadingHTTPServer):
         self.render = render
 
 
-class PrometheusEndpoint:
+class PrometheusEndpoint(ServerThread):
     """`GET /metrics` on its own HOST:PORT (`--prometheus`)."""
 
     def __init__(self, host: str, port: int, collect: Callable[[], Sequence]):
-        self._server = _PromServer((host, port), lambda: render_prometheus(collect()))
-        self._serving = ServerThread(self._server, "traceml-prometheus")
-        self.host = host
-        self.port = self._serving.port
-
-    def start(self) -> None:
-        self._serving.start()
-
-    def stop(self) -> None:
-        self._serving.stop()
+        super().__init__(_PromServer((host, port), lambda: render_prometheus(collect())), host, "traceml-prometheus")
 
 
 # --- OTLP push --------------------------------------------------------------------------------

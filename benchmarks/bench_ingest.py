@@ -40,6 +40,7 @@ import psutil
 
 from benchmarks.json_output import add_json_flag, print_json, table_output
 from tests.harness import ProcessorProcess
+from tests.harness.stored_rows import count_rows
 from tests.processor.otlp_payloads import step_span, trace_request
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,13 +77,7 @@ class Processor(ProcessorProcess):
         return self.ps.memory_info().rss / 2**20
 
     def rows(self) -> int:
-        import sqlite3
-
-        conn = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True)
-        try:
-            return conn.execute("SELECT count(*) FROM step_time_samples").fetchone()[0]
-        finally:
-            conn.close()
+        return count_rows(self.db)
 
     def scrape(self) -> str:
         return self.metrics_text()

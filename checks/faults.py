@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from tests.harness import ProcessorProcess, free_port, wait_until
-from tests.reliability import reliability_helpers as h
+from tests.harness.stored_rows import count_rows, integrity_ok, stored_step_keys
 from tests.reliability.crash_scenario import GROUPS, RUN, acknowledged, finish, start_senders
 from tests.reliability.fault_training import finish as finish_training
 from tests.reliability.fault_training import lost as lost_spans
@@ -49,7 +49,7 @@ def crash_cycles(cycles: int) -> bool:
                 return False
             proc.kill9()
             acked = acknowledged(logs)
-            missing = acked - h.stored_step_keys(proc.db, RUN)
+            missing = acked - stored_step_keys(proc.db, RUN)
             lost_after_kill += len(missing)
             print(f"  kill {cycle + 1}: {len(acked)} steps acknowledged so far, {len(missing)} missing after kill -9")
             proc.start()
@@ -59,16 +59,16 @@ def crash_cycles(cycles: int) -> bool:
         stop.touch()
         last_steps = finish(senders)
     acked = acknowledged(logs)
-    stored = h.stored_step_keys(proc.db, RUN)
-    rows = h.count_rows(proc.db)
+    stored = stored_step_keys(proc.db, RUN)
+    rows = count_rows(proc.db)
     finish(start_senders(proc, folder, stop, replay_to=last_steps))
-    added = h.count_rows(proc.db) - rows
+    added = count_rows(proc.db) - rows
     code = proc.stop()
     lost = len(acked - stored)
     print(f"crash durability: {cycles} x kill -9 during ingest from {len(GROUPS)} sender processes; "
           f"{len(acked)} steps acknowledged, {len(stored)} stored, lost {lost} (after each kill: {lost_after_kill}); "
           f"replay of every batch added {added} rows; exit code after SIGTERM {code}; "
-          f"integrity {h.integrity_ok(proc.db)}")
+          f"integrity {integrity_ok(proc.db)}")
     return lost == 0 and lost_after_kill == 0 and added == 0 and code == 0
 
 
@@ -109,7 +109,7 @@ def training_faults(steps: int, repeats: int) -> bool:
         proc.start()
         result = finish_training(trainer, timeout_s=600, check=False)
         time.sleep(1.0)
-        result["stored"] = len(h.stored_step_keys(proc.db, f"restart-{r}"))
+        result["stored"] = len(stored_step_keys(proc.db, f"restart-{r}"))
         proc.stop()
         record("processor kill -9 + restart mid-run", result)
 

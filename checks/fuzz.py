@@ -29,6 +29,7 @@ from pathlib import Path
 import grpc
 
 from tests.harness import ProcessorProcess
+from tests.harness.stored_rows import integrity_ok, stored_memory_keys, stored_step_keys
 from tests.reliability import fuzz_cases as fc
 from tests.reliability import reliability_helpers as h
 from traceml.schema import vocabulary as v
@@ -143,8 +144,8 @@ def main() -> int:
                 print(f"  {i} requests, {len(mismatches)} kinds of mismatch", flush=True)
         wall = time.perf_counter() - began
         pool = {r.strip() for r in fc.RUN_POOL}
-        stored = {k for k in h.stored_step_keys(proc.db) if k[0] in pool}
-        stored_memory = {k for k in h.stored_memory_keys(proc.db) if k[0] in pool}
+        stored = {k for k in stored_step_keys(proc.db) if k[0] in pool}
+        stored_memory = {k for k in stored_memory_keys(proc.db) if k[0] in pool}
         alive = proc.proc.poll() is None
         nagle = nagle_probe(proc.http, proc.grpc)
     finally:
@@ -164,7 +165,7 @@ def main() -> int:
     print(f"valid memory rows: expected {len(ledger.memory)}, stored {len(stored_memory)}, "
           f"missing {len(ledger.memory - stored_memory)}")
     print(f"processor alive at the end: {alive}; exit code after SIGTERM: {code}; "
-          f"database integrity: {h.integrity_ok(proc.db)}")
+          f"database integrity: {integrity_ok(proc.db)}")
     print("HTTP answer with a body (partial success), ms/request: "
           + ", ".join(f"{k} {val:.1f}" for k, val in nagle.items()))
     ok = not mismatches and stored == ledger.steps and stored_memory == ledger.memory and alive and code == 0

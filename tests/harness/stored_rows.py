@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,42 @@ def _query(db: Path, sql: str, args: tuple = ()) -> list[tuple]:
         return conn.execute(sql, args).fetchall()
     finally:
         conn.close()
+
+
+def count_rows(db: Path, table: str = "step_time_samples", run_id: str | None = None) -> int:
+    """Rows in `table` (of `run_id` when given); the table name is checked, it is spliced into the SQL."""
+    assert re.fullmatch(r"[a-z_]+", table), table
+    if run_id is None:
+        return _query(db, f"SELECT count(*) FROM {table}")[0][0]
+    return _query(db, f"SELECT count(*) FROM {table} WHERE run_id = ?", (run_id,))[0][0]
+
+
+def stored_step_keys(db: Path, run_id: str | None = None) -> set[tuple[str, int, int]]:
+    """(run_id, rank, step) of every stored step row (of `run_id` when given)."""
+    sql = "SELECT run_id, global_rank, step FROM step_time_samples"
+    rows = _query(db, sql + (" WHERE run_id = ?" if run_id else ""), (run_id,) if run_id else ())
+    return {(r, int(k), int(s)) for r, k, s in rows}
+
+
+def stored_memory_keys(db: Path) -> set[tuple[str, int, int, str]]:
+    """(run_id, rank, step, device) of every stored memory row."""
+    return {(r, int(k), int(s), d) for r, k, s, d in _query(
+        db, "SELECT run_id, global_rank, step, device FROM step_memory_samples")}
+
+
+def steps_per_rank(db: Path) -> dict[int, int]:
+    """rank -> stored step rows; empty while the file or its tables do not exist yet (a poll's answer)."""
+    if not db.exists():
+        return {}
+    try:
+        return dict(_query(db, "SELECT global_rank, COUNT(*) FROM step_time_samples GROUP BY global_rank"))
+    except (FileNotFoundError, sqlite3.Error):
+        return {}
+
+
+def integrity_ok(db: Path) -> bool:
+    """SQLite's own `PRAGMA integrity_check` says "ok"."""
+    return _query(db, "PRAGMA integrity_check")[0][0] == "ok"
 
 
 def stored_run_ids(db: Path) -> list[str]:
@@ -93,5 +130,6 @@ def insert_foreign_row(db: Path, row: tuple) -> None:
     conn.close()
 
 
-__all__ = ["StoredRun", "finished_ranks", "insert_foreign_row", "pack_values", "reported_drops",
-           "stored_run", "stored_run_ids"]
+__all__ = ["StoredRun", "count_rows", "finished_ranks", "insert_foreign_row", "integrity_ok", "pack_values",
+           "reported_drops", "steps_per_rank", "stored_memory_keys", "stored_run", "stored_run_ids",
+           "stored_step_keys"]

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -48,20 +47,6 @@ def traceml(args: list[str], cwd: Path, timeout: float = 240, **env: str) -> Tra
     proc = subprocess.run([str(TRACEML), *args], cwd=cwd, env=clean_env(**env), capture_output=True,
                           text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     return TracemlRun(proc.returncode, proc.stdout + proc.stderr, cwd)
-
-
-def stored_steps(db: Path) -> dict[int, int]:
-    """rank -> stored step rows (read-only, safe beside a live processor)."""
-    if not db.exists():
-        return {}
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
-    try:
-        return dict(conn.execute(
-            "SELECT global_rank, COUNT(*) FROM step_time_samples GROUP BY global_rank").fetchall())
-    except sqlite3.Error:
-        return {}
-    finally:
-        conn.close()
 
 
 def processors_using(path: Path) -> list[int]:

@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from tests.launcher.launcher_helpers import SCRIPTS, TRACEML, clean_env, processors_using, stored_steps, traceml
+from tests.harness.stored_rows import steps_per_rank
+from tests.launcher.launcher_helpers import SCRIPTS, TRACEML, clean_env, processors_using, traceml
 
 
 def _ranks_and_steps(summary: dict) -> dict[int, int]:
@@ -99,7 +100,7 @@ def test_sigterm_reaches_the_ranks_and_the_run_is_still_summarised(workdir):
     db = workdir / "traceml_runs" / "sigterm-run" / "traceml.sqlite"
     try:
         deadline = time.monotonic() + 120
-        while min(stored_steps(db).values() or [0]) < 5 or len(stored_steps(db)) < 2:
+        while min(steps_per_rank(db).values() or [0]) < 5 or len(steps_per_rank(db)) < 2:
             assert proc.poll() is None, proc.stdout.read()[-3000:]
             assert time.monotonic() < deadline, "no steps arrived"
             time.sleep(0.5)
@@ -149,7 +150,7 @@ def test_with_an_endpoint_the_launcher_only_exports(workdir, tmp_path_factory):
         assert run.returncode == 0, run.output[-3000:]
         assert "exporting OTLP to" in run.output
         assert not (workdir / "traceml_runs").exists()
-        assert stored_steps(elsewhere / "ext.sqlite") == {0: 6, 1: 6}
+        assert steps_per_rank(elsewhere / "ext.sqlite") == {0: 6, 1: 6}
     finally:
         external.stop()
 

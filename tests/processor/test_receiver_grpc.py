@@ -6,7 +6,8 @@ import threading
 
 import grpc
 import pytest
-from tests.harness.processor_service import count_rows, make_service
+from tests.harness.processor_service import make_service
+from tests.harness.stored_rows import count_rows
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc

@@ -7,7 +7,8 @@ import json
 import sqlite3
 import threading
 
-from tests.harness.processor_service import count_rows, make_service
+from tests.harness.processor_service import make_service
+from tests.harness.stored_rows import count_rows
 from google.protobuf import json_format
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metrics_pb2

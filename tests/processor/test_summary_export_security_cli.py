@@ -14,7 +14,8 @@ from tests.processor.test_runs import send_straggler_run
 
 from tests.harness import wait_until
 from tests.harness.otlp_receiver import OtlpTestReceiver, attributes
-from tests.harness.processor_service import count_rows, make_service
+from tests.harness.processor_service import make_service
+from tests.harness.stored_rows import count_rows
 from tests.processor.otlp_payloads import steps_request
 from traceml.processor.cli import config_from_args
 from traceml.processor.summary_export import SummaryExportConfig

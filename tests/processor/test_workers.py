@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import grpc
-from tests.harness.processor_service import count_rows, make_service
+from tests.harness.processor_service import make_service
+from tests.harness.stored_rows import count_rows
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from tests.processor.otlp_payloads import run_end_span, steps_request, trace_request
 

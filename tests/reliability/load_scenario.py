@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.harness import ProcessorProcess, wait_until
+from tests.harness.stored_rows import count_rows
 from tests.harness.child_python import child_env, module_command
 from tests.reliability import reliability_helpers as h
 from traceml.schema import vocabulary as v
@@ -116,7 +117,7 @@ def run_load(folder: Path, *, ranks: int, steps_per_s: float, duration_s: float,
             result.sender_retries += counts["retries"]
             result.late_ticks += counts["late_ticks"]
         result.wall_s = time.monotonic() - began
-        result.rows_stored = h.count_rows(proc.db)
+        result.rows_stored = count_rows(proc.db)
         result.ingest_spans_per_s = result.rows_stored / result.wall_s
         result.lag_max_s = max(result.lag_samples, default=float("nan"))
         result.rss_max_mib = max(result.rss_max_mib, proc.rss_bytes() / 2**20)

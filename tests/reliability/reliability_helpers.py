@@ -1,15 +1,14 @@
 """Shared pieces of the reliability tests and benchmarks.
 
 Deterministic OTLP builders (span and trace ids derive from run/rank/step, so a
-re-sent request is byte-identical, as a client retry is), SQLite read-backs and a
-Prometheus text parser. The processor subprocess, ports and waiting live in
-`tests.harness`.
+re-sent request is byte-identical, as a client retry is) and a Prometheus text
+parser. The processor subprocess, ports and waiting live in `tests.harness`, the
+SQLite read-backs in `tests.harness.stored_rows`.
 """
 from __future__ import annotations
 
 import hashlib
 import re
-import sqlite3
 import time
 from pathlib import Path
 from typing import Iterable, Mapping
@@ -143,48 +142,6 @@ def metrics_request(resource: Mapping[str, object], metrics: Iterable) -> metric
         resource=resource_pb2.Resource(attributes=kvs(resource)),
         scope_metrics=[metric_data.ScopeMetrics(scope=common_pb2.InstrumentationScope(name="traceml"),
                                                 metrics=list(metrics))])])
-
-
-# --- SQLite read-backs ---------------------------------------------------------------------------
-
-def _ro(db: Path) -> sqlite3.Connection:
-    return sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
-
-
-def stored_step_keys(db: Path, run_id: str | None = None) -> set[tuple[str, int, int]]:
-    conn = _ro(db)
-    try:
-        sql = "SELECT run_id, global_rank, step FROM step_time_samples"
-        rows = conn.execute(sql + (" WHERE run_id = ?" if run_id else ""), (run_id,) if run_id else ()).fetchall()
-        return {(r, int(k), int(s)) for r, k, s in rows}
-    finally:
-        conn.close()
-
-
-def stored_memory_keys(db: Path) -> set[tuple[str, int, int, str]]:
-    conn = _ro(db)
-    try:
-        return {(r, int(k), int(s), d) for r, k, s, d in conn.execute(
-            "SELECT run_id, global_rank, step, device FROM step_memory_samples")}
-    finally:
-        conn.close()
-
-
-def count_rows(db: Path, table: str = "step_time_samples") -> int:
-    assert re.fullmatch(r"[a-z_]+", table)
-    conn = _ro(db)
-    try:
-        return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
-    finally:
-        conn.close()
-
-
-def integrity_ok(db: Path) -> bool:
-    conn = _ro(db)
-    try:
-        return conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-    finally:
-        conn.close()
 
 
 def prometheus_samples(text: str, name: str) -> list[tuple[dict, float]]:

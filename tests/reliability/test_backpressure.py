@@ -14,6 +14,7 @@ import grpc
 from tests.reliability.fuzz_cases import TRACES, OtlpClient
 
 from tests.harness import wait_until
+from tests.harness.stored_rows import count_rows, stored_step_keys
 from tests.reliability import reliability_helpers as h
 from traceml.processor.service import ProcessorConfig, ProcessorService
 
@@ -72,10 +73,10 @@ def test_a_stalled_writer_refuses_new_work_at_once_and_nothing_acknowledged_is_l
         # The refused clients retry, each over the transport it was refused on, now that the writer is free.
         for name, export in (("c", client.grpc), ("d", client.http)):
             retry_until_acknowledged(lambda: export(TRACES, requests[name]))
-        stored = h.stored_step_keys(config.db, RUN)
+        stored = stored_step_keys(config.db, RUN)
         want = {(RUN, rank, s) for rank, n in ((0, 50), (1, 50), (2, 60), (3, 60)) for s in range(1, n + 1)}
         assert stored == want
-        assert h.count_rows(config.db) == len(want)  # retries added nothing
+        assert count_rows(config.db) == len(want)  # retries added nothing
         print(f"\nanswers while the writer was held: {answers}")
     finally:
         for c in (client, *client_for.values()):

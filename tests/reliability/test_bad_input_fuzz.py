@@ -37,6 +37,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.harness import ProcessorProcess, wait_until
+from tests.harness.stored_rows import count_rows, integrity_ok, stored_memory_keys, stored_step_keys
 from tests.reliability import reliability_helpers as h
 from traceml.schema import vocabulary as v
 
@@ -99,7 +100,7 @@ def assert_serving(processor, client):
     step = client.ledger.step("alive-check", 0)
     answer = client.grpc(TRACES, h.steps_request("alive-check", 0, [step]))
     assert (answer.status, answer.rejected) == (grpc.StatusCode.OK, 0), answer
-    assert ("alive-check", 0, step) in h.stored_step_keys(processor.db, "alive-check")
+    assert ("alive-check", 0, step) in stored_step_keys(processor.db, "alive-check")
 
 
 @pytest.mark.slow
@@ -222,12 +223,12 @@ def test_ten_thousand_generated_requests_keep_every_valid_record(processor, clie
     assert ledger.total >= MINIMUM_REQUESTS
     db = processor.db
     pool = {r.strip() for r in RUN_POOL}
-    stored = {key for key in h.stored_step_keys(db) if key[0] in pool}
+    stored = {key for key in stored_step_keys(db) if key[0] in pool}
     assert ledger.steps and stored == ledger.steps  # every valid record, and nothing invalid
-    stored_memory = {key for key in h.stored_memory_keys(db) if key[0] in pool}
+    stored_memory = {key for key in stored_memory_keys(db) if key[0] in pool}
     assert ledger.memory and stored_memory == ledger.memory
-    assert h.stored_step_keys(db, "fuzz-truncated") <= truncated_sent
-    assert h.integrity_ok(db)
+    assert stored_step_keys(db, "fuzz-truncated") <= truncated_sent
+    assert integrity_ok(db)
     assert_serving(processor, client)
 
 
@@ -262,7 +263,7 @@ def test_a_million_attributes_are_refused_and_the_valid_spans_beside_them_kept(p
     answer = client.grpc(TRACES, request) if transport == "grpc" else client.http(TRACES, request)
     assert answer.status == (grpc.StatusCode.OK if transport == "grpc" else 200), answer
     assert answer.rejected == 1 and reasons_in(answer.message) == {TOO_MANY: 1}, answer
-    stored = h.stored_step_keys(processor.db, "fuzz-big")
+    stored = stored_step_keys(processor.db, "fuzz-big")
     assert {("fuzz-big", 0, base + 1), ("fuzz-big", 0, base + 2)} <= stored
     assert ("fuzz-big", 0, base) not in stored
     assert_serving(processor, client)
@@ -293,7 +294,7 @@ def test_gzip_bombs_and_oversized_bodies_are_refused_without_harm(processor, cli
     answer = client.grpc(TRACES, request, compression=grpc.Compression.Gzip)
     assert answer.status == grpc.StatusCode.RESOURCE_EXHAUSTED, answer
     del huge, request
-    assert "fuzz-big" not in {k[0] for k in h.stored_step_keys(processor.db) if k[2] == 5}
+    assert "fuzz-big" not in {k[0] for k in stored_step_keys(processor.db) if k[2] == 5}
     assert_serving(processor, client)
 
 
@@ -302,13 +303,13 @@ def test_resent_requests_add_no_rows(processor, client):
     requests = [h.steps_request("fuzz-resend", rank, range(1, 6)) for rank in range(4)]
     for request in requests:
         assert client.grpc(TRACES, request).status == grpc.StatusCode.OK
-    before = h.count_rows(processor.db)
+    before = count_rows(processor.db)
     for _ in range(25):
         for i, request in enumerate(requests):
             answer = client.grpc(TRACES, request) if i % 2 else client.http(TRACES, request, "protobuf+gzip")
             assert answer.status in (grpc.StatusCode.OK, 200) and answer.rejected == 0, answer
-    assert h.count_rows(processor.db) == before
-    assert len(h.stored_step_keys(processor.db, "fuzz-resend")) == 20
+    assert count_rows(processor.db) == before
+    assert len(stored_step_keys(processor.db, "fuzz-resend")) == 20
 
 
 def test_deeply_nested_json_is_answered_400(processor, client):

@@ -14,6 +14,7 @@ import pytest
 from tests.reliability.crash_scenario import GROUPS, RUN, acknowledged, finish, start_senders
 
 from tests.harness import ProcessorProcess, wait_until
+from tests.harness.stored_rows import count_rows, integrity_ok, stored_step_keys
 from tests.reliability import reliability_helpers as h
 
 
@@ -36,8 +37,8 @@ def test_kill_9_mid_ingest_loses_no_acknowledged_step_and_replay_adds_nothing(tm
         assert wait_until(lambda: len(acknowledged(logs)) >= 600, 120), "senders made no progress"
         proc.kill9()  # mid-stream: requests are in flight
         before_restart = acknowledged(logs)  # nothing can be acknowledged by a dead processor
-        assert before_restart <= h.stored_step_keys(proc.db, RUN)
-        assert h.integrity_ok(proc.db)
+        assert before_restart <= stored_step_keys(proc.db, RUN)
+        assert integrity_ok(proc.db)
 
         proc.start()  # same ports, same database
         assert wait_until(lambda: len(acknowledged(logs)) >= len(before_restart) + 600, 120)
@@ -46,18 +47,18 @@ def test_kill_9_mid_ingest_loses_no_acknowledged_step_and_replay_adds_nothing(tm
         last_steps = finish(senders)
     acked = acknowledged(logs)
     assert acked > before_restart
-    stored = h.stored_step_keys(proc.db, RUN)
+    stored = stored_step_keys(proc.db, RUN)
     assert acked <= stored
-    rows = h.count_rows(proc.db)
+    rows = count_rows(proc.db)
     assert rows == len(stored)  # one row per (run, rank, step)
     print(f"\nacknowledged {len(acked)} steps ({len(before_restart)} before the kill); stored {rows}")
 
     # Replay every batch ever sent, byte for byte (what a client's retries amount to): no new rows.
     finish(start_senders(proc, tmp_path, stop, replay_to=last_steps))
-    assert h.count_rows(proc.db) == rows
+    assert count_rows(proc.db) == rows
     assert proc.stop() == 0, proc.log_text()[-3000:]
-    assert h.integrity_ok(proc.db)
-    assert h.stored_step_keys(proc.db, RUN) == stored
+    assert integrity_ok(proc.db)
+    assert stored_step_keys(proc.db, RUN) == stored
 
 
 def test_kill_9_of_a_multi_worker_processor_leaves_no_orphan_workers(tmp_path):
@@ -88,12 +89,12 @@ def test_kill_9_of_a_multi_worker_processor_loses_no_acknowledged_step(tmp_path)
         _kill_all(children)  # the whole processor goes down, workers included (see the test above)
         psutil.wait_procs(children, timeout=10)
         before_restart = acknowledged(logs)
-        assert before_restart <= h.stored_step_keys(proc.db, RUN)
+        assert before_restart <= stored_step_keys(proc.db, RUN)
         proc.start()
         assert wait_until(lambda: len(acknowledged(logs)) >= len(before_restart) + 400, 120)
     finally:
         stop.touch()
         finish(senders)
-    assert acknowledged(logs) <= h.stored_step_keys(proc.db, RUN)
+    assert acknowledged(logs) <= stored_step_keys(proc.db, RUN)
     assert proc.stop() == 0, proc.log_text()[-3000:]
-    assert h.integrity_ok(proc.db)
+    assert integrity_ok(proc.db)

@@ -16,6 +16,7 @@ from tests.reliability.fuzz_cases import TRACES, OtlpClient
 from tests.harness.otlp_receiver import OtlpTestReceiver, attributes
 
 from tests.harness import free_port, wait_until
+from tests.harness.stored_rows import count_rows, stored_step_keys
 from tests.reliability import reliability_helpers as h
 from traceml.processor.summary_export import SummaryExportConfig
 from traceml.processor.service import ProcessorConfig, ProcessorService
@@ -75,7 +76,7 @@ def test_destination_down_then_up_ingest_continues_and_the_gap_is_reported(tmp_p
 
         assert wait_until(outage_seen, 60, 0.2)
         during = step
-        assert h.stored_step_keys(config.db, RUN) == {(RUN, r, s) for r in (0, 1) for s in range(1, during + 1)}
+        assert stored_step_keys(config.db, RUN) == {(RUN, r, s) for r in (0, 1) for s in range(1, during + 1)}
         assert service.pusher.sent == 0 and service.pusher.last_error
         # The lost pushes are a self-metric (on /metrics and in the next successful push).
         assert {p.name: p.value for p in service.points()}["traceml.processor.export.failures"] >= 2
@@ -101,7 +102,7 @@ def test_destination_down_then_up_ingest_continues_and_the_gap_is_reported(tmp_p
         client.close()
         service.stop()
         receiver.stop()
-    assert h.count_rows(config.db) == 2 * step
+    assert count_rows(config.db) == 2 * step
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ from tests.reliability.fuzz_cases import TRACES, OtlpClient, reasons_in
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
 from tests.harness import ProcessorProcess, wait_until
+from tests.harness.stored_rows import count_rows, stored_step_keys
 from tests.reliability import reliability_helpers as h
 from traceml.processor.cli import config_from_args
 from traceml.processor.service import ProcessorConfig
@@ -101,7 +102,7 @@ def test_bearer_token_and_tls_are_enforced_on_both_receivers(tmp_path):
         assert _http_post(proc.http, good_http, {"Authorization": f"Bearer {TOKEN}"}, client_ctx) == 200
         tls_channel.close()
         plain_channel.close()
-        stored = h.stored_step_keys(proc.db)
+        stored = stored_step_keys(proc.db)
         assert stored == {("sec-allowed", r, s) for r in (0, 1) for s in (1, 2)}  # nothing refused got in
     finally:
         assert proc.stop() == 0
@@ -126,7 +127,7 @@ def test_bearer_token_alone_is_enforced_and_probes_stay_open(tmp_path):
             conn.request("GET", probe)
             assert conn.getresponse().status == 200
             conn.close()
-        assert h.stored_step_keys(proc.db) == {("tok-allowed", 0, 1), ("tok-allowed", 1, 1)}
+        assert stored_step_keys(proc.db) == {("tok-allowed", 0, 1), ("tok-allowed", 1, 1)}
     finally:
         assert proc.stop() == 0
 
@@ -151,8 +152,8 @@ def test_caps_on_runs_ranks_and_attribute_sizes(tmp_path):
         span = h.step_span("cap-a", 0, 3, attrs={**h.step_attrs(3, 0), "note": "x" * 4097})
         answer = client.grpc(TRACES, h.trace_request([h.resource_spans(h.resource_attrs("cap-a", 0), [span])]))
         assert reasons_in(answer.message) == {"attribute_too_large": 1}, answer
-        assert {k[0] for k in h.stored_step_keys(proc.db)} == {"cap-a", "cap-b"}
-        assert ("cap-a", 3, 1) not in h.stored_step_keys(proc.db)
+        assert {k[0] for k in stored_step_keys(proc.db)} == {"cap-a", "cap-b"}
+        assert ("cap-a", 3, 1) not in stored_step_keys(proc.db)
     finally:
         client.close()
         assert proc.stop() == 0
@@ -197,9 +198,9 @@ def test_hostile_run_ids_are_stored_verbatim_and_summaries_stay_inside_the_summa
     finally:
         client.close()
         assert proc.stop() == 0
-    stored_runs = {k[0] for k in h.stored_step_keys(proc.db)}
+    stored_runs = {k[0] for k in stored_step_keys(proc.db)}
     assert stored_runs == {run.strip() for run in HOSTILE_RUN_IDS}  # verbatim, every table intact
-    assert h.count_rows(proc.db) == 5 * len(HOSTILE_RUN_IDS) and h.count_rows(proc.db, "step_time_runs") == \
+    assert count_rows(proc.db) == 5 * len(HOSTILE_RUN_IDS) and count_rows(proc.db, "step_time_runs") == \
         len(HOSTILE_RUN_IDS)
     root = summaries.resolve()
     folders = [p for p in root.iterdir()]

@@ -19,7 +19,7 @@ from tests.reliability.fault_training import train as run_training
 from tests.harness.otlp_receiver import OtlpTestReceiver
 
 from tests.harness import ProcessorProcess, free_port, wait_until
-from tests.reliability import reliability_helpers as h
+from tests.harness.stored_rows import stored_step_keys
 
 
 def train(run_id: str, endpoint: str, protocol: str, *, steps: int, progress: Path | None = None,
@@ -80,7 +80,7 @@ def test_processor_restarted_mid_run_training_completes_and_the_summary_accounts
     summary = json.loads(summary_file.read_text())
     telemetry = summary["telemetry"]
     assert telemetry["ranks_finished"] == [0]
-    stored = len(h.stored_step_keys(proc.db, "restart-run"))
+    stored = len(stored_step_keys(proc.db, "restart-run"))
     # Every step is either stored or counted lost by the exporter: nothing vanished silently.
     assert stored + lost(exporter) >= steps, (stored, exporter)
     assert stored < steps or lost(exporter) == 0

@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from typing import Mapping
-from urllib.parse import unquote, urlparse
+from urllib.parse import urlparse
 
 from traceml.schema import environment as env_names
+from traceml.schema.key_value_list import key_value_entries
 from traceml.schema.otlp_headers import parse_otlp_headers
 
 PROTOCOL_GRPC = "grpc"
@@ -150,13 +151,10 @@ def resolve_settings(
 def parse_resource_attributes(raw: str) -> dict[str, str]:
     """OTEL_RESOURCE_ATTRIBUTES: `k1=v1,k2=v2`, values URL-encoded; malformed pairs are an error."""
     out: dict[str, str] = {}
-    for part in raw.split(","):
-        if not part.strip():
-            continue
-        key, eq, value = part.partition("=")
-        if not eq or not key.strip():
-            raise ValueError(f"{env_names.OTEL_RESOURCE_ATTRIBUTES}: {part.strip()!r} is not key=value")
-        out[unquote(key.strip())] = unquote(value.strip())
+    for position, key, value in key_value_entries(raw):
+        if value is None or not key:
+            raise ValueError(f"{env_names.OTEL_RESOURCE_ATTRIBUTES}: entry {position} is not key=value")
+        out[key] = value
     return out
 
 

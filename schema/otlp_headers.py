@@ -1,10 +1,10 @@
 """`OTEL_EXPORTER_OTLP_HEADERS`: the one parser both sides use (standard library only).
 
 The OpenTelemetry exporter specification gives the value in the W3C Baggage
-header format: comma-separated `key=value` entries, optional whitespace around
-each key and value, values percent-encoded (`Authorization=Bearer%20abc`). The
-training side's exporter and the processor's summary export read the same
-variable, so they read it the same way.
+header format (`Authorization=Bearer%20abc,x-tenant=ml`), cut into entries by
+`key_value_list`, which `OTEL_RESOURCE_ATTRIBUTES` shares. The training side's
+exporter and the processor's summary export read the same variable, so they
+read it the same way.
 
 A malformed entry (no `=`, or a key that is not an HTTP header name) is logged
 and skipped, and the rest are used: that is what the OpenTelemetry Python SDK
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import logging
 import re
-from urllib.parse import unquote
 
 from traceml.schema.environment import OTEL_EXPORTER_OTLP_HEADERS
+from traceml.schema.key_value_list import key_value_entries
 
 LOG = logging.getLogger(__name__)
 
@@ -38,13 +38,9 @@ def parse_otlp_headers(raw: str | None) -> tuple[tuple[str, str], ...]:
         The headers in the order given; a key given twice appears twice.
     """
     headers: list[tuple[str, str]] = []
-    for position, entry in enumerate((raw or "").split(","), start=1):
-        if not entry.strip():
-            continue
-        key, eq, value = entry.partition("=")
-        key = unquote(key.strip()).lower()
-        value = unquote(value.strip())
-        if not eq or not _TOKEN.fullmatch(key) or _CONTROL.search(value):
+    for position, key, value in key_value_entries(raw):
+        key = key.lower()
+        if value is None or not _TOKEN.fullmatch(key) or _CONTROL.search(value):
             LOG.warning("%s: entry %d is not key=value (a header name, then a value without control"
                         " characters); skipped", OTEL_EXPORTER_OTLP_HEADERS, position)
             continue

@@ -31,11 +31,14 @@ class IngestUnavailable(Exception):
 
 @dataclass(frozen=True)
 class IngestOutcome:
-    """What a committed batch did, for the partial-success answer."""
+    """What a committed batch did in the store.
+
+    No refusal count: the store refuses nothing (validation lives in the decoder
+    alone), so a request's refusals are its decoded batch's `rejected`.
+    """
 
     accepted: int
     duplicates: int
-    rejected: dict[str, int]  # decode's reasons -> items refused
 
 
 @dataclass
@@ -132,7 +135,7 @@ class IngestQueue:
         """Queue `batch` and wait until it is committed. Raises Backpressure / IngestUnavailable."""
         size = batch.record_count
         if size == 0:
-            return IngestOutcome(0, 0, dict(batch.rejected))
+            return IngestOutcome(0, 0)
         ticket = _Ticket(batch, size)
         with self._cond:
             if self._stopping:
@@ -221,7 +224,7 @@ class IngestQueue:
             dup = min(duplicates_left, written)
             duplicates_left -= dup
             accepted = written - dup + len(t.batch.run_ends) + len(t.batch.drops)
-            t.outcome = IngestOutcome(accepted, dup, dict(t.batch.rejected))
+            t.outcome = IngestOutcome(accepted, dup)
             signal = t.batch.signal
             self._stats.add("accepted", signal, accepted)
             self._stats.add("duplicate", signal, dup)

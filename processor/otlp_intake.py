@@ -11,7 +11,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metr
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb2
 
 from traceml.processor.decode import DecodedBatch, Decoder
-from traceml.processor.ingest import IngestOutcome, IngestQueue, ProcessorStats
+from traceml.processor.ingest import IngestQueue, ProcessorStats
 
 
 class OtlpIntake:
@@ -22,25 +22,30 @@ class OtlpIntake:
         self.ingest = ingest
         self.stats = stats
 
-    def _ingest(self, batch: DecodedBatch) -> tuple[IngestOutcome, str]:
+    def _ingest(self, batch: DecodedBatch) -> DecodedBatch:
+        """Count the decoder's verdicts, then return once `batch` is committed."""
         self.stats.add("rejected", batch.signal, batch.rejected_count)
         self.stats.add("ignored", batch.signal, batch.ignored_count)
         self.stats.add_reasons(dict(batch.rejected))
-        outcome = self.ingest.submit(batch)  # raises Backpressure / IngestUnavailable
-        return outcome, batch.message()  # every refusal is the decoder's: the store refuses nothing
+        self.ingest.submit(batch)  # raises Backpressure / IngestUnavailable
+        return batch
 
     def traces(self, request: trace_pb2.ExportTraceServiceRequest) -> trace_pb2.ExportTraceServiceResponse:
-        outcome, message = self._ingest(self.decoder.decode_traces(request))
-        return _answer(trace_pb2.ExportTraceServiceResponse(), "rejected_spans", outcome, message)
+        batch = self._ingest(self.decoder.decode_traces(request))
+        return _answer(trace_pb2.ExportTraceServiceResponse(), "rejected_spans", batch)
 
     def metrics(self, request: metrics_pb2.ExportMetricsServiceRequest) -> metrics_pb2.ExportMetricsServiceResponse:
-        outcome, message = self._ingest(self.decoder.decode_metrics(request))
-        return _answer(metrics_pb2.ExportMetricsServiceResponse(), "rejected_data_points", outcome, message)
+        batch = self._ingest(self.decoder.decode_metrics(request))
+        return _answer(metrics_pb2.ExportMetricsServiceResponse(), "rejected_data_points", batch)
 
 
-def _answer(response, rejected_field: str, outcome: IngestOutcome, message: str):
-    """`partial_success` is set only when something was refused or is worth saying (OTLP: else unset)."""
-    rejected = sum(outcome.rejected.values())
+def _answer(response, rejected_field: str, batch: DecodedBatch):
+    """`partial_success` is set only when something was refused or is worth saying (OTLP: else unset).
+
+    Every refusal is the decoder's (the store refuses nothing), so the answer is
+    the committed batch's own counts and message.
+    """
+    rejected, message = batch.rejected_count, batch.message()
     if rejected or message:
         setattr(response.partial_success, rejected_field, rejected)
         response.partial_success.error_message = message

@@ -3,11 +3,15 @@
 Every variable read here is declared in `traceml.schema.environment`. Values are
 validated once at start-up: a malformed one raises ValueError with its name, and
 the start hook turns that into one log line (training goes on without export).
-`OTEL_EXPORTER_OTLP_HEADERS` is read by the parser both sides share
-(`traceml.schema.otlp_headers`), which skips a malformed entry with a warning.
+Two variables have their own, specified policy instead: `OTEL_EXPORTER_OTLP_HEADERS`
+is read by the parser both sides share (`traceml.schema.otlp_headers`), which
+skips a malformed entry with a warning; a malformed `OTEL_RESOURCE_ATTRIBUTES` is
+discarded whole with an error logged, as the OpenTelemetry resource SDK
+specification says, and export goes on without those attributes.
 """
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -16,6 +20,8 @@ from urllib.parse import urlparse
 from traceml.schema import environment as env_names
 from traceml.schema.key_value_list import key_value_entries
 from traceml.schema.otlp_headers import parse_otlp_headers
+
+_log = logging.getLogger("traceml.exporter")
 
 PROTOCOL_GRPC = "grpc"
 PROTOCOL_HTTP = "http/protobuf"
@@ -149,11 +155,19 @@ def resolve_settings(
 
 
 def parse_resource_attributes(raw: str) -> dict[str, str]:
-    """OTEL_RESOURCE_ATTRIBUTES: `k1=v1,k2=v2`, values URL-encoded; malformed pairs are an error."""
+    """OTEL_RESOURCE_ATTRIBUTES: `k1=v1,k2=v2`, keys and values percent-encoded.
+
+    The resource SDK specification: on any error the entire value SHOULD be
+    discarded and an error reported. So one malformed entry (no `=`, or an empty
+    key) gives no attributes at all and one error log line naming its position;
+    a key given twice keeps its last value.
+    """
     out: dict[str, str] = {}
     for position, key, value in key_value_entries(raw):
         if value is None or not key:
-            raise ValueError(f"{env_names.OTEL_RESOURCE_ATTRIBUTES}: entry {position} is not key=value")
+            _log.error("%s: entry %d is not key=value; the variable is ignored",
+                       env_names.OTEL_RESOURCE_ATTRIBUTES, position)
+            return {}
         out[key] = value
     return out
 

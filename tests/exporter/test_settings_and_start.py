@@ -41,12 +41,20 @@ def test_defaults_are_grpc_plaintext_with_phase_spans():
     ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, "PROTOCOL"),
     ({"OTEL_EXPORTER_OTLP_COMPRESSION": "zstd"}, "COMPRESSION"),
     ({"OTEL_EXPORTER_OTLP_TIMEOUT": "soon"}, "TIMEOUT"),
-    ({"OTEL_RESOURCE_ATTRIBUTES": "=x"}, "RESOURCE_ATTRIBUTES"),
     ({"TRACEML_EXPORT_QUEUE_SIZE": "-3"}, "QUEUE_SIZE"),
 ])
 def test_malformed_settings_are_clear_errors(env, needle):
     with pytest.raises(ValueError, match=needle):
         resolve_settings("http://127.0.0.1:4317", environ=env)
+
+
+@pytest.mark.parametrize("raw", ["=x", "a=1,orphan,b=2"])
+def test_malformed_resource_attributes_are_discarded_whole_with_an_error_and_export_goes_on(raw, caplog):
+    with caplog.at_level(logging.ERROR, logger="traceml.exporter"):
+        s = resolve_settings("http://127.0.0.1:4317", environ={"OTEL_RESOURCE_ATTRIBUTES": raw})
+    assert s is not None and dict(s.resource_attributes) == {}
+    [record] = caplog.records
+    assert record.levelno == logging.ERROR and "OTEL_RESOURCE_ATTRIBUTES" in record.getMessage()
 
 
 def test_start_hook_returns_none_and_logs_once_without_endpoint(caplog, monkeypatch):

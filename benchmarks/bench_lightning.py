@@ -6,7 +6,7 @@ training epoch only (a clock callback present in both arms, so set-up and
 teardown are excluded). Prints the per-batch cost of each arm, the added cost per
 batch and the throughput ratio (traced / plain). Run:
 
-    python benchmarks/bench_lightning.py [--device cpu|cuda] [--batches N] [--trials K]
+    .venv/bin/python -m benchmarks.bench_lightning [--device cpu|cuda] [--batches N] [--trials K] [--json]
 """
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import argparse
 import statistics
 import time
 import warnings
+
+from benchmarks.json_output import add_json_flag, print_json, table_output
 
 
 def main() -> None:
@@ -27,7 +29,15 @@ def main() -> None:
                         help="traceml.init mode of the traced arm (auto = what traceml run does)")
     parser.add_argument("--profile", type=int, default=0,
                         help="instead: cProfile one traced fit, print the top N functions")
+    add_json_flag(parser)
     args = parser.parse_args()
+    with table_output(args.json):
+        figures = _measure(args)
+    if args.json and figures is not None:
+        print_json("bench_lightning", args, figures)
+
+
+def _measure(args) -> dict | None:
     warnings.filterwarnings("ignore")
 
     import lightning.pytorch as pl
@@ -92,7 +102,7 @@ def main() -> None:
         tl.remove_auto_attach()
         traceml.shutdown()
         pstats.Stats(profiler).sort_stats("tottime").print_stats(args.profile)
-        return
+        return None
     plain, traced = [], []
     for _ in range(args.trials):
         plain.append(one_fit())
@@ -110,6 +120,8 @@ def main() -> None:
     print(f"traced  {t * 1e3:8.3f} ms/batch  ({steps} TraceML steps in the last traced fit)")
     print(f"added   {(t - p) * 1e6:8.1f} us/batch")
     print(f"throughput ratio traced/plain = {p / t:.3f}")
+    return {"plain_ms_per_batch": p * 1e3, "traced_ms_per_batch": t * 1e3,
+            "added_us_per_batch": (t - p) * 1e6, "throughput_ratio": p / t, "traceml_steps": steps}
 
 
 if __name__ == "__main__":

@@ -38,3 +38,17 @@ def test_bench_step_time_prints_its_figures_as_json():
     assert live["ranks"] == 1 and live["live_ms"] > 0 and live["cold_ms"] > 0
     summary = document["figures"]["summary"]
     assert summary["ranks"] == 1 and summary["steps"] == 50 and summary["wall_s"] > 0
+
+
+def test_every_benchmark_takes_json():
+    """The promise covers every benchmark, not only the two cheap enough to run here."""
+    import ast
+
+    missing = []
+    for path in sorted((ROOT / "benchmarks").glob("bench_*.py")):
+        tree = ast.parse(path.read_text())
+        calls = {node.func.id for node in ast.walk(tree)
+                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+        if not {"add_json_flag", "print_json"} <= calls:
+            missing.append(path.name)
+    assert missing == [], f"benchmarks without --json (add_json_flag + print_json): {missing}"

@@ -18,6 +18,17 @@ from traceml.schema import environment as env
 DEFAULT_GRPC = "127.0.0.1:4317"
 DEFAULT_HTTP = "127.0.0.1:4318"
 OFF = ("off", "none", "")
+DISTRIBUTION = "traceml-otel"
+
+
+def package_version() -> str:
+    """The installed distribution's version (what `pip` and the image report)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -26,6 +37,8 @@ def _env(name: str, default: str | None = None) -> str | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from traceml.processor.ingest import DEFAULT_MAX_CONCURRENT_REQUESTS
+
     p = argparse.ArgumentParser(
         prog="traceml-processor",
         description="Receive TraceML OTLP, store it in SQLite, diagnose live, re-export summary metrics.")
@@ -66,7 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, metavar="N",
                    help=f"ingest processes sharing the receiver ports (env {env.TRACEML_PROCESSOR_WORKERS}; "
                         "default 1; more use more cores for decode and normalisation)")
+    p.add_argument("--max-concurrent-requests", type=int, metavar="N",
+                   help=f"export requests each receiver handles at once; beyond it gRPC UNAVAILABLE with RetryInfo, "
+                        f"HTTP 429 with Retry-After (env {env.TRACEML_PROCESSOR_MAX_CONCURRENT_REQUESTS}; "
+                        f"default {DEFAULT_MAX_CONCURRENT_REQUESTS})")
     p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    p.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     return p
 
 
@@ -80,34 +98,52 @@ def _address(value: str | None, default: str | None):
 
 
 def _export_config(args):
+    """--export-* flags -> SummaryExportConfig; the OTLP exporter itself reads the rest of OTEL_EXPORTER_OTLP_*."""
     from traceml.processor.summary_export import SummaryExportConfig
     from traceml.schema.otlp_headers import parse_otlp_headers
 
-    endpoint = (args.export_endpoint or _env(env.TRACEML_PROCESSOR_EXPORT_ENDPOINT)
-                or _env(env.OTEL_EXPORTER_OTLP_METRICS_ENDPOINT) or _env(env.OTEL_EXPORTER_OTLP_ENDPOINT))
-    if not endpoint or endpoint.strip().lower() in OFF:
+    own = args.export_endpoint or _env(env.TRACEML_PROCESSOR_EXPORT_ENDPOINT)
+    per_signal = _env(env.OTEL_EXPORTER_OTLP_METRICS_ENDPOINT)
+    chosen = own or per_signal or _env(env.OTEL_EXPORTER_OTLP_ENDPOINT)
+    if not chosen or chosen.strip().lower() in OFF:
         return None
     protocol = (args.export_protocol or _env(env.OTEL_EXPORTER_OTLP_METRICS_PROTOCOL)
                 or _env(env.OTEL_EXPORTER_OTLP_PROTOCOL))
     if protocol is None:
-        protocol = "http/protobuf" if endpoint.rstrip("/").endswith("/v1/metrics") else "grpc"
+        protocol = "http/protobuf" if chosen.rstrip("/").endswith("/v1/metrics") else "grpc"
     if protocol not in ("grpc", "http/protobuf"):
         raise ValueError(f"unsupported OTLP protocol {protocol!r} for summary export (grpc or http/protobuf)")
-    timeout_ms = _env(env.OTEL_EXPORTER_OTLP_TIMEOUT)
-    insecure = _env(env.OTEL_EXPORTER_OTLP_INSECURE)
+    headers = _env(env.OTEL_EXPORTER_OTLP_METRICS_HEADERS) or _env(env.OTEL_EXPORTER_OTLP_HEADERS)
     return SummaryExportConfig(
-        endpoint=endpoint.strip(), protocol=protocol,
-        headers=dict(parse_otlp_headers(_env(env.OTEL_EXPORTER_OTLP_HEADERS))),
-        timeout_s=float(timeout_ms) / 1000.0 if timeout_ms else 10.0,
+        endpoint=own.strip() if own else None,  # None: the exporter resolves the OTEL_* endpoint by the spec
+        protocol=protocol,
+        headers=dict(parse_otlp_headers(headers)),
+        timeout_s=_otlp_timeout_s(),
         interval_s=float(args.export_interval or _env(env.TRACEML_PROCESSOR_EXPORT_INTERVAL, "5")),
-        insecure=None if insecure is None else env.env_flag(insecure),
-        compression=_env(env.OTEL_EXPORTER_OTLP_COMPRESSION),
     )
+
+
+def _otlp_timeout_s(default_s: float = 10.0) -> float:
+    """OTEL_EXPORTER_OTLP_METRICS_TIMEOUT, else OTEL_EXPORTER_OTLP_TIMEOUT: milliseconds by the spec."""
+    for name in (env.OTEL_EXPORTER_OTLP_METRICS_TIMEOUT, env.OTEL_EXPORTER_OTLP_TIMEOUT):
+        raw = _env(name)
+        if raw is None:
+            continue
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if value > 0:
+            return value / 1000.0
+        logging.getLogger("traceml.processor").warning("%s=%r is not a positive number of milliseconds; ignored",
+                                                       name, raw)
+    return default_s
 
 
 def config_from_args(argv=None):
     """Flags + environment -> ProcessorConfig. Raises ValueError on bad settings."""
     from traceml.processor.decode import DecodeLimits
+    from traceml.processor.ingest import DEFAULT_MAX_CONCURRENT_REQUESTS
     from traceml.processor.security import BearerAuth, TlsConfig
     from traceml.processor.service import ProcessorConfig
 
@@ -134,9 +170,14 @@ def config_from_args(argv=None):
         refresh_interval_s=float(args.refresh_interval or _env(env.TRACEML_PROCESSOR_REFRESH_INTERVAL, "0.5")),
         limits=limits,
         workers=int(args.workers or _env(env.TRACEML_PROCESSOR_WORKERS, "1")),
+        max_concurrent_requests=(args.max_concurrent_requests if args.max_concurrent_requests is not None
+                                 else int(_env(env.TRACEML_PROCESSOR_MAX_CONCURRENT_REQUESTS,
+                                               str(DEFAULT_MAX_CONCURRENT_REQUESTS)))),
     )
     if config.workers < 1:
         raise ValueError("--workers must be at least 1")
+    if config.max_concurrent_requests < 1:
+        raise ValueError("--max-concurrent-requests must be at least 1")
     if config.idle_timeout_s <= 0 or config.refresh_interval_s <= 0:
         raise ValueError("--idle-timeout and --refresh-interval must be positive")
     return config, args

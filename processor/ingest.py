@@ -21,6 +21,15 @@ from traceml.schema.vocabulary import SIGNALS
 LOG = logging.getLogger(__name__)
 
 
+RETRY_AFTER_S = 1
+"""How long a refused client is told to wait before it retries (HTTP `Retry-After`,
+gRPC `RetryInfo`): about one commit of the writer, so the queue has drained by then."""
+
+DEFAULT_MAX_CONCURRENT_REQUESTS = 128
+"""Export requests each receiver (gRPC, HTTP) admits at once; beyond it a request is
+refused at once and told to retry after `RETRY_AFTER_S`."""
+
+
 class Backpressure(Exception):
     """The ingest queue is full: the client should retry later."""
 

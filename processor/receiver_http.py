@@ -4,13 +4,15 @@ Bodies are OTLP protobuf (`application/x-protobuf`) or OTLP/JSON
 (`application/json`); the answer uses the request's content type. Gzip is
 honoured here (HTTP compression is not transparent as it is in gRPC) and the
 body is capped at 20 MiB after decompression (413). Empty requests answer 200;
-undecodable bodies 400; a full ingest queue 429 and an uncommitted batch 503,
-both with `Retry-After`, which OTLP clients retry.
+undecodable bodies 400; more requests at once than the concurrent-request limit
+and a full ingest queue 429, an uncommitted batch 503, each with `Retry-After`,
+which OTLP clients retry.
 """
 from __future__ import annotations
 
 import logging
 import socket
+import threading
 import zlib
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,7 +24,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metr
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb2
 
 from traceml.processor.decode import otlp_json_response, parse_otlp_json
-from traceml.processor.ingest import Backpressure, IngestUnavailable
+from traceml.processor.ingest import DEFAULT_MAX_CONCURRENT_REQUESTS, RETRY_AFTER_S, Backpressure, IngestUnavailable
 from traceml.processor.otlp_intake import OtlpIntake
 from traceml.processor.security import BearerAuth, TlsConfig
 from traceml.processor.serving import ServerThread
@@ -33,6 +35,7 @@ LOG = logging.getLogger(__name__)
 MAX_BODY_BYTES = 20 * 1024 * 1024
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
+_RETRY_LATER = {"Retry-After": str(RETRY_AFTER_S)}
 
 _ROUTES = {
     "/v1/traces": (trace_pb2.ExportTraceServiceRequest, SIGNAL_TRACES),
@@ -177,6 +180,18 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_status(415, f"unsupported content type {content_type!r}; "
                                    f"use {PROTOBUF} or {JSON}", PROTOBUF)
             return
+        # Refused before the body is read, so requests over the limit hold no body in memory.
+        if not self.server.admission.acquire(blocking=False):
+            self._drain_unread_body()
+            self._send_status(429, f"over the limit of {self.server.max_concurrent_requests} concurrent requests",
+                              answer_type, _RETRY_LATER)
+            return
+        try:
+            self._export(route, content_type, answer_type)
+        finally:
+            self.server.admission.release()
+
+    def _export(self, route, content_type: str, answer_type: str) -> None:
         message_cls, signal = route
         try:
             body = self._read_body()
@@ -203,10 +218,10 @@ class _Handler(BaseHTTPRequestHandler):
             handle = self.server.handler.traces if signal == SIGNAL_TRACES else self.server.handler.metrics
             response = handle(request)
         except Backpressure as exc:
-            self._send_status(429, f"back-pressure: {exc}", answer_type, {"Retry-After": "1"})
+            self._send_status(429, f"back-pressure: {exc}", answer_type, _RETRY_LATER)
             return
         except IngestUnavailable as exc:
-            self._send_status(503, str(exc), answer_type, {"Retry-After": "1"})
+            self._send_status(503, str(exc), answer_type, _RETRY_LATER)
             return
         if answer_type == JSON:
             self._send(200, otlp_json_response(response), JSON)
@@ -224,13 +239,19 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 128
 
     def __init__(self, address, handler: OtlpIntake, auth: BearerAuth,
-                 readiness: Callable[[], tuple[bool, str]], stats, reuse_port: bool = False):
+                 readiness: Callable[[], tuple[bool, str]], stats, reuse_port: bool = False,
+                 max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS):
+        if max_concurrent_requests < 1:
+            raise ValueError("the concurrent-request limit must be at least 1")
         self.allow_reuse_port = reuse_port  # ingest workers share the port (SO_REUSEPORT)
         super().__init__(address, _Handler)
         self.handler = handler
         self.auth = auth
         self.readiness = readiness
         self.stats = stats
+        # One thread per connection (ThreadingHTTPServer): the limit is on requests being handled.
+        self.max_concurrent_requests = max_concurrent_requests
+        self.admission = threading.BoundedSemaphore(max_concurrent_requests)
 
 
 class _Server6(_Server):
@@ -243,9 +264,10 @@ class HttpReceiver(ServerThread):
     def __init__(self, handler: OtlpIntake, host: str, port: int, *,
                  auth: BearerAuth = BearerAuth(), tls: TlsConfig = TlsConfig(),
                  readiness: Callable[[], tuple[bool, str]] = lambda: (True, "ready"),
-                 reuse_port: bool = False):
+                 reuse_port: bool = False, max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS):
         server_cls = _Server6 if ":" in host else _Server
-        server = server_cls((host, port), handler, auth, readiness, handler.stats, reuse_port)
+        server = server_cls((host, port), handler, auth, readiness, handler.stats, reuse_port,
+                            max_concurrent_requests)
         if tls.enabled:
             # The handshake runs on the handler thread, never on the accept loop.
             server.socket = tls.server_context().wrap_socket(

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from traceml.processor.decode import DecodeLimits, Decoder, RunAdmission
-from traceml.processor.ingest import IngestQueue, ProcessorStats
+from traceml.processor.ingest import DEFAULT_MAX_CONCURRENT_REQUESTS, IngestQueue, ProcessorStats
 from traceml.processor.otlp_intake import OtlpIntake
 from traceml.processor.runs import RunMonitor, stored_run_is_over
 from traceml.processor.security import BearerAuth, TlsConfig, warn_if_exposed
@@ -40,6 +40,7 @@ class ProcessorConfig:
     limits: DecodeLimits = field(default_factory=DecodeLimits)
     max_pending_records: int = 200_000
     grpc_workers: int = 8  # threads per gRPC server
+    max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS  # per receiver; beyond: "retry later"
     workers: int = 1  # ingest processes sharing the receiver ports (SO_REUSEPORT)
 
 
@@ -155,12 +156,14 @@ class ProcessorService:
         if cfg.otlp_grpc is not None:
             warn_if_exposed("OTLP/gRPC", cfg.otlp_grpc[0], cfg.auth, cfg.tls)
             self.grpc = GrpcReceiver(self.intake, *cfg.otlp_grpc, auth=cfg.auth, tls=cfg.tls,
-                                     workers=cfg.grpc_workers, reuse_port=self.pool is not None)
+                                     workers=cfg.grpc_workers, max_concurrent_requests=cfg.max_concurrent_requests,
+                                     reuse_port=self.pool is not None)
             self.grpc.start()
         if cfg.otlp_http is not None:
             warn_if_exposed("OTLP/HTTP", cfg.otlp_http[0], cfg.auth, cfg.tls)
             self.http = HttpReceiver(self.intake, *cfg.otlp_http, auth=cfg.auth, tls=cfg.tls,
-                                     readiness=self.readiness, reuse_port=self.pool is not None)
+                                     readiness=self.readiness, reuse_port=self.pool is not None,
+                                     max_concurrent_requests=cfg.max_concurrent_requests)
             self.http.start()
         if self.pool is not None:
             # Workers bind the ports the main process resolved (port 0 becomes a real port first).

@@ -93,10 +93,11 @@ def _worker_main(config, grpc_addr, http_addr, shared_counts, ready, stop, index
     try:
         if grpc_addr is not None:
             receivers.append(GrpcReceiver(handler, *grpc_addr, auth=config.auth, tls=config.tls,
-                                          workers=config.grpc_workers, reuse_port=True))
+                                          workers=config.grpc_workers,
+                                          max_concurrent_requests=config.max_concurrent_requests, reuse_port=True))
         if http_addr is not None:
             receivers.append(HttpReceiver(handler, *http_addr, auth=config.auth, tls=config.tls,
-                                          reuse_port=True))
+                                          reuse_port=True, max_concurrent_requests=config.max_concurrent_requests))
         for receiver in receivers:
             receiver.start()
     except Exception:

@@ -1,15 +1,22 @@
 """Every environment variable TraceML reads, declared and documented once.
 
 Both sides import the names from here; each reads its own at start-up. Standard
-OpenTelemetry variables (`OTEL_*`) keep their standard meaning; TraceML's own
-start with `TRACEML_`. `docs/configuration.md` lists them for people.
+OpenTelemetry variables (`OTEL_*`) keep their standard meaning and are read by the
+specification's rules (`env_values`); TraceML's own start with `TRACEML_`.
+`docs/configuration.md` lists every one of them, with its default, for people
+(`tests/schema/test_configuration_doc.py` keeps the two in step).
 """
 from __future__ import annotations
+
+from typing import Mapping
 
 # --- Standard OpenTelemetry variables honoured ---------------------------------
 OTEL_SDK_DISABLED = "OTEL_SDK_DISABLED"
 OTEL_SERVICE_NAME = "OTEL_SERVICE_NAME"
 OTEL_RESOURCE_ATTRIBUTES = "OTEL_RESOURCE_ATTRIBUTES"
+
+# OTLP exporter options: a generic variable, overridden per signal by its
+# OTEL_EXPORTER_OTLP_TRACES_* / OTEL_EXPORTER_OTLP_METRICS_* form (`otlp_value`).
 OTEL_EXPORTER_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
 OTEL_EXPORTER_OTLP_PROTOCOL = "OTEL_EXPORTER_OTLP_PROTOCOL"
 OTEL_EXPORTER_OTLP_HEADERS = "OTEL_EXPORTER_OTLP_HEADERS"
@@ -17,6 +24,74 @@ OTEL_EXPORTER_OTLP_TIMEOUT = "OTEL_EXPORTER_OTLP_TIMEOUT"
 OTEL_EXPORTER_OTLP_COMPRESSION = "OTEL_EXPORTER_OTLP_COMPRESSION"
 OTEL_EXPORTER_OTLP_INSECURE = "OTEL_EXPORTER_OTLP_INSECURE"
 OTEL_EXPORTER_OTLP_CERTIFICATE = "OTEL_EXPORTER_OTLP_CERTIFICATE"
+OTEL_EXPORTER_OTLP_CLIENT_KEY = "OTEL_EXPORTER_OTLP_CLIENT_KEY"
+OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE = "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE"
+
+OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+OTEL_EXPORTER_OTLP_TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+OTEL_EXPORTER_OTLP_TRACES_HEADERS = "OTEL_EXPORTER_OTLP_TRACES_HEADERS"
+OTEL_EXPORTER_OTLP_TRACES_TIMEOUT = "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"
+OTEL_EXPORTER_OTLP_TRACES_COMPRESSION = "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION"
+OTEL_EXPORTER_OTLP_TRACES_INSECURE = "OTEL_EXPORTER_OTLP_TRACES_INSECURE"
+OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE = "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE"
+OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY = "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY"
+OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE = "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE"
+
+OTEL_EXPORTER_OTLP_METRICS_ENDPOINT = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"
+OTEL_EXPORTER_OTLP_METRICS_PROTOCOL = "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL"
+OTEL_EXPORTER_OTLP_METRICS_HEADERS = "OTEL_EXPORTER_OTLP_METRICS_HEADERS"
+OTEL_EXPORTER_OTLP_METRICS_TIMEOUT = "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT"
+OTEL_EXPORTER_OTLP_METRICS_COMPRESSION = "OTEL_EXPORTER_OTLP_METRICS_COMPRESSION"
+OTEL_EXPORTER_OTLP_METRICS_INSECURE = "OTEL_EXPORTER_OTLP_METRICS_INSECURE"
+OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE = "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE"
+OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY = "OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY"
+OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE = "OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE"
+
+# Batch span processor and periodic metric reader: mapped onto the exporter's queue,
+# batch and intervals (`traceml.exporter.settings`), in milliseconds as the spec gives them.
+OTEL_BSP_SCHEDULE_DELAY = "OTEL_BSP_SCHEDULE_DELAY"
+OTEL_BSP_EXPORT_TIMEOUT = "OTEL_BSP_EXPORT_TIMEOUT"
+OTEL_BSP_MAX_QUEUE_SIZE = "OTEL_BSP_MAX_QUEUE_SIZE"
+OTEL_BSP_MAX_EXPORT_BATCH_SIZE = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"
+OTEL_METRIC_EXPORT_INTERVAL = "OTEL_METRIC_EXPORT_INTERVAL"
+OTEL_METRIC_EXPORT_TIMEOUT = "OTEL_METRIC_EXPORT_TIMEOUT"
+
+OTLP_SIGNALS = ("traces", "metrics")
+"""The signals TraceML exports (`vocabulary.SIGNALS` names the same two)."""
+OTLP_OPTIONS = ("ENDPOINT", "PROTOCOL", "HEADERS", "TIMEOUT", "COMPRESSION", "INSECURE", "CERTIFICATE",
+                "CLIENT_KEY", "CLIENT_CERTIFICATE")
+"""The OTLP exporter options that each have a generic and a per-signal variable."""
+
+
+def otlp_variables(option: str, signal: str) -> tuple[str, str]:
+    """(per-signal variable, generic variable) of one OTLP exporter option, e.g.
+    `("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")`."""
+    if option not in OTLP_OPTIONS or signal not in OTLP_SIGNALS:
+        raise KeyError((option, signal))
+    return f"OTEL_EXPORTER_OTLP_{signal.upper()}_{option}", f"OTEL_EXPORTER_OTLP_{option}"
+
+
+def otlp_candidates(environ: Mapping[str, str], option: str, signal: str) -> list[tuple[str, str]]:
+    """The one precedence rule of the OTLP exporter specification, for every option.
+
+    Returns (variable, value) for each of the per-signal and the generic variable
+    that is set, in that order: the first wins, and a reader that finds it invalid
+    (warned about and ignored) falls through to the next. An empty value counts as
+    unset, as the specification says.
+    """
+    out = []
+    for name in otlp_variables(option, signal):
+        value = environ.get(name)
+        if value is not None and value.strip():
+            out.append((name, value))
+    return out
+
+
+def otlp_value(environ: Mapping[str, str], option: str, signal: str) -> tuple[str, str] | None:
+    """(variable, value) that sets `option` for `signal` (`otlp_candidates`' first), or None."""
+    candidates = otlp_candidates(environ, option, signal)
+    return candidates[0] if candidates else None
+
 
 # --- Launcher / rank identity (set by torchrun, SLURM) -------------------------
 TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
@@ -36,10 +111,14 @@ SLURM_NODEID = "SLURM_NODEID"
 SLURM_NTASKS = "SLURM_NTASKS"
 SLURM_NTASKS_PER_NODE = "SLURM_NTASKS_PER_NODE"
 SLURM_NNODES = "SLURM_NNODES"
+OMP_NUM_THREADS = "OMP_NUM_THREADS"
+"""Only looked at by `traceml run` / `traceml demo`: set to 1 for the ranks when the user has not
+set it (torchrun's own default for several local ranks, set quietly)."""
 
 # --- TraceML training side ----------------------------------------------------
 TRACEML_DISABLE = "TRACEML_DISABLE"
-"""Kill switch: any of 1/true/yes/on makes every TraceML call a no-op."""
+"""Kill switch: any of 1/true/yes/on makes every TraceML call a no-op (TraceML's own, looser
+boolean rule, `env_flag`; OTEL_SDK_DISABLED follows the OpenTelemetry rule: only `true`)."""
 TRACEML_RUN_ID = "TRACEML_RUN_ID"
 """Explicit run id; wins over TORCHELASTIC_RUN_ID and SLURM_JOB_ID."""
 TRACEML_MODE = "TRACEML_MODE"
@@ -49,7 +128,8 @@ TRACEML_TRAINING_STRATEGY = "TRACEML_TRAINING_STRATEGY"
 TRACEML_PHASE_SPANS = "TRACEML_PHASE_SPANS"
 """Emit per-phase child spans for trace viewers (default on)."""
 TRACEML_EXPORT_QUEUE_SIZE = "TRACEML_EXPORT_QUEUE_SIZE"
-"""Finished steps (and, separately, memory snapshots) the exporter buffers; beyond it new ones are dropped and counted (default 8192)."""
+"""Finished steps (and, separately, memory snapshots) the exporter buffers; beyond it new ones are
+dropped and counted (default 8192). Wins over OTEL_BSP_MAX_QUEUE_SIZE."""
 TRACEML_LAUNCHED = "TRACEML_LAUNCHED"
 """Set by `traceml run` in each rank: enable instrumentation without code changes."""
 TRACEML_EXIT_AFTER_FLUSH = "TRACEML_EXIT_AFTER_FLUSH"
@@ -80,14 +160,20 @@ TRACEML_PROCESSOR_MAX_RANKS_PER_RUN = "TRACEML_PROCESSOR_MAX_RANKS_PER_RUN"
 """Ranks accepted per run; further ranks are rejected (default 16384)."""
 TRACEML_PROCESSOR_WORKERS = "TRACEML_PROCESSOR_WORKERS"
 """Ingest processes sharing the receiver ports (default 1)."""
-OTEL_EXPORTER_OTLP_METRICS_ENDPOINT = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"
-OTEL_EXPORTER_OTLP_METRICS_PROTOCOL = "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL"
+TRACEML_PROCESSOR_MAX_CONCURRENT_REQUESTS = "TRACEML_PROCESSOR_MAX_CONCURRENT_REQUESTS"
+"""Export requests each receiver handles at once; beyond it gRPC UNAVAILABLE with RetryInfo, HTTP 429
+with Retry-After (default 128)."""
 
 TRUE_VALUES = frozenset({"1", "true", "yes", "on"})
 
 
 def env_flag(value: str | None, default: bool = False) -> bool:
-    """Parse a boolean environment value the way the OTel SDK does (case-insensitive)."""
+    """TraceML's own switches (`TRACEML_*`): 1/true/yes/on (any case) is true, blank gives `default`.
+
+    Deliberately looser than the OpenTelemetry boolean rule, which standard variables
+    follow (`env_values.otel_boolean`: only `true` is true): these are TraceML's own
+    variables, documented with this rule since the first release.
+    """
     if value is None or value.strip() == "":
         return default
     return value.strip().lower() in TRUE_VALUES

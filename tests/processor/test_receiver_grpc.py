@@ -174,6 +174,7 @@ def test_back_pressure_answers_unavailable_and_loses_nothing(tmp_path):
             traces.Export(steps_request("run-bp", 0, range(6, 12)), timeout=10)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "back-pressure" in err.value.details()
+        assert 0.4 <= _retry_advice(err.value) <= 1.6  # retryable by the Collector's rules too
         blocker.rollback()
         blocker.close()
         first.join(30)
@@ -189,3 +190,48 @@ def _wait(predicate, timeout_s=10.0):
     from tests.harness import wait_until
 
     return wait_until(predicate, timeout_s)
+
+
+def _retry_advice(error: grpc.RpcError):
+    """The RetryInfo of a refusal, from the standard status details and from the OTel Python SDK's trailer."""
+    from google.rpc import error_details_pb2, status_pb2
+
+    trailers = dict(error.trailing_metadata())
+    status = status_pb2.Status.FromString(trailers["grpc-status-details-bin"])
+    assert status.code == error.code().value[0] and status.message == error.details()
+    [detail] = status.details
+    info = error_details_pb2.RetryInfo()
+    assert detail.Unpack(info)
+    assert error_details_pb2.RetryInfo.FromString(trailers["google.rpc.retryinfo-bin"]) == info
+    return info.retry_delay.ToTimedelta().total_seconds()
+
+
+def test_calls_over_the_concurrent_limit_are_refused_at_once_with_retry_advice(tmp_path):
+    svc = make_service(tmp_path, max_concurrent_requests=1, prometheus=None)
+    blocker = sqlite3.connect(svc.config.db)
+    try:
+        blocker.execute("BEGIN EXCLUSIVE")  # the writer stalls: the first call stays admitted
+        channel, traces, _ = stubs(svc.grpc_port)
+        results = {}
+        first = threading.Thread(target=lambda: results.setdefault(
+            "first", traces.Export(steps_request("run-limit", 0, range(3)), timeout=30)))
+        first.start()
+        assert _wait(lambda: svc.ingest.in_flight_records == 3)
+        assert svc.grpc.pool.admitted == 1
+        with pytest.raises(grpc.RpcError) as err:
+            traces.Export(steps_request("run-limit", 1, range(3)), timeout=10)
+        # UNAVAILABLE (what OTLP names for back-pressure), never grpcio's RESOURCE_EXHAUSTED without RetryInfo.
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "over the limit of 1 concurrent calls" in err.value.details()
+        assert 0.4 <= _retry_advice(err.value) <= 1.6
+        assert svc.grpc.pool.refused == 1
+        blocker.rollback()
+        first.join(30)
+        traces.Export(steps_request("run-limit", 1, range(3)), timeout=10)  # the retry, once there is room
+        channel.close()
+        assert "first" in results
+        assert count_rows(svc.config.db, run_id="run-limit") == 6
+        assert svc.grpc.pool.admitted == 0
+    finally:
+        blocker.close()
+        svc.stop()

@@ -199,3 +199,30 @@ def _wait(predicate, timeout_s=10.0):
     from tests.harness import wait_until
 
     return wait_until(predicate, timeout_s)
+
+
+def test_requests_over_the_concurrent_limit_answer_429_with_retry_after(tmp_path):
+    svc = make_service(tmp_path, max_concurrent_requests=1, prometheus=None)
+    blocker = sqlite3.connect(svc.config.db)
+    try:
+        blocker.execute("BEGIN EXCLUSIVE")  # the writer stalls: the first request stays admitted
+        answers = {}
+        first = threading.Thread(target=lambda: answers.setdefault("first", post(
+            svc.http_port, "/v1/traces", steps_request("h-limit", 0, range(3)).SerializeToString())))
+        first.start()
+        from tests.harness import wait_until
+
+        assert wait_until(lambda: svc.ingest.in_flight_records == 3, 10)
+        status, ctype, body, response = post(svc.http_port, "/v1/traces",
+                                             steps_request("h-limit", 1, range(3)).SerializeToString())
+        assert status == 429 and response.getheader("Retry-After") == "1"
+        assert "over the limit of 1 concurrent requests" in status_pb2.Status.FromString(body).message
+        blocker.rollback()
+        first.join(30)
+        assert answers["first"][0] == 200
+        status, *_ = post(svc.http_port, "/v1/traces", steps_request("h-limit", 1, range(3)).SerializeToString())
+        assert status == 200  # the retry, once there is room
+        assert count_rows(svc.config.db, run_id="h-limit") == 6
+    finally:
+        blocker.close()
+        svc.stop()

@@ -1,14 +1,26 @@
 """Sends encoded OTLP requests over gRPC or HTTP/protobuf with bounded, counted retries.
 
-One job: deliver one request before a deadline. Transient failures (gRPC
-UNAVAILABLE/RESOURCE_EXHAUSTED/..., HTTP 429/502/503/504, connection errors) are
-retried with exponential backoff while the deadline allows and the exporter is
-not stopping; every retry and every final failure is reported to the caller,
-which counts them. Nothing here raises: the outcome says what happened.
+One job: deliver one request before a deadline. Each signal goes where its own
+settings say (`SignalSettings`: endpoint, protocol, TLS and mTLS files, headers,
+compression, timeout); `make_transport` routes each signal to its transport, and
+two signals with identical settings share one (one gRPC channel).
+
+Retries follow the OTLP specification and the Collector's exporter, the peer a
+user's Collector is: transient failures are gRPC CANCELLED, DEADLINE_EXCEEDED,
+ABORTED, OUT_OF_RANGE, UNAVAILABLE, DATA_LOSS, and RESOURCE_EXHAUSTED only when
+the server says recovery is possible with a `google.rpc.RetryInfo`; HTTP 429, 502,
+503, 504 and connection errors. They are retried with exponential backoff and
+jitter, waiting at least what the server asked for (`RetryInfo.retry_delay`, the
+HTTP `Retry-After` in seconds or as an HTTP date), while the deadline allows and
+the exporter is not stopping: a wait that would end past the deadline is not
+started. Every retry and every final failure is reported to the caller, which
+counts them. Nothing here raises: the outcome says what happened.
 """
 from __future__ import annotations
 
+import email.utils
 import gzip
+import logging
 import random
 import threading
 import time
@@ -16,11 +28,15 @@ from dataclasses import dataclass
 
 from traceml.schema import vocabulary as v
 
-from .settings import PROTOCOL_GRPC, ExporterSettings
+from .settings import COMPRESSION_GZIP, PROTOCOL_GRPC, ExporterSettings, SignalSettings
+
+_log = logging.getLogger("traceml.exporter")
 
 _FIRST_BACKOFF_S = 0.25
 _MAX_BACKOFF_S = 4.0
 _RETRYABLE_HTTP = frozenset({429, 502, 503, 504})
+_STATUS_DETAILS_KEY = "grpc-status-details-bin"  # a google.rpc.Status, where gRPC servers put details
+_RETRY_INFO_KEY = "google.rpc.retryinfo-bin"  # a bare RetryInfo, which the OTel Python SDK also reads
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,27 +50,106 @@ class ExportOutcome:
 
 
 class _RetryLoop:
-    """Shared retry policy: exponential backoff with jitter, cut short by the deadline or stop."""
+    """Shared retry policy: exponential backoff with jitter, at least the server's delay,
+    cut short by the deadline or stop."""
 
     def __init__(self, stop: threading.Event):
         self._stop = stop
 
-    def wait(self, attempt: int, deadline: float) -> bool:
+    def wait(self, attempt: int, deadline: float, server_delay_s: float | None = None) -> bool:
         """Sleep before retry `attempt` (1-based); False when no retry fits or we are stopping."""
         backoff = min(_MAX_BACKOFF_S, _FIRST_BACKOFF_S * 2 ** (attempt - 1)) * random.uniform(0.8, 1.2)
+        if server_delay_s is not None:
+            backoff = max(backoff, server_delay_s)
         if self._stop.is_set() or time.monotonic() + backoff >= deadline:
             return False
         return not self._stop.wait(backoff)
 
 
+def _read_pem(path: str | None, what: str) -> bytes | None:
+    """A PEM file's bytes, or None (and a warning) when it cannot be read: TLS then goes on
+    without it, and the handshake, not the training process, fails if it was needed."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        _log.warning("traceml: %s %r cannot be read (%s); it is ignored", what, path, exc.strerror or exc)
+        return None
+
+
+def _client_pair(settings: SignalSettings) -> tuple[str, str] | None:
+    """(certificate file, key file) for mTLS, or None; one without the other is ignored with a warning."""
+    cert, key = settings.client_certificate_file, settings.client_key_file
+    if bool(cert) != bool(key):
+        _log.warning("traceml: an OTLP client %s is set without a client %s; mTLS is not used",
+                     "certificate" if cert else "key", "key" if cert else "certificate")
+        return None
+    return (cert, key) if cert and key else None
+
+
+def grpc_retry_delay_s(error) -> float | None:
+    """`google.rpc.RetryInfo.retry_delay` of a failed call in seconds, or None when it carries none.
+
+    The standard carrier is the `grpc-status-details-bin` trailer, a `google.rpc.Status`
+    whose details hold the RetryInfo (what grpc-go's `status.WithDetails`, hence the
+    Collector, sends); a bare `google.rpc.retryinfo-bin` trailer is read too.
+    """
+    try:
+        trailers = dict(error.trailing_metadata() or ())
+    except Exception:
+        return None
+    try:
+        from google.rpc import error_details_pb2, status_pb2
+    except ImportError:  # googleapis-common-protos missing: no RetryInfo can be read
+        return None
+    info = None
+    try:
+        if _STATUS_DETAILS_KEY in trailers:
+            status = status_pb2.Status.FromString(trailers[_STATUS_DETAILS_KEY])
+            for detail in status.details:
+                if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+                    info = error_details_pb2.RetryInfo()
+                    detail.Unpack(info)
+                    break
+        if info is None and _RETRY_INFO_KEY in trailers:
+            info = error_details_pb2.RetryInfo.FromString(trailers[_RETRY_INFO_KEY])
+    except Exception:  # a malformed detail is no RetryInfo
+        return None
+    if info is None:
+        return None
+    return max(0.0, info.retry_delay.seconds + info.retry_delay.nanos / 1e9)
+
+
+def retry_after_s(value: str | None, now: float | None = None) -> float | None:
+    """An HTTP `Retry-After` value (delay-seconds or an HTTP date) as seconds from now, or None."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None or when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
 class GrpcTransport:
-    def __init__(self, settings: ExporterSettings, stop: threading.Event):
+    """Both signals' services on one gRPC channel, built from one signal's settings."""
+
+    def __init__(self, settings: SignalSettings, stop: threading.Event):
         import grpc
         from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
         from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
         self._grpc = grpc
-        compression = grpc.Compression.Gzip if settings.compression == "gzip" else grpc.Compression.NoCompression
+        self._timeout_s = settings.timeout_s
+        compression = (grpc.Compression.Gzip if settings.compression == COMPRESSION_GZIP
+                       else grpc.Compression.NoCompression)
         # gRPC's default reconnect backoff grows to 120 s: after a collector restart the channel
         # would keep failing fast for minutes. Cap it so export resumes within seconds.
         options = [("grpc.max_send_message_length", 64 * 1024 * 1024),
@@ -62,11 +157,16 @@ class GrpcTransport:
                    ("grpc.min_reconnect_backoff_ms", 250),
                    ("grpc.max_reconnect_backoff_ms", 2000)]
         if settings.uses_tls:
-            root = None
-            if settings.certificate_file:
-                with open(settings.certificate_file, "rb") as f:
-                    root = f.read()
-            self._channel = grpc.secure_channel(settings.grpc_target, grpc.ssl_channel_credentials(root),
+            pair = _client_pair(settings)
+            key = cert = None
+            if pair is not None:
+                cert, key = _read_pem(pair[0], "client certificate"), _read_pem(pair[1], "client key")
+                if cert is None or key is None:
+                    cert = key = None
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=_read_pem(settings.certificate_file, "CA certificate"),
+                private_key=key, certificate_chain=cert)
+            self._channel = grpc.secure_channel(settings.grpc_target, credentials,
                                                 options=options, compression=compression)
         else:
             self._channel = grpc.insecure_channel(settings.grpc_target, options=options, compression=compression)
@@ -77,11 +177,13 @@ class GrpcTransport:
         self._metadata = tuple(settings.headers) or None
         self._retry = _RetryLoop(stop)
         c = grpc.StatusCode
-        self._retryable = frozenset({c.UNAVAILABLE, c.RESOURCE_EXHAUSTED, c.DEADLINE_EXCEEDED, c.ABORTED,
-                                     c.CANCELLED, c.OUT_OF_RANGE, c.DATA_LOSS})
+        self._retryable = frozenset({c.UNAVAILABLE, c.DEADLINE_EXCEEDED, c.ABORTED, c.CANCELLED,
+                                     c.OUT_OF_RANGE, c.DATA_LOSS})
+        self._exhausted = c.RESOURCE_EXHAUSTED
 
     def export(self, signal: str, request, deadline: float) -> ExportOutcome:
         stub = self._stubs[signal]
+        deadline = min(deadline, time.monotonic() + self._timeout_s)
         retries = 0
         while True:
             remaining = deadline - time.monotonic()
@@ -93,7 +195,10 @@ class GrpcTransport:
             except self._grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
                 error = f"gRPC {getattr(code, 'name', code)}: {exc.details() if hasattr(exc, 'details') else exc}"
-                if code not in self._retryable or not self._retry.wait(retries + 1, deadline):
+                delay = grpc_retry_delay_s(exc) if hasattr(exc, "trailing_metadata") else None
+                # RESOURCE_EXHAUSTED is retryable only when the server says recovery is possible.
+                retryable = code in self._retryable or (code == self._exhausted and delay is not None)
+                if not retryable or not self._retry.wait(retries + 1, deadline, delay):
                     return ExportOutcome(False, retries, error=error)
                 retries += 1
             except Exception as exc:  # an unexpected client error is a failed export, never a crash
@@ -107,37 +212,49 @@ class GrpcTransport:
 
 
 class HttpTransport:
-    _PATHS = {v.SIGNAL_TRACES: "v1/traces", v.SIGNAL_METRICS: "v1/metrics"}
+    """One signal's OTLP/HTTP endpoint: POSTs protobuf to `settings.endpoint` on a kept-alive session."""
 
-    def __init__(self, settings: ExporterSettings, stop: threading.Event):
+    def __init__(self, settings: SignalSettings, stop: threading.Event):
         import requests
 
         self._requests = requests
         self._session = requests.Session()
-        self._urls = {signal: settings.signal_url(path) for signal, path in self._PATHS.items()}
+        self._url = settings.endpoint
+        self._timeout_s = settings.timeout_s
         self._headers = {k: val for k, val in settings.headers}
         self._headers["Content-Type"] = "application/x-protobuf"
-        self._gzip = settings.compression == "gzip"
+        self._gzip = settings.compression == COMPRESSION_GZIP
         if self._gzip:
             self._headers["Content-Encoding"] = "gzip"
-        self._verify = settings.certificate_file or True
+        # requests reads the files itself; an unreadable one is left out here, as over gRPC.
+        ca = settings.certificate_file
+        self._verify = ca if ca and _read_pem(ca, "CA certificate") is not None else True
+        pair = _client_pair(settings) if settings.uses_tls else None
+        if pair is not None and (_read_pem(pair[0], "client certificate") is None
+                                 or _read_pem(pair[1], "client key") is None):
+            pair = None
+        self._cert = pair
         self._retry = _RetryLoop(stop)
 
     def export(self, signal: str, request, deadline: float) -> ExportOutcome:
         body = request.SerializeToString()
         if self._gzip:
             body = gzip.compress(body, compresslevel=5)
+        deadline = min(deadline, time.monotonic() + self._timeout_s)
         retries = 0
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return ExportOutcome(False, retries, error="deadline passed before sending")
+            delay = None
             try:
-                response = self._session.post(self._urls[signal], data=body, headers=self._headers,
-                                              timeout=remaining, verify=self._verify)
+                response = self._session.post(self._url, data=body, headers=self._headers,
+                                              timeout=remaining, verify=self._verify, cert=self._cert)
                 if response.status_code == 200:
                     return ExportOutcome(True, retries, _rejected_http(signal, response.content))
                 retryable = response.status_code in _RETRYABLE_HTTP
+                if retryable:
+                    delay = retry_after_s(response.headers.get("Retry-After"))
                 error = f"HTTP {response.status_code}: {response.text[:200]}"
             except self._requests.exceptions.RequestException as exc:
                 retryable = isinstance(exc, (self._requests.exceptions.ConnectionError,
@@ -145,7 +262,7 @@ class HttpTransport:
                 error = f"{type(exc).__name__}: {exc}"
             except Exception as exc:
                 return ExportOutcome(False, retries, error=f"{type(exc).__name__}: {exc}")
-            if not retryable or not self._retry.wait(retries + 1, deadline):
+            if not retryable or not self._retry.wait(retries + 1, deadline, delay):
                 return ExportOutcome(False, retries, error=error)
             retries += 1
 
@@ -156,8 +273,31 @@ class HttpTransport:
             pass
 
 
-def make_transport(settings: ExporterSettings, stop: threading.Event):
-    return GrpcTransport(settings, stop) if settings.protocol == PROTOCOL_GRPC else HttpTransport(settings, stop)
+class SignalRoutes:
+    """The exporter's transport: each signal to the transport its own settings built."""
+
+    def __init__(self, settings: ExporterSettings, stop: threading.Event):
+        built: dict[SignalSettings, GrpcTransport | HttpTransport] = {}
+        self._routes = {}
+        for signal in v.SIGNALS:
+            signal_settings = settings.signal(signal)
+            if signal_settings not in built:
+                built[signal_settings] = (GrpcTransport(signal_settings, stop)
+                                          if signal_settings.protocol == PROTOCOL_GRPC
+                                          else HttpTransport(signal_settings, stop))
+            self._routes[signal] = built[signal_settings]
+        self._transports = list(built.values())
+
+    def export(self, signal: str, request, deadline: float) -> ExportOutcome:
+        return self._routes[signal].export(signal, request, deadline)
+
+    def close(self) -> None:
+        for transport in self._transports:
+            transport.close()
+
+
+def make_transport(settings: ExporterSettings, stop: threading.Event) -> SignalRoutes:
+    return SignalRoutes(settings, stop)
 
 
 def _rejected(signal: str, response) -> int:

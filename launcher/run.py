@@ -203,7 +203,7 @@ def launch(args: argparse.Namespace, options: RunOptions, *, out: TextIO | None 
         # What `python missing.py` answers, before any processor or rank starts.
         _say(out, f"error: can't open file {args.training_script!r}: no such file")
         return LaunchResult(2, resolved.run_id, None)
-    endpoint = options.endpoint or os.environ.get(env.OTEL_EXPORTER_OTLP_ENDPOINT) or None
+    endpoint = options.endpoint or _environment_endpoint()
     if resolved.source == "generated" and _is_multi_node(args.nnodes):
         _say(out, "warning: multi-node launch without --run-id, --rdzv-id or $TRACEML_RUN_ID: "
                   "each node generates its own run id")
@@ -247,9 +247,19 @@ def launch(args: argparse.Namespace, options: RunOptions, *, out: TextIO | None 
     return LaunchResult(exit_code, resolved.run_id, run_path, report)
 
 
+def _environment_endpoint() -> str | None:
+    """Where the environment already sends the ranks' telemetry, described for the log line; None:
+    nowhere. Per-signal endpoint variables count too (`environment.otlp_value`, the spec's precedence)."""
+    found = {signal: env.otlp_value(os.environ, "ENDPOINT", signal) for signal in env.OTLP_SIGNALS}
+    if all(f is not None and f[0] == env.OTEL_EXPORTER_OTLP_ENDPOINT for f in found.values()):
+        return found["traces"][1].strip()
+    return ", ".join(f"{f[1].strip()} ({signal})" for signal, f in found.items() if f is not None) or None
+
+
 def _export_only(endpoint: str, options: RunOptions, rank_env: dict[str, str], run_id: str,
                  out: TextIO) -> None:
-    rank_env[env.OTEL_EXPORTER_OTLP_ENDPOINT] = endpoint
+    if options.endpoint:  # else the ranks inherit the user's own OTEL_EXPORTER_OTLP_* variables as they are
+        rank_env[env.OTEL_EXPORTER_OTLP_ENDPOINT] = endpoint
     if options.protocol:
         rank_env[env.OTEL_EXPORTER_OTLP_PROTOCOL] = options.protocol
     if options.live:

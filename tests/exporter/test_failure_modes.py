@@ -1,12 +1,18 @@
 """A dead, stalling or erroring endpoint never blocks or crashes training; losses are counted.
 
+Retries follow the OTLP specification and the Collector's exporter: back-pressure is
+retried no sooner than the server asked (gRPC `RetryInfo`, HTTP `Retry-After`) and
+within the export deadline; gRPC RESOURCE_EXHAUSTED is retried only with a RetryInfo.
+
 Step times with and without the exporter are printed (run with -s), never asserted:
 the only time bounds are generous "did not hang" limits.
 """
 from __future__ import annotations
 
+import email.utils
 import socket
 import statistics
+import threading
 import time
 
 import pytest
@@ -15,6 +21,7 @@ from tests.harness.otlp_receiver import OtlpTestReceiver
 
 import traceml
 from traceml.exporter import OtlpStepExporter, resolve_settings
+from traceml.exporter.transport import make_transport, retry_after_s
 from traceml.schema import vocabulary as v
 
 HANG_BOUND_S = 60.0  # "did not hang", not a performance claim
@@ -119,6 +126,70 @@ def test_export_resumes_when_a_dead_grpc_endpoint_comes_up():
         assert exporter.shutdown(10.0)
         assert exporter.run_end_sent
     print(f"\nrecovered after {step - 1} steps of the late collector")
+
+
+# --- retries: what the server asks for, within the deadline ------------------------------
+
+def _export_once(receiver, protocol, timeout_ms=5000):
+    """One traces request through the real transport: (outcome, seconds between the server's calls)."""
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+    endpoint = receiver.grpc_endpoint if protocol == "grpc" else receiver.http_endpoint
+    settings = resolve_settings(endpoint, protocol, environ={"OTEL_EXPORTER_OTLP_TIMEOUT": str(timeout_ms)})
+    transport = make_transport(settings, threading.Event())
+    try:
+        outcome = transport.export(v.SIGNAL_TRACES, trace_service_pb2.ExportTraceServiceRequest(),
+                                   time.monotonic() + timeout_ms / 1000.0)
+    finally:
+        transport.close()
+    times = receiver.call_times
+    return outcome, [b - a for a, b in zip(times, times[1:])]
+
+
+def test_grpc_resource_exhausted_without_retry_info_is_not_retried(fresh_receiver):
+    fresh_receiver.mode = "exhausted"
+    outcome, _ = _export_once(fresh_receiver, "grpc")
+    assert (outcome.delivered, outcome.retries, len(fresh_receiver.call_times)) == (False, 0, 1)
+    assert "RESOURCE_EXHAUSTED" in outcome.error
+
+
+@pytest.mark.parametrize("mode", ["exhausted", "throttle"])
+def test_grpc_retry_info_is_retried_no_sooner_than_its_delay(fresh_receiver, mode):
+    fresh_receiver.mode, fresh_receiver.retry_delay_s, fresh_receiver.failures_left = mode, 1.0, 1
+    outcome, gaps = _export_once(fresh_receiver, "grpc")
+    assert (outcome.delivered, outcome.retries) == (True, 1)
+    assert gaps[0] >= 0.95  # the backoff alone would have waited at most 0.3 s
+
+
+def test_a_retry_delay_beyond_the_deadline_gives_up_at_once(fresh_receiver):
+    fresh_receiver.mode, fresh_receiver.retry_delay_s = "throttle", 30.0
+    began = time.monotonic()
+    outcome, _ = _export_once(fresh_receiver, "grpc", timeout_ms=3000)
+    assert (outcome.delivered, outcome.retries, len(fresh_receiver.call_times)) == (False, 0, 1)
+    assert time.monotonic() - began < 2.5  # it did not sleep into the deadline
+
+
+@pytest.mark.parametrize("mode", ["exhausted", "throttle"])  # HTTP 429, 503
+def test_http_retry_after_seconds_is_honoured(fresh_receiver, mode):
+    fresh_receiver.mode, fresh_receiver.retry_delay_s, fresh_receiver.failures_left = mode, 1.0, 1
+    outcome, gaps = _export_once(fresh_receiver, "http/protobuf")
+    assert (outcome.delivered, outcome.retries) == (True, 1)
+    assert gaps[0] >= 0.95
+
+
+def test_http_retry_after_as_an_http_date_is_honoured(fresh_receiver):
+    fresh_receiver.mode, fresh_receiver.failures_left = "throttle", 1
+    fresh_receiver.retry_after = email.utils.formatdate(time.time() + 2.0, usegmt=True)
+    outcome, gaps = _export_once(fresh_receiver, "http/protobuf")
+    assert (outcome.delivered, outcome.retries) == (True, 1)
+    assert gaps[0] >= 0.9  # an HTTP date has whole seconds: between 1 and 2 s from the answer
+
+
+def test_retry_after_values():
+    assert retry_after_s("3") == 3.0
+    assert retry_after_s(email.utils.formatdate(1_000_010.0, usegmt=True), now=1_000_000.0) == 10.0
+    assert retry_after_s(email.utils.formatdate(999_990.0, usegmt=True), now=1_000_000.0) == 0.0
+    assert [retry_after_s(x) for x in (None, "", "-1", "soon", "1.5")] == [None] * 5
 
 
 # --- a real training loop with the real instrumentation ----------------------------------

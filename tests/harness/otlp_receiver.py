@@ -5,7 +5,11 @@ request and can be switched at run time to misbehave:
 - `ok`: accept (200 / OK);
 - `stall`: hold each request up to `stall_s` seconds, then accept;
 - `error`: answer a retryable error (HTTP 503, gRPC UNAVAILABLE);
-- `reject`: answer a permanent error (HTTP 400, gRPC INVALID_ARGUMENT).
+- `reject`: answer a permanent error (HTTP 400, gRPC INVALID_ARGUMENT);
+- `throttle`: back-pressure (HTTP 503, gRPC UNAVAILABLE), `exhausted`: HTTP 429, gRPC
+  RESOURCE_EXHAUSTED; both carry `retry_delay_s` when it is set (gRPC: a
+  `google.rpc.RetryInfo` in the status details; HTTP: `Retry-After`, or `retry_after`
+  verbatim). `failures_left` limits any failing mode to that many calls.
 
 Helpers flatten what arrived into plain dicts keyed by (run id, rank, step), so
 tests compare values exactly. Usable as a context manager.
@@ -22,7 +26,8 @@ import grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-MODES = ("ok", "stall", "error", "reject")
+MODES = ("ok", "stall", "error", "reject", "throttle", "exhausted")
+_FAILING = ("error", "reject", "throttle", "exhausted")
 MAX_BODY = 64 * 1024 * 1024
 
 
@@ -41,8 +46,14 @@ def attributes(kvs) -> dict:
 
 class OtlpTestReceiver:
     def __init__(self, mode: str = "ok", stall_s: float = 30.0, keep: bool = True, grpc_port: int = 0,
-                 http_port: int = 0):
+                 http_port: int = 0, tls: tuple | None = None):
         self.mode = mode
+        self.tls = tls  # (certificate PEM path, key PEM path[, client CA PEM path]): both servers speak
+        # TLS only; with a client CA they require a client certificate it signed (mTLS)
+        self.retry_delay_s: float | None = None  # throttle/exhausted: the delay the answer asks for
+        self.retry_after: str | None = None  # HTTP: a Retry-After value sent as it is (an HTTP date, say)
+        self.failures_left: int | None = None  # a failing mode answers this many calls, then accepts
+        self.call_times: list[float] = []  # time.monotonic() as each request arrived
         self.keep = keep  # False: count spans/points only (benchmarks), keep no requests
         self.span_count = 0
         self.point_count = 0
@@ -65,10 +76,26 @@ class OtlpTestReceiver:
                                         options=[("grpc.max_receive_message_length", MAX_BODY)])
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceServicer(self), self._grpc_server)
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(_MetricsServicer(self), self._grpc_server)
-        self.grpc_port = self._grpc_server.add_insecure_port(f"127.0.0.1:{self.grpc_port}")
+        address = f"127.0.0.1:{self.grpc_port}"
+        if self.tls is None:
+            self.grpc_port = self._grpc_server.add_insecure_port(address)
+        else:
+            cert, key, *client_ca = (open(path, "rb").read() for path in self.tls)
+            credentials = grpc.ssl_server_credentials([(key, cert)], root_certificates=client_ca[0] if client_ca
+                                                      else None, require_client_auth=bool(client_ca))
+            self.grpc_port = self._grpc_server.add_secure_port(address, credentials)
         self._grpc_server.start()
         self._http_server = ThreadingHTTPServer(("127.0.0.1", self.http_port), _http_handler(self))
         self._http_server.daemon_threads = True
+        if self.tls is not None:
+            import ssl
+
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*map(str, self.tls[:2]))
+            if len(self.tls) > 2:
+                context.load_verify_locations(str(self.tls[2]))
+                context.verify_mode = ssl.CERT_REQUIRED
+            self._http_server.socket = context.wrap_socket(self._http_server.socket, server_side=True)
         self.http_port = self._http_server.server_address[1]
         threading.Thread(target=self._http_server.serve_forever, name="otlp-test-http", daemon=True).start()
         return self
@@ -89,11 +116,11 @@ class OtlpTestReceiver:
 
     @property
     def grpc_endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.grpc_port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.grpc_port}"
 
     @property
     def http_endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.http_port}"
 
     def release_stalls(self) -> None:
         self._released.set()
@@ -102,7 +129,14 @@ class OtlpTestReceiver:
 
     def _accept(self, signal: str, request) -> str:
         """Record (in ok/stall mode) and return the mode that decided the answer."""
-        mode = self.mode
+        with self._lock:
+            self.call_times.append(time.monotonic())
+            mode = self.mode
+            if mode in _FAILING and self.failures_left is not None:
+                if self.failures_left <= 0:
+                    mode = "ok"
+                else:
+                    self.failures_left -= 1
         if mode == "stall":
             self._released.wait(self.stall_s)
         if mode in ("ok", "stall"):
@@ -168,6 +202,26 @@ class OtlpTestReceiver:
         return bool(predicate())
 
 
+def _grpc_refuse(receiver: OtlpTestReceiver, mode: str, context) -> None:
+    """Abort the call as `mode` says (returns for modes that accept)."""
+    if mode == "error":
+        context.abort(grpc.StatusCode.UNAVAILABLE, "test receiver: unavailable")
+    if mode == "reject":
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, "test receiver: rejected")
+    if mode in ("throttle", "exhausted"):
+        code = grpc.StatusCode.UNAVAILABLE if mode == "throttle" else grpc.StatusCode.RESOURCE_EXHAUSTED
+        if receiver.retry_delay_s is not None:
+            from google.protobuf import duration_pb2
+            from google.rpc import error_details_pb2, status_pb2
+
+            delay = duration_pb2.Duration()
+            delay.FromNanoseconds(int(receiver.retry_delay_s * 1e9))
+            status = status_pb2.Status(code=code.value[0], message=f"test receiver: {mode}")
+            status.details.add().Pack(error_details_pb2.RetryInfo(retry_delay=delay))
+            context.set_trailing_metadata((("grpc-status-details-bin", status.SerializeToString()),))
+        context.abort(code, f"test receiver: {mode}")
+
+
 class _TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
     def __init__(self, receiver: OtlpTestReceiver):
         self.receiver = receiver
@@ -175,11 +229,7 @@ class _TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
     def Export(self, request, context):
         self.receiver.calls["grpc"] += 1
         self.receiver.last_headers = {k.lower(): val for k, val in context.invocation_metadata()}
-        mode = self.receiver._accept("traces", request)
-        if mode == "error":
-            context.abort(grpc.StatusCode.UNAVAILABLE, "test receiver: unavailable")
-        if mode == "reject":
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "test receiver: rejected")
+        _grpc_refuse(self.receiver, self.receiver._accept("traces", request), context)
         return trace_service_pb2.ExportTraceServiceResponse()
 
 
@@ -190,11 +240,7 @@ class _MetricsServicer(metrics_service_pb2_grpc.MetricsServiceServicer):
     def Export(self, request, context):
         self.receiver.calls["grpc"] += 1
         self.receiver.last_headers = {k.lower(): val for k, val in context.invocation_metadata()}
-        mode = self.receiver._accept("metrics", request)
-        if mode == "error":
-            context.abort(grpc.StatusCode.UNAVAILABLE, "test receiver: unavailable")
-        if mode == "reject":
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "test receiver: rejected")
+        _grpc_refuse(self.receiver, self.receiver._accept("metrics", request), context)
         return metrics_service_pb2.ExportMetricsServiceResponse()
 
 
@@ -212,9 +258,12 @@ def _http_handler(receiver: OtlpTestReceiver):
         def log_message(self, *args):  # keep test output clean
             pass
 
-        def _answer(self, status: int, body: bytes, content_type: str = "application/x-protobuf"):
+        def _answer(self, status: int, body: bytes, content_type: str = "application/x-protobuf",
+                    headers: tuple = ()):
             self.send_response(status)
             self.send_header("Content-Type", content_type)
+            for name, value in headers:
+                self.send_header(name, value)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             try:
@@ -247,6 +296,11 @@ def _http_handler(receiver: OtlpTestReceiver):
                 return self._answer(503, b"test receiver: unavailable", "text/plain")
             if mode == "reject":
                 return self._answer(400, b"test receiver: rejected", "text/plain")
+            if mode in ("throttle", "exhausted"):
+                after = receiver.retry_after or (None if receiver.retry_delay_s is None
+                                                 else str(round(receiver.retry_delay_s)))
+                return self._answer(503 if mode == "throttle" else 429, f"test receiver: {mode}".encode(),
+                                    "text/plain", (("Retry-After", after),) if after else ())
             return self._answer(200, response_type().SerializeToString())
 
     return Handler

@@ -42,5 +42,5 @@ def test_exporter_and_processor_read_the_same_value_the_same_way(monkeypatch):
     settings = resolve_settings("http://127.0.0.1:4317", environ={"OTEL_EXPORTER_OTLP_HEADERS": raw})
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", raw)
     config, _ = config_from_args(["--db", "x.db", "--export-endpoint", "http://127.0.0.1:4318/v1/metrics"])
-    assert settings.headers == (("x-tenant", "a b"), ("authorization", "Bearer t"))
-    assert config.export.headers == dict(settings.headers)
+    assert settings.traces.headers == settings.metrics.headers == (("x-tenant", "a b"), ("authorization", "Bearer t"))
+    assert config.export.headers == dict(settings.traces.headers)

@@ -5,11 +5,13 @@
 1. Background CPU per exported step: CPU time of the exporter's own thread (from
    /proc/self/task/<tid>/schedstat) divided by the steps it exported, with a real
    OTLP receiver in a separate process (so its decoding is not counted). A step is
-   one `traceml.step` span + 6 phase children + 2 memory gauge points, encoded and sent.
+   one `traceml.step` span (with its peak memory) + 6 phase children, encoded and sent.
    Also: encoding alone on the calling thread.
 2. Training-thread cost: a small CPU training loop with the real instrumentation,
    without an endpoint and with the exporter live, in the same process (median
-   wall time and training-thread CPU per step), plus an uninstrumented loop.
+   wall time and training-thread CPU per step), plus an uninstrumented loop, and the
+   live exporter again inside a span of the job's own OpenTelemetry SDK (each step
+   then reads the job's current span context: the added cost of joining its trace).
 3. Capacity: records fed like the samplers feed them (a burst every 100 ms) at a
    fixed steps/s for a few seconds with default settings; drops counted per rate.
 """
@@ -68,7 +70,7 @@ def background_cpu(receiver: ReceiverProcess, protocol: str, steps: int, phase_s
     used = thread_cpu_ns(worker) - before
     stats = exporter.stats()
     exporter.shutdown(10.0)
-    assert stats.steps_exported == steps and stats.memory_points_exported == 2 * steps, stats
+    assert stats.steps_exported == steps and stats.memory_exported == steps, stats
     return used / steps / 1e3
 
 
@@ -80,12 +82,9 @@ def encode_only(steps: int) -> float:
     for i in range(0, steps, 512):
         chunk = records[i:i + 512]
         request, spans = enc.new_trace_request()
-        batch = enc.new_metrics_batch()
         for rec, mem in chunk:
-            enc.add_step_spans(spans, rec)
-            enc.add_memory_points(batch, mem)
+            enc.add_step_spans(spans, rec, mem)
         request.SerializeToString()
-        batch.request.SerializeToString()
     return (time.thread_time_ns() - t0) / steps / 1e3
 
 
@@ -126,6 +125,52 @@ def training_thread_cost(receiver: ReceiverProcess, steps: int) -> dict:
     out["instrumented, exporter live (gRPC)"] = training_loop(steps, traced=True)
     traceml.shutdown()
     out["_exported"] = sink.stats().steps_exported if sink is not None else 0
+    from opentelemetry.sdk.trace import TracerProvider
+
+    tracer = TracerProvider().get_tracer("bench-job")
+    traceml.init("manual", endpoint=receiver.grpc, protocol="grpc", run_id="bench-train-otel")
+    with tracer.start_as_current_span("train_epoch"):
+        out["instrumented, exporter live, job's span active"] = training_loop(steps, traced=True)
+    traceml.shutdown()
+    return out
+
+
+def empty_step_cost(steps: int) -> dict:
+    """CPU us per empty `trace_step` (no exporter): the job without OpenTelemetry, with it
+    imported but no span current, and with its span current (the context read at step begin)."""
+    import sys
+
+    import traceml
+    from opentelemetry.sdk.trace import TracerProvider
+
+    tracer = TracerProvider().get_tracer("bench-job")
+    os.environ.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    traceml.init("manual")
+
+    def run() -> float:
+        for _ in range(500):  # warm-up
+            with traceml.trace_step():
+                pass
+        best = None
+        for _ in range(5):
+            t0 = time.thread_time_ns()
+            for _ in range(steps):
+                with traceml.trace_step():
+                    pass
+            used = (time.thread_time_ns() - t0) / steps / 1e3
+            best = used if best is None else min(best, used)
+        return best
+
+    out = {}
+    otel = sys.modules.pop("opentelemetry.trace")
+    try:
+        out["job without OpenTelemetry"] = run()
+    finally:
+        sys.modules["opentelemetry.trace"] = otel
+    out["OpenTelemetry imported, no span current"] = run()
+    with tracer.start_as_current_span("train_epoch"):
+        out["job's span current"] = run()
+    traceml.shutdown()
     return out
 
 
@@ -169,7 +214,7 @@ def measure(quick: bool) -> dict:
     print(f"cores: {os.cpu_count()} (shared; figures measured under contention from other work)")
     receiver = ReceiverProcess()
     try:
-        print("\n## Background CPU per exported step (1 step span + 6 phase children + 2 gauge points)")
+        print("\n## Background CPU per exported step (1 step span with its peak memory + 6 phase children)")
         figures["encode_only_us_per_step"] = encode = encode_only(n)
         print(f"encode only (calling thread):          {encode:7.1f} us/step")
         for protocol in ("grpc", "http/protobuf"):
@@ -188,10 +233,23 @@ def measure(quick: bool) -> dict:
         figures["training_thread"] = [{"variant": name, "wall_us_per_step": wall, "cpu_us_per_step": cpu}
                                       for name, (wall, cpu) in cost.items()]
         figures["training_steps_exported"] = exported
+        live_wall, live_cpu = cost["instrumented, exporter live (gRPC)"]
+        otel_wall, otel_cpu = cost["instrumented, exporter live, job's span active"]
+        figures["job_span_added_wall_us_per_step"] = otel_wall - live_wall
+        figures["job_span_added_cpu_us_per_step"] = otel_cpu - live_cpu
         for name, (wall, cpu) in cost.items():
             print(f"{name:<38} median {wall:8.1f} us/step  thread CPU {cpu:8.1f} us/step  "
                   f"(x{wall / base_wall:.3f} wall, x{cpu / base_cpu:.3f} CPU vs no exporter)")
         print(f"(steps exported during the live run: {exported})")
+        print(f"added by the job's span (read at each step begin): {otel_wall - live_wall:+.1f} us/step wall, "
+              f"{otel_cpu - live_cpu:+.1f} us/step training-thread CPU")
+
+        print("\n## Step begin beside the job's own OpenTelemetry (empty trace_step, best of 5, CPU)")
+        begin = empty_step_cost(5000 if quick else 20000)
+        figures["empty_step_cpu_us"] = begin
+        base = begin["job without OpenTelemetry"]
+        for name, cpu in begin.items():
+            print(f"{name:<42} {cpu:6.2f} us/step ({cpu - base:+.2f} us)")
 
         print("\n## Capacity with default settings (queue 8192, batch 512), 100 ms bursts")
         rates = [200, 1000, 4000, 8000] if quick else [200, 500, 1000, 2000, 4000, 6000, 8000, 16000]

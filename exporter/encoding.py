@@ -3,16 +3,19 @@
 Why not the SDK objects: measured here, an SDK span costs about 30 us to create and
 35 us to encode, so a step with six phase children (seven spans) would cost about
 240 us of background CPU; building the protobuf messages directly costs about a
-third of that. Metric points are step-keyed, so they are encoded as explicit gauge
-points with the step's end time: no SDK aggregation state exists that could grow
-or overflow at 2,000 attribute sets.
+third of that. The only metrics are the cumulative telemetry counters, whose
+attributes are bounded (run, rank, one closed set): per-step peak memory rides on
+the step span, so nothing here makes a new metric series per step.
 
 Span and trace ids are derived from (run, step[, rank, child index]) so a re-sent
-step carries the same ids, and every rank's span for step N shares one trace.
+step carries the same ids, and every rank's span for step N shares one trace;
+unless the job had its own OpenTelemetry span active when the step began: then the
+step span is that span's child, in its trace.
 """
 from __future__ import annotations
 
 import hashlib
+import sys
 from typing import Mapping, Sequence
 
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
@@ -33,6 +36,11 @@ _SPAN_KIND_INTERNAL = trace_pb2.Span.SpanKind.SPAN_KIND_INTERNAL
 _CUMULATIVE = metrics_pb2.AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
 _SPECS = {spec.name: spec for spec in v.TRAINING_METRICS}
 _CACHE_MAX = 256
+_FLAGS_HAS_IS_REMOTE = trace_pb2.SpanFlags.SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
+_FLAGS_IS_REMOTE = trace_pb2.SpanFlags.SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK
+_OTEL_TRACE = "opentelemetry.trace"
+_SDK_DESCRIPTION_PREFIX = "telemetry.sdk."
+_UNSET_SERVICE_PREFIX = "unknown_service"
 
 
 def any_value(value) -> common_pb2.AnyValue:
@@ -49,12 +57,48 @@ def key_values(attributes: Mapping[str, object]) -> list[common_pb2.KeyValue]:
     return [common_pb2.KeyValue(key=k, value=any_value(val)) for k, val in attributes.items()]
 
 
-def resource_attributes(identity: RunIdentity, settings: ExporterSettings) -> dict[str, object]:
-    """OTEL_RESOURCE_ATTRIBUTES first, then TraceML's identity on top (it is authoritative)."""
+def user_provider_resource() -> dict[str, object]:
+    """Scalar attributes of the job's own global SDK TracerProvider's resource, else {}.
+
+    Read only when the job imported OpenTelemetry itself (never imported here); a
+    provider without a resource (the API's default proxy) gives {}. `telemetry.sdk.*`
+    is left out: it describes the SDK that made the job's spans, not TraceML's.
+    """
+    otel = sys.modules.get(_OTEL_TRACE)
+    if otel is None:
+        return {}
+    try:
+        attributes = getattr(getattr(otel.get_tracer_provider(), "resource", None), "attributes", None) or {}
+        return {key: value for key, value in attributes.items()
+                if isinstance(key, str) and not key.startswith(_SDK_DESCRIPTION_PREFIX)
+                and isinstance(value, (str, bool, int, float))}
+    except Exception:  # someone else's provider must never stop the export
+        return {}
+
+
+def resource_attributes(identity: RunIdentity, settings: ExporterSettings,
+                        user_resource: Mapping[str, object] | None = None) -> dict[str, object]:
+    """The rank's resource, merged with the job's own OpenTelemetry resource.
+
+    Precedence, lowest first: `OTEL_RESOURCE_ATTRIBUTES`; the job's SDK TracerProvider
+    resource (`user_resource`: the SDK built it from the same variables plus what the
+    code passed, so it is the job's final word); then TraceML's identity keys, which
+    always win. `service.name`: the job's resource unless the SDK only defaulted it
+    (`unknown_service...`), else `OTEL_SERVICE_NAME`, else `service.name` from
+    `OTEL_RESOURCE_ATTRIBUTES`, else `traceml-training`. `service.instance.id`: the
+    job's own when it set one, so TraceML's spans and the job's share an instance;
+    else `{run_id}-rank{rank}`.
+    """
+    user = dict(user_resource or {})
     attrs: dict[str, object] = dict(settings.resource_attributes)
-    attrs[v.RES_SERVICE_NAME] = (settings.service_name or settings.resource_attributes.get(v.RES_SERVICE_NAME)
+    attrs.update(user)
+    user_service = user.get(v.RES_SERVICE_NAME)
+    if not isinstance(user_service, str) or user_service.startswith(_UNSET_SERVICE_PREFIX):
+        user_service = None
+    attrs[v.RES_SERVICE_NAME] = (user_service or settings.service_name
+                                 or settings.resource_attributes.get(v.RES_SERVICE_NAME)
                                  or v.DEFAULT_SERVICE_NAME)
-    attrs[v.RES_SERVICE_INSTANCE_ID] = identity.service_instance_id
+    attrs[v.RES_SERVICE_INSTANCE_ID] = attrs.get(v.RES_SERVICE_INSTANCE_ID) or identity.service_instance_id
     attrs[v.RES_HOST_NAME] = identity.hostname
     attrs[v.ATTR_RUN_ID] = identity.run_id
     attrs[v.ATTR_RANK] = identity.rank
@@ -71,6 +115,29 @@ def _id(nbytes: int, *parts: object) -> bytes:
     return digest if any(digest) else b"\x01" * nbytes  # all-zero ids are invalid in OTLP
 
 
+def parent_of(span_context) -> tuple[bytes, bytes, int, str] | None:
+    """(trace id, parent span id, span flags, trace state) of the job's span active when
+    the step began, or None (no OpenTelemetry, no span active, or not a valid context).
+
+    `span_context` is an OpenTelemetry `SpanContext`, read by duck typing: the
+    instrumentation captured it without importing OpenTelemetry. Flags carry the
+    parent's W3C trace flags and whether it is remote, as OTLP's `Span.flags` says.
+    """
+    if span_context is None:
+        return None
+    try:
+        if not span_context.is_valid:
+            return None
+        flags = (int(span_context.trace_flags) & 0xFF) | _FLAGS_HAS_IS_REMOTE
+        if span_context.is_remote:
+            flags |= _FLAGS_IS_REMOTE
+        trace_state = span_context.trace_state
+        return (int(span_context.trace_id).to_bytes(16, "big"), int(span_context.span_id).to_bytes(8, "big"),
+                flags, trace_state.to_header() if trace_state else "")
+    except Exception:  # not a SpanContext after all: the step stays a root span
+        return None
+
+
 class OtlpEncoder:
     """Builds the protobuf requests for one rank.
 
@@ -80,14 +147,24 @@ class OtlpEncoder:
 
     def __init__(self, identity: RunIdentity, settings: ExporterSettings):
         self.identity = identity
+        self.settings = settings
         self.phase_spans = settings.phase_spans
-        self.resource = resource_pb2.Resource(attributes=key_values(resource_attributes(identity, settings)))
+        self._resource: resource_pb2.Resource | None = None
         self.scope = common_pb2.InstrumentationScope(name=v.INSTRUMENTATION_SCOPE, version=SCOPE_VERSION)
         self._run_kv = common_pb2.KeyValue(key=v.ATTR_RUN_ID, value=any_value(identity.run_id))
         self._rank_kv = common_pb2.KeyValue(key=v.ATTR_RANK, value=any_value(identity.rank))
         self._event_keys: dict[str, tuple[str, str, str]] = {}
         self._phase_names: dict[str, tuple[str, common_pb2.KeyValue]] = {}
         self._device_kvs: dict[str, common_pb2.KeyValue] = {}
+
+    @property
+    def resource(self) -> resource_pb2.Resource:
+        """Built on first use, on the export thread: by the first step's export the job has
+        usually set up its own TracerProvider, whose resource this one merges with."""
+        if self._resource is None:
+            self._resource = resource_pb2.Resource(attributes=key_values(
+                resource_attributes(self.identity, self.settings, user_provider_resource())))
+        return self._resource
 
     # --- traces ------------------------------------------------------------------------
 
@@ -101,15 +178,17 @@ class OtlpEncoder:
                 self._event_keys[raw_event] = keys
         return keys
 
-    def add_step_spans(self, spans, record: ResolvedStepTime) -> int:
+    def add_step_spans(self, spans, record: ResolvedStepTime, memory: StepMemorySnapshot | None = None) -> int:
         """Append the step span and its phase children to `spans` (a repeated Span field) in place.
 
-        Built in place because copying finished messages into a request costs as much as
-        building them. Returns the number of spans added.
+        `memory` is the step's peak-memory snapshot when the exporter has it: its measured
+        peaks and device go on the step span (None peaks add nothing). Built in place
+        because copying finished messages into a request costs as much as building
+        them. Returns the number of spans added.
         """
         run_id, rank, step = self.identity.run_id, self.identity.rank, record.step
-        trace_id = _id(16, run_id, step)
         span_id = _id(8, run_id, rank, step)
+        parent = parent_of(record.parent)
         KV, AV = common_pb2.KeyValue, common_pb2.AnyValue
         step_kv = KV(key=v.ATTR_STEP, value=AV(int_value=step))
         attrs = [self._run_kv, self._rank_kv, step_kv]
@@ -119,9 +198,19 @@ class OtlpEncoder:
             if totals.gpu_ms is not None:
                 attrs.append(KV(key=gpu_key, value=AV(double_value=float(totals.gpu_ms))))
             attrs.append(KV(key=count_key, value=AV(int_value=int(totals.count))))
-        spans.add(trace_id=trace_id, span_id=span_id, name=v.SPAN_STEP, kind=_SPAN_KIND_INTERNAL,
-                  start_time_unix_nano=record.start_time_ns, end_time_unix_nano=record.end_time_ns,
-                  attributes=attrs)
+        if memory is not None:
+            self._add_memory_attributes(attrs, memory)
+        if parent is None:
+            trace_id = _id(16, run_id, step)
+            spans.add(trace_id=trace_id, span_id=span_id, name=v.SPAN_STEP, kind=_SPAN_KIND_INTERNAL,
+                      start_time_unix_nano=record.start_time_ns, end_time_unix_nano=record.end_time_ns,
+                      attributes=attrs)
+        else:
+            trace_id, parent_span_id, flags, trace_state = parent
+            spans.add(trace_id=trace_id, span_id=span_id, parent_span_id=parent_span_id, flags=flags,
+                      trace_state=trace_state, name=v.SPAN_STEP, kind=_SPAN_KIND_INTERNAL,
+                      start_time_unix_nano=record.start_time_ns, end_time_unix_nano=record.end_time_ns,
+                      attributes=attrs)
         if not self.phase_spans:
             return 1
         for index, phase in enumerate(record.phases):
@@ -136,6 +225,23 @@ class OtlpEncoder:
                       start_time_unix_nano=phase.start_time_ns, end_time_unix_nano=phase.end_time_ns,
                       attributes=(self._rank_kv, step_kv, cached[1]))
         return 1 + len(record.phases)
+
+    def _add_memory_attributes(self, attrs: list, memory: StepMemorySnapshot) -> None:
+        """The device and each measured peak (bytes); nothing at all when no peak was measured."""
+        allocated, reserved = memory.peak_allocated_bytes, memory.peak_reserved_bytes
+        if allocated is None and reserved is None:
+            return
+        device_kv = self._device_kvs.get(memory.device)
+        if device_kv is None:
+            device_kv = common_pb2.KeyValue(key=v.ATTR_DEVICE, value=any_value(str(memory.device)))
+            if len(self._device_kvs) < _CACHE_MAX:
+                self._device_kvs[memory.device] = device_kv
+        attrs.append(device_kv)
+        KV, AV = common_pb2.KeyValue, common_pb2.AnyValue
+        if allocated is not None:
+            attrs.append(KV(key=v.ATTR_MEMORY_PEAK_ALLOCATED, value=AV(int_value=int(allocated))))
+        if reserved is not None:
+            attrs.append(KV(key=v.ATTR_MEMORY_PEAK_RESERVED, value=AV(int_value=int(reserved))))
 
     def run_end_span(self, start_ns: int, end_ns: int, steps_completed: int, last_step: int | None,
                      dropped: Mapping[str, int], failures: int, retries: int) -> trace_pb2.Span:
@@ -173,26 +279,6 @@ class OtlpEncoder:
     def new_metrics_batch(self) -> "MetricsBatch":
         return MetricsBatch(self)
 
-    def add_memory_points(self, batch: "MetricsBatch", record: StepMemorySnapshot) -> int:
-        """One gauge point per measured peak; None (non-CUDA) yields no point. Returns points added."""
-        added = 0
-        step_kv = None
-        for name, value in ((v.METRIC_MEMORY_PEAK_ALLOCATED, record.peak_allocated_bytes),
-                            (v.METRIC_MEMORY_PEAK_RESERVED, record.peak_reserved_bytes)):
-            if value is None:
-                continue
-            if step_kv is None:
-                step_kv = common_pb2.KeyValue(key=v.ATTR_STEP, value=common_pb2.AnyValue(int_value=int(record.step)))
-                device_kv = self._device_kvs.get(record.device)
-                if device_kv is None:
-                    device_kv = common_pb2.KeyValue(key=v.ATTR_DEVICE, value=any_value(str(record.device)))
-                    if len(self._device_kvs) < _CACHE_MAX:
-                        self._device_kvs[record.device] = device_kv
-            batch.points(name).add(time_unix_nano=record.time_ns, as_int=int(value),
-                                   attributes=(self._run_kv, self._rank_kv, step_kv, device_kv))
-            added += 1
-        return added
-
     def add_counter_points(self, batch: "MetricsBatch", name: str, attribute: str, values: Mapping[str, int],
                            start_ns: int, now_ns: int) -> int:
         points = batch.points(name)
@@ -204,8 +290,8 @@ class OtlpEncoder:
 
 
 class MetricsBatch:
-    """One ExportMetricsServiceRequest being filled in place: gauges for memory, cumulative
-    monotonic sums for the telemetry counters, each metric created on first use."""
+    """One ExportMetricsServiceRequest being filled in place: cumulative monotonic sums
+    for the telemetry counters (gauges for any gauge spec), each metric created on first use."""
 
     def __init__(self, encoder: OtlpEncoder):
         self.request = metrics_service_pb2.ExportMetricsServiceRequest()

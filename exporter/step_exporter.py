@@ -6,6 +6,12 @@ returns. One daemon thread builds the protobuf messages, sends them, counts
 failures and retries, periodically exports the drop/failure/retry counters, and
 at shutdown drains, sends final counters and the `traceml.run.end` marker, all
 within a bounded time. No method raises into the caller.
+
+A step's peak memory travels on its step span. Timing and memory reach us from two
+sampler threads, so the worker joins them by step number: a measured snapshot waits
+for its step (`_memory_by_step`), and while the job's snapshots carry measured peaks
+a step waits up to `MEMORY_JOIN_WAIT_S` for its snapshot. A measured snapshot whose
+step was already sent is counted as dropped (queue `metrics`, the memory queue).
 """
 from __future__ import annotations
 
@@ -27,7 +33,11 @@ from .transport import ExportOutcome, make_transport
 _log = logging.getLogger("traceml.exporter")
 
 QUEUE_SPANS = "spans"
-QUEUE_METRICS = "metrics"
+QUEUE_METRICS = "metrics"  # the memory snapshots' queue (the vocabulary's name for it)
+
+MEMORY_JOIN_WAIT_S = 2.0
+"""How long a step waits for its memory snapshot: a few sampler intervals (both
+samplers publish the step at the same moment, each on its own thread)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +47,7 @@ class ExporterStats:
     steps_received: int
     steps_exported: int
     spans_exported: int
-    memory_points_exported: int
+    memory_exported: int  # measured memory snapshots delivered on their step spans
     dropped: Mapping[str, int]
     failures: Mapping[str, int]
     retries: Mapping[str, int]
@@ -71,6 +81,9 @@ class OtlpStepExporter:
         self._transport = transport or make_transport(settings, self._stop)
         self._steps: collections.deque[ResolvedStepTime] = collections.deque()
         self._memory: collections.deque[StepMemorySnapshot] = collections.deque()
+        self._memory_by_step: dict[int, StepMemorySnapshot] = {}  # measured, waiting for their step
+        self._expect_memory = False  # the latest snapshot had a measured peak: steps wait for theirs
+        self._head_since: float | None = None  # when the step at the queue's head began waiting
         self._capacity = settings.queue_size
         self._wake_at = max(1, min(settings.max_batch, settings.queue_size // 2))
         self._wake = threading.Event()
@@ -84,7 +97,7 @@ class OtlpStepExporter:
         self._steps_received = 0
         self._steps_exported = 0
         self._spans_exported = 0
-        self._points_exported = 0
+        self._memory_exported = 0
         self._last_step: int | None = None
         self._failure_logs = 0
         self._last_counters: tuple | None = None
@@ -126,9 +139,9 @@ class OtlpStepExporter:
     def stats(self) -> ExporterStats:
         return ExporterStats(
             steps_received=self._steps_received, steps_exported=self._steps_exported,
-            spans_exported=self._spans_exported, memory_points_exported=self._points_exported,
+            spans_exported=self._spans_exported, memory_exported=self._memory_exported,
             dropped=self._all_drops(), failures=dict(self._failures), retries=dict(self._retries),
-            queued_steps=len(self._steps), queued_memory=len(self._memory))
+            queued_steps=len(self._steps), queued_memory=len(self._memory) + len(self._memory_by_step))
 
     def force_flush(self, timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S) -> bool:
         """Export everything queued so far; True when done within `timeout_s`."""
@@ -174,7 +187,7 @@ class OtlpStepExporter:
             waiters, self._flush_waiters = self._flush_waiters, []
             closing = self._closing
             try:
-                self._drain()
+                self._drain(final=closing or bool(waiters))
                 if closing:
                     self._send_counters(force=True)
                     self._send_run_end()
@@ -195,35 +208,83 @@ class OtlpStepExporter:
             deadline = min(deadline, self._shutdown_deadline)
         return deadline
 
-    def _drain(self) -> None:
-        """Send what is queued, in batches of at most `max_batch`, until both queues are empty."""
+    def _drain(self, final: bool = False) -> None:
+        """Send what is queued, in batches of at most `max_batch`.
+
+        Steps leave in order; one whose memory may still come waits (see the module
+        docstring) unless `final` (shutdown or a flush), which sends everything.
+        """
         batch = self.settings.max_batch
-        while self._steps or self._memory:
+        while True:
             if self._shutdown_deadline is not None and time.monotonic() >= self._shutdown_deadline:
                 self._abandon_queued()
                 return
-            if self._steps:
-                self._send_steps([self._steps.popleft() for _ in range(min(batch, len(self._steps)))])
-            if self._memory:
-                self._send_memory([self._memory.popleft() for _ in range(min(batch, len(self._memory)))])
+            self._collect_memory()
+            ready = self._ready_steps(batch, final)
+            if not ready:
+                break
+            self._send_steps(ready)
+        self._forget_unmatched_memory(final)
+
+    def _collect_memory(self) -> None:
+        """Queued snapshots -> `_memory_by_step`; unmeasured ones (non-CUDA) carry nothing."""
+        memory, by_step = self._memory, self._memory_by_step
+        while memory:
+            record = memory.popleft()
+            measured = record.peak_allocated_bytes is not None or record.peak_reserved_bytes is not None
+            self._expect_memory = measured
+            if not measured:
+                continue
+            if self._last_step is not None and record.step <= self._last_step:
+                self._dropped[QUEUE_METRICS] += 1  # its step span has left already
+                continue
+            if len(by_step) >= self._capacity:
+                by_step.pop(next(iter(by_step)))
+                self._dropped[QUEUE_METRICS] += 1
+            by_step[record.step] = record
+
+    def _ready_steps(self, limit: int, final: bool) -> list[tuple[ResolvedStepTime, StepMemorySnapshot | None]]:
+        steps, by_step = self._steps, self._memory_by_step
+        ready = []
+        while steps and len(ready) < limit:
+            head = steps[0]
+            memory = by_step.pop(head.step, None)
+            if memory is None and self._expect_memory and not final:
+                now = time.monotonic()
+                if self._head_since is None:
+                    self._head_since = now
+                if now - self._head_since < MEMORY_JOIN_WAIT_S:
+                    break
+            self._head_since = None
+            ready.append((steps.popleft(), memory))
+        return ready
+
+    def _forget_unmatched_memory(self, final: bool) -> None:
+        """Snapshots no step span can carry any more (their step has left, or shutdown)."""
+        by_step, last = self._memory_by_step, self._last_step
+        stale = list(by_step) if final and self._closing else \
+            ([s for s in by_step if s <= last] if last is not None else [])
+        for step in stale:
+            del by_step[step]
+        self._dropped[QUEUE_METRICS] += len(stale)
 
     def _abandon_queued(self) -> None:
         """Shutdown ran out of time: what is still queued is counted as failed, not encoded."""
         self._failures[v.SIGNAL_TRACES] += len(self._steps)
-        self._failures[v.SIGNAL_METRICS] += len(self._memory)
-        self._note_failure(f"shutdown deadline reached with {len(self._steps)} steps and "
-                           f"{len(self._memory)} memory snapshots unsent")
+        self._note_failure(f"shutdown deadline reached with {len(self._steps)} steps unsent")
         self._steps.clear()
         self._memory.clear()
+        self._memory_by_step.clear()
 
-    def _send_steps(self, records: list[ResolvedStepTime]) -> None:
+    def _send_steps(self, records: list[tuple[ResolvedStepTime, StepMemorySnapshot | None]]) -> None:
         request, spans = self._encoder.new_trace_request()
-        steps = 0
-        for record in records:
+        steps = memory = 0
+        for record, snapshot in records:
             before = len(spans)
             try:
-                self._encoder.add_step_spans(spans, record)
+                self._encoder.add_step_spans(spans, record, snapshot)
                 steps += 1
+                memory += snapshot is not None
                 self._last_step = record.step if self._last_step is None else max(self._last_step, record.step)
             except Exception as exc:
                 del spans[before:]
@@ -237,21 +298,8 @@ class OtlpStepExporter:
         if outcome.delivered:
             self._steps_exported += steps - min(steps, outcome.rejected)
             self._spans_exported += n_spans - outcome.rejected
-
-    def _send_memory(self, records: list[StepMemorySnapshot]) -> None:
-        batch = self._encoder.new_metrics_batch()
-        points = 0
-        for record in records:
-            try:
-                points += self._encoder.add_memory_points(batch, record)
-            except Exception as exc:
-                self._failures[v.SIGNAL_METRICS] += 1
-                self._note_failure(f"memory record not encodable ({type(exc).__name__}: {exc}): {record!r:.200}")
-        if not points:
-            return
-        outcome = self._export(v.SIGNAL_METRICS, batch.request, points)
-        if outcome.delivered:
-            self._points_exported += points - outcome.rejected
+            if not outcome.rejected:
+                self._memory_exported += memory
 
     def _all_drops(self) -> dict[str, int]:
         drops = {q: 0 for q in v.QUEUE_NAMES}

@@ -32,6 +32,8 @@ class ResolvedStepTime(NamedTuple):
 
     `start_time_ns`/`end_time_ns` are wall-clock (time.time_ns epoch) bounds of the
     step's first and last event, derived from the captured perf_counter values.
+    `parent` is the job's own OpenTelemetry `SpanContext` that was current when the
+    step began (opaque here: nothing on this side imports OpenTelemetry), or None.
     """
 
     step: int
@@ -39,6 +41,7 @@ class ResolvedStepTime(NamedTuple):
     end_time_ns: int
     events: Mapping[str, EventTotals]
     phases: tuple[PhaseInterval, ...] = ()
+    parent: object = None
 
 
 class StepMemorySnapshot(NamedTuple):

@@ -150,7 +150,8 @@ def resolve_batch(batch, wall_offset_ns: int, *, gpu_available: bool = True,
     phases = tuple([new_tuple(PhaseInterval, (e[0], e[1] + wall_offset_ns, e[2] + wall_offset_ns))
                     for e in ordered])
     return new_tuple(ResolvedStepTime, (batch.step, ordered[0][1] + wall_offset_ns,
-                                        max(map(_end, ordered)) + wall_offset_ns, totals, phases))
+                                        max(map(_end, ordered)) + wall_offset_ns, totals, phases,
+                                        getattr(batch, "parent", None)))
 
 
 def _gpu_ms(event: tuple, gpu_available: bool, pool) -> float | None:

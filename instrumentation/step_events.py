@@ -53,13 +53,15 @@ EV_NAME, EV_CPU_START, EV_CPU_END, EV_GPU_START, EV_GPU_END = range(5)
 
 
 class StepTimeBatch:
-    """One completed step's timing events, as published to the timing queue."""
+    """One completed step's timing events, as published to the timing queue (with the
+    job's OpenTelemetry span context current when the step began, or None)."""
 
-    __slots__ = ("step", "events")
+    __slots__ = ("step", "events", "parent")
 
-    def __init__(self, step: int, events: list) -> None:
+    def __init__(self, step: int, events: list, parent=None) -> None:
         self.step = step
         self.events = events
+        self.parent = parent
 
     def __repr__(self) -> str:
         return f"StepTimeBatch(step={self.step}, events={len(self.events)})"
@@ -85,12 +87,13 @@ class StepCapture:
     it only through `complete_step_capture()`/`abort_step_capture()`.
     """
 
-    __slots__ = ("events", "memory", "detached")
+    __slots__ = ("events", "memory", "detached", "parent")
 
     def __init__(self) -> None:
         self.events: list = []
         self.memory: MemoryReading | None = None
         self.detached = False
+        self.parent = None  # the job's OpenTelemetry SpanContext at step begin (trace_step sets it)
 
     def record(self, reading: MemoryReading) -> None:
         """Keep `reading` as this step's memory snapshot (replaces an earlier one)."""
@@ -207,6 +210,7 @@ def current_capture() -> StepCapture:
         capture.events = []
         capture.memory = None
         capture.detached = False
+        capture.parent = None
         _rec.active = capture
     return capture
 
@@ -300,7 +304,7 @@ def complete_step_capture(capture: StepCapture | None = None, last_event: tuple 
     # are built when drained, on the sampler thread.
     events = active.events
     if events:
-        _timing_queue.put((step, events))
+        _timing_queue.put((step, events, active.parent))
     if memory_device is not None:
         # Off CUDA: no peaks, so the reading is just the device and when the step ended
         # (a perf_counter stamp, mapped to the wall clock when drained).
@@ -348,9 +352,9 @@ def drain_step_memory_events() -> list[StepMemorySnapshot]:
 def drain_step_time_batches() -> list[StepTimeBatch]:
     """Everything queued, as StepTimeBatch objects (built here, on the draining sampler thread)."""
     out = []
-    for step, events in _timing_queue.drain():  # (step, events) from complete_step_capture
+    for step, events, parent in _timing_queue.drain():  # from complete_step_capture
         batch = _new(StepTimeBatch)  # without the __init__ frame
-        batch.step, batch.events = step, events
+        batch.step, batch.events, batch.parent = step, events, parent
         out.append(batch)
     return out
 

@@ -8,12 +8,14 @@ another model comes or `shutdown()` resets it.
 
 It runs on every step of the job, so its common path calls as few Python
 functions as it can (see docs/performance.md); what it reads per step is in
-`process_state`. It never starts or stops TraceML: that is `lifecycle`.
+`process_state`. When the job uses OpenTelemetry itself, the step also notes the
+job's current span context, so the step span joins the job's trace. It never starts or stops TraceML: that is `lifecycle`.
 (Not named `trace_step.py`: importing a submodule binds its name on the package,
 which would shadow `traceml.trace_step`.)
 """
 from __future__ import annotations
 
+import sys
 import threading
 import time
 import weakref
@@ -33,6 +35,8 @@ from .timing import timed_region
 
 _get_ident = threading.get_ident
 _perf_ns = time.perf_counter_ns
+_modules = sys.modules
+_OTEL_TRACE = "opentelemetry.trace"
 
 
 def _no_model() -> None:
@@ -147,7 +151,16 @@ class trace_step:
                 _tracker_cache[0], _tracker_cache[1] = _model_ref(model), tracker
         self._tracker = tracker
         capture = rec.active
-        self._capture = capture if capture is not None else se.current_capture()
+        capture = self._capture = capture if capture is not None else se.current_capture()
+        # The job's own OpenTelemetry span current now becomes the step span's parent.
+        # Only when the job imported OpenTelemetry (we never do): otherwise one dict
+        # lookup. Just the immutable SpanContext is kept; the exporter reads it later.
+        otel = _modules.get(_OTEL_TRACE)
+        if otel is not None:
+            try:
+                capture.parent = otel.get_current_span().get_span_context()
+            except Exception:  # someone else's context machinery must not break the step
+                capture.parent = None
         if tracker._cuda:
             tracker.reset()
         if tracker._cuda or _policy.gpu_default or se.held:

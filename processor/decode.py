@@ -320,7 +320,9 @@ def _resource_identity(kvs, limits: DecodeLimits) -> _Resource:
 
 # --- traces ---------------------------------------------------------------------------------
 
-_IDENTITY_KEYS = frozenset({v.ATTR_STEP, v.ATTR_RANK, v.ATTR_RUN_ID})
+_MEMORY_PEAK_KEYS = (v.ATTR_MEMORY_PEAK_ALLOCATED, v.ATTR_MEMORY_PEAK_RESERVED)
+_ROW_KEYS = frozenset({v.ATTR_STEP, v.ATTR_RANK, v.ATTR_RUN_ID, v.ATTR_DEVICE, *_MEMORY_PEAK_KEYS})
+"""The step span's attributes other than `traceml.event.*` that its rows are built from."""
 _SLOT = {v.EVENT_FIELD_CPU_MS: 0, v.EVENT_FIELD_GPU_MS: 1, v.EVENT_FIELD_COUNT: 2}
 _EVENT_KEY_CACHE: dict[str, tuple[str, int] | None] = {}
 _EVENT_KEY_CACHE_MAX = 4096
@@ -401,7 +403,10 @@ class Decoder:
                     if res.error is not None:
                         raise res.error
                     if name == v.SPAN_STEP:
-                        batch.step_records.append(self._step_span(span, res))
+                        record, memory = self._step_span(span, res)
+                        batch.step_records.append(record)
+                        if memory is not None:
+                            batch.memory_records.append(memory)
                     else:
                         batch.run_ends.append(self._run_end_span(span, res))
                     if res.identity is not None and res.identity.world_size is not None:
@@ -432,8 +437,12 @@ class Decoder:
         self.admission.admit(run_id, identity.global_rank)
         return run_id, identity
 
-    def _step_span(self, span, res: _Resource) -> StepTimeIngestRecord:
-        """The hot path: one pass over the span's attributes, event keys parsed once per process."""
+    def _step_span(self, span, res: _Resource) -> tuple[StepTimeIngestRecord, StepMemoryIngestRecord | None]:
+        """The hot path: one pass over the span's attributes, event keys parsed once per process.
+
+        Returns the step's timing record and, when the span carries a measured peak,
+        its memory record (timestamped at the span's end).
+        """
         limits = self.limits
         kvs = span.attributes
         if len(kvs) > limits.max_attributes:
@@ -450,7 +459,7 @@ class Decoder:
                 parsed = _event_key(key)
             if parsed is None:
                 val = _kv_value(value, key, max_bytes)
-                if key in _IDENTITY_KEYS:
+                if key in _ROW_KEYS:
                     ident[key] = val
                 elif len(key) > max_bytes:
                     raise _Reject(ATTRIBUTE_TOO_LARGE, f"attribute key of {len(key)} characters")
@@ -490,6 +499,9 @@ class Decoder:
                 events[raw] = value
         if not events:
             raise _Reject(NO_EVENTS, f"step {step} carries no {v.EVENT_ATTR_PREFIX}* timing attributes")
+        memory = None
+        if v.ATTR_MEMORY_PEAK_ALLOCATED in ident or v.ATTR_MEMORY_PEAK_RESERVED in ident:
+            memory = self._span_memory(ident, run_id, identity.global_rank, step, end_ns / 1e9)
         return StepTimeIngestRecord(
             run_id=run_id,
             identity=identity,
@@ -498,7 +510,20 @@ class Decoder:
             sample_time=end_ns / 1e9,
             events=events,
             training_strategy=res.strategy,
-        )
+        ), memory
+
+    def _span_memory(self, attrs: Mapping, run_id: str, rank: int, step: int,
+                     when: float) -> StepMemoryIngestRecord:
+        """The step span's peak memory (bytes, per device); an absent peak stays None."""
+        cap = self.limits.max_memory_bytes
+        allocated, reserved = (_int_attr(attrs, key, allow_string=False, minimum=0, maximum=cap)
+                               for key in _MEMORY_PEAK_KEYS)
+        device = attrs.get(v.ATTR_DEVICE, "")
+        if not isinstance(device, str):
+            raise _Reject(WRONG_TYPE, f"{v.ATTR_DEVICE} must be a string, got {device!r}")
+        return StepMemoryIngestRecord(run_id=run_id, global_rank=rank, step=step, device=device,
+                                      peak_allocated_bytes=allocated, peak_reserved_bytes=reserved,
+                                      sample_time=when)
 
     def _run_end_span(self, span, res: _Resource) -> RunEndMarker:
         attrs = _attributes(span.attributes, self.limits)
@@ -523,10 +548,11 @@ class Decoder:
     # --- metrics --------------------------------------------------------------------------
 
     def decode_metrics(self, request) -> DecodedBatch:
-        """`ExportMetricsServiceRequest` -> per-step memory rows and drop counts."""
+        """`ExportMetricsServiceRequest` -> drop counts, and per-step memory rows from the
+        step-keyed gauges that exporters sent before peak memory moved onto the step span."""
         batch = DecodedBatch(v.SIGNAL_METRICS)
         limits = self.limits
-        memory_names = (v.METRIC_MEMORY_PEAK_ALLOCATED, v.METRIC_MEMORY_PEAK_RESERVED)
+        memory_names = v.LEGACY_MEMORY_METRICS
         unused = (v.METRIC_EXPORT_FAILURES, v.METRIC_EXPORT_RETRIES)
         for resource_metrics in request.resource_metrics:
             res = None

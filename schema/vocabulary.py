@@ -126,6 +126,14 @@ ATTR_DEVICE = "traceml.device"
 ATTR_PHASE = "traceml.phase"
 ATTR_STEPS_COMPLETED = "traceml.steps.completed"
 
+# Peak memory of the step, on the `traceml.step` span (int, bytes: unit `By`), with
+# ATTR_DEVICE naming the tracked device. Present only when measured (CUDA); a
+# non-CUDA device sends none of the three (stored as null, never 0). On the span,
+# not on a gauge: a per-step metric attribute would make a new series every step.
+ATTR_MEMORY_PEAK_ALLOCATED = "traceml.memory.peak_allocated"
+ATTR_MEMORY_PEAK_RESERVED = "traceml.memory.peak_reserved"
+MEMORY_UNIT = "By"
+
 # Per raw event on the `traceml.step` span: summed values for the step.
 #   traceml.event.<raw event key>.cpu_ms   double, always present for a seen event
 #   traceml.event.<raw event key>.gpu_ms   double, only when CUDA timing resolved
@@ -157,8 +165,11 @@ def parse_event_attribute(key: str) -> tuple[str, str] | None:
 
 # --- Training-side metrics (raw input for the processor, not for Prometheus) --
 
+# Gauges with a `traceml.step` point attribute, sent by exporters before peak memory
+# moved onto the step span; the processor still reads them (LEGACY_MEMORY_METRICS).
 METRIC_MEMORY_PEAK_ALLOCATED = "traceml.memory.peak_allocated"
 METRIC_MEMORY_PEAK_RESERVED = "traceml.memory.peak_reserved"
+LEGACY_MEMORY_METRICS: tuple[str, ...] = (METRIC_MEMORY_PEAK_ALLOCATED, METRIC_MEMORY_PEAK_RESERVED)
 METRIC_TELEMETRY_DROPPED = "traceml.telemetry.dropped"
 METRIC_EXPORT_FAILURES = "traceml.telemetry.export.failures"
 METRIC_EXPORT_RETRIES = "traceml.telemetry.export.retries"
@@ -233,6 +244,9 @@ SUMMARY_METRICS: tuple[MetricSpec, ...] = (
                "Number of ranks in the run's rank universe.", (ATTR_RUN_ID,)),
     MetricSpec("traceml.window.last_step", "{step}",
                "Latest aligned step id in the window.", (ATTR_RUN_ID,)),
+    MetricSpec("traceml.run.first_step", "{step}",
+               "Lowest step id stored for the run: above 0 when the processor first saw the run part-way "
+               "(started after the job, or received the run after a rebalance).", (ATTR_RUN_ID,)),
     MetricSpec("traceml.run.fresh", "1",
                "1 for the run's current freshness state (cold, live, bridged, expired).",
                (ATTR_RUN_ID, ATTR_FRESHNESS)),
@@ -262,14 +276,9 @@ PROCESSOR_METRICS: tuple[MetricSpec, ...] = (
                (), kind="counter"),
 )
 
-# What each rank's exporter sends (step-keyed raw input; see docs/wire-format.md).
+# What each rank's exporter sends as metrics: bounded attributes only (run, rank and
+# one closed set each), so the series count never grows with steps.
 TRAINING_METRICS: tuple[MetricSpec, ...] = (
-    MetricSpec(METRIC_MEMORY_PEAK_ALLOCATED, "By",
-               "Peak memory allocated by tensors on the rank's device during one step.",
-               (ATTR_RUN_ID, ATTR_RANK, ATTR_STEP, ATTR_DEVICE)),
-    MetricSpec(METRIC_MEMORY_PEAK_RESERVED, "By",
-               "Peak memory reserved by the caching allocator on the rank's device during one step.",
-               (ATTR_RUN_ID, ATTR_RANK, ATTR_STEP, ATTR_DEVICE)),
     MetricSpec(METRIC_TELEMETRY_DROPPED, "{record}",
                "Telemetry records dropped on the training side because a bounded queue was full, by queue.",
                (ATTR_RUN_ID, ATTR_RANK, ATTR_QUEUE), kind="counter"),

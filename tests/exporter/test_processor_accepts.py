@@ -12,10 +12,10 @@ def test_processor_decodes_exported_steps_memory_drops_and_run_end(fresh_receive
     exporter = OtlpStepExporter(identity("compat", rank=1, world_size=2), settings,
                                 instrumentation_drops=lambda: {"timing": 4, "memory": 0})
     records = [step_record(s, gpu=s % 2 == 0, zero_forward=s == 2) for s in range(5)]
-    for rec in records:
-        exporter.on_step_time(rec)
     exporter.on_step_memory(memory_record(0))
     exporter.on_step_memory(memory_record(1, cuda=False))
+    for rec in records:
+        exporter.on_step_time(rec)
     assert exporter.shutdown(10.0)
 
     decoder = Decoder()
@@ -24,11 +24,12 @@ def test_processor_decodes_exported_steps_memory_drops_and_run_end(fresh_receive
         batch = decoder.decode_traces(request)
         assert batch.rejected_count == 0, batch.message()
         steps += batch.step_records
+        memory += batch.memory_records  # peak memory rides on the step span
         ends += batch.run_ends
     for request in fresh_receiver.metric_requests:
         batch = decoder.decode_metrics(request)
         assert batch.rejected_count == 0, batch.message()
-        memory += batch.memory_records
+        assert batch.memory_records == []
         drops += batch.drops
     by_step = {r.step: r for r in steps}
     assert sorted(by_step) == [0, 1, 2, 3, 4]
@@ -38,6 +39,7 @@ def test_processor_decodes_exported_steps_memory_drops_and_run_end(fresh_receive
         assert {k: (e.cpu_ms, e.gpu_ms, e.count) for k, e in got.events.items()} == \
             {k: (t.cpu_ms, t.gpu_ms, t.count) for k, t in rec.events.items()}
     assert [(m.step, m.device, m.peak_allocated_bytes, m.peak_reserved_bytes) for m in memory] == \
-        [(0, "cuda:0", 1_000_000, 2_000_000)]
+        [(0, "cuda:0", 1_000_000, 2_000_000)]  # the CPU step (1) has no memory row: None, never 0
+    assert memory[0].sample_time == records[0].end_time_ns / 1e9
     assert [(e.run_id, e.global_rank, e.steps_completed) for e in ends] == [("compat", 1, 5)]
     assert {d.queue: d.dropped for d in drops}["timing"] == 4

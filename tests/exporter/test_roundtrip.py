@@ -18,10 +18,10 @@ def _export(receiver, protocol, records, memory=(), *, run_id, env=None, rank=0,
     settings = resolve_settings(_endpoint(receiver, protocol), protocol, environ=env or {}, **kw)
     exporter = OtlpStepExporter(identity(run_id, rank, world_size), settings,
                                 instrumentation_drops=lambda: {"timing": 3, "memory": 1})
+    for record in memory:  # first, as on CUDA, where the step's timing resolves later
+        exporter.on_step_memory(record)
     for record in records:
         exporter.on_step_time(record)
-    for record in memory:
-        exporter.on_step_memory(record)
     assert exporter.shutdown(10.0)
     return exporter
 
@@ -102,28 +102,22 @@ def test_phase_spans_can_be_switched_off(receiver):
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_memory_gauges_exact_and_no_point_for_non_cuda(receiver, protocol):
+def test_peak_memory_rides_on_the_step_span_exact_and_absent_off_cuda(receiver, protocol):
     run_id = f"mem-{protocol}"
     memory = [memory_record(0), memory_record(1, cuda=False), memory_record(2),
               type(memory_record(3))(3, "cuda:1", 0, None, BASE_NS + 7)]
-    _export(receiver, protocol, [], memory, run_id=run_id)
-    points = {}
-    for res, metric, point in receiver.metric_points():
-        if res.get(v.ATTR_RUN_ID) != run_id or not metric.name.startswith("traceml.memory."):
-            continue
-        assert metric.WhichOneof("data") == "gauge" and metric.unit == "By" and metric.description
-        attrs = {kv.key: kv.value for kv in point.attributes}
-        key = (metric.name, attrs[v.ATTR_STEP].int_value, attrs[v.ATTR_DEVICE].string_value,
-               attrs[v.ATTR_RANK].int_value, attrs[v.ATTR_RUN_ID].string_value)
-        points[key] = (point.as_int, point.time_unix_nano)
-    alloc, reserved = v.METRIC_MEMORY_PEAK_ALLOCATED, v.METRIC_MEMORY_PEAK_RESERVED
-    assert points == {
-        (alloc, 0, "cuda:0", 0, run_id): (1_000_000, memory[0].time_ns),
-        (reserved, 0, "cuda:0", 0, run_id): (2_000_000, memory[0].time_ns),
-        (alloc, 2, "cuda:0", 0, run_id): (1_000_002, memory[2].time_ns),
-        (reserved, 2, "cuda:0", 0, run_id): (2_000_002, memory[2].time_ns),
-        (alloc, 3, "cuda:1", 0, run_id): (0, BASE_NS + 7),  # a measured zero is a point; None is none
+    _export(receiver, protocol, [step_record(s) for s in range(4)], memory, run_id=run_id)
+    rows = {k[2]: r["attributes"] for k, r in receiver.step_spans().items() if k[0] == run_id}
+    mem_keys = (v.ATTR_DEVICE, v.ATTR_MEMORY_PEAK_ALLOCATED, v.ATTR_MEMORY_PEAK_RESERVED)
+    assert {step: tuple(attrs.get(k) for k in mem_keys) for step, attrs in rows.items()} == {
+        0: ("cuda:0", 1_000_000, 2_000_000),
+        1: (None, None, None),  # non-CUDA: nothing at all (stored as null, never 0)
+        2: ("cuda:0", 1_000_002, 2_000_002),
+        3: ("cuda:1", 0, None),  # a measured zero is sent; an unmeasured peak is absent
     }
+    # No memory metric exists any more: nothing per step can become a metric series.
+    assert not [m for res, m, _ in receiver.metric_points()
+                if res.get(v.ATTR_RUN_ID) == run_id and m.name.startswith("traceml.memory.")]
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -195,7 +189,8 @@ def test_emitted_names_are_exactly_the_schema_vocabulary(receiver):
             assert set(res) == resource_keys
             for kv in span.attributes:
                 assert (kv.key in {v.ATTR_RUN_ID, v.ATTR_RANK, v.ATTR_STEP, v.ATTR_PHASE, v.ATTR_STEPS_COMPLETED,
-                                   v.ATTR_RUN_END_EXPORT_FAILURES, v.ATTR_RUN_END_EXPORT_RETRIES}
+                                   v.ATTR_RUN_END_EXPORT_FAILURES, v.ATTR_RUN_END_EXPORT_RETRIES,
+                                   v.ATTR_DEVICE, v.ATTR_MEMORY_PEAK_ALLOCATED, v.ATTR_MEMORY_PEAK_RESERVED}
                         or v.parse_event_attribute(kv.key) is not None
                         or kv.key.startswith(v.RUN_END_DROPPED_PREFIX)), kv.key
 

@@ -1,4 +1,4 @@
-"""5,000 step-keyed points: no overflow series, every step its own point, flat exporter memory."""
+"""5,000 steps with peak memory: every step its own span carrying its memory, no overflow series, flat exporter memory."""
 from __future__ import annotations
 
 import pathlib
@@ -50,18 +50,12 @@ def test_five_thousand_steps_no_overflow_and_flat_memory(fresh_receiver):
 
     stats = exporter.stats()
     assert stats.dropped["spans"] == stats.dropped["metrics"] == 0
-    assert stats.steps_exported == STEPS and stats.memory_points_exported == 2 * STEPS
+    assert stats.steps_exported == STEPS and stats.memory_exported == STEPS
 
-    series = {v.METRIC_MEMORY_PEAK_ALLOCATED: set(), v.METRIC_MEMORY_PEAK_RESERVED: set()}
     for res, metric, point in fresh_receiver.metric_points():
-        attrs = {kv.key: kv.value for kv in point.attributes}
-        assert "otel.metric.overflow" not in attrs
-        if metric.name in series:
-            key = tuple(sorted((k, str(val)) for k, val in attrs.items()))
-            assert key not in series[metric.name], "a step's point arrived twice"
-            series[metric.name].add(key)
-            assert point.as_int == (1_000_000 if metric.name == v.METRIC_MEMORY_PEAK_ALLOCATED else 2_000_000) \
-                + attrs[v.ATTR_STEP].int_value
-    assert {name: len(keys) for name, keys in series.items()} == {name: STEPS for name in series}
-    steps = {k[2] for k in fresh_receiver.step_spans() if k[0] == run_id}
-    assert steps == set(range(STEPS))
+        assert "otel.metric.overflow" not in {kv.key for kv in point.attributes}
+        assert not metric.name.startswith("traceml.memory.")
+    rows = {k[2]: r["attributes"] for k, r in fresh_receiver.step_spans().items() if k[0] == run_id}
+    assert set(rows) == set(range(STEPS))
+    assert all((a[v.ATTR_MEMORY_PEAK_ALLOCATED], a[v.ATTR_MEMORY_PEAK_RESERVED]) ==
+               (1_000_000 + step, 2_000_000 + step) for step, a in rows.items())

@@ -66,6 +66,13 @@ def stored_memory_keys(db: Path) -> set[tuple[str, int, int, str]]:
         db, "SELECT run_id, global_rank, step, device FROM step_memory_samples")}
 
 
+def stored_memory_values(db: Path, run_id: str) -> dict[tuple[int, int, str], tuple[int | None, int | None]]:
+    """(rank, step, device) -> (peak allocated, peak reserved) bytes of a run's stored memory rows."""
+    return {(int(k), int(s), d): (a, r) for k, s, d, a, r in _query(
+        db, "SELECT global_rank, step, device, peak_allocated_bytes, peak_reserved_bytes"
+            " FROM step_memory_samples WHERE run_id = ?", (run_id,))}
+
+
 def steps_per_rank(db: Path) -> dict[int, int]:
     """rank -> stored step rows; empty while the file or its tables do not exist yet (a poll's answer)."""
     if not db.exists():

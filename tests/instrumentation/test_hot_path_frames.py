@@ -29,7 +29,11 @@ EXPECTED_FRAMES = {
 }
 """Frames per operation. `trace_step` counts every frame its `with` enters (no other
 code runs there); the others count TraceML's frames only. Manual mode has no
-backward patch (0)."""
+backward patch (0). Measured in a job that does not use OpenTelemetry itself."""
+
+FRAMES_WITH_USER_OTEL = {"trace_step": 7}
+"""Frames a job that uses OpenTelemetry adds per `trace_step`: reading the job's current
+span context (OpenTelemetry API and SDK frames; TraceML's own stay as above)."""
 
 HOW_TO_UPDATE = (
     "Python frames entered on the training thread's hot path changed. If that is a "
@@ -117,13 +121,41 @@ def _measure(mode: str) -> dict[str, int]:
     return got
 
 
+@pytest.fixture
+def job_without_otel(monkeypatch):
+    """As in a job that never imported OpenTelemetry (other tests in this process did)."""
+    monkeypatch.delitem(sys.modules, "opentelemetry.trace", raising=False)
+
+
 @pytest.mark.parametrize("mode", ["manual", "auto"])
-def test_frames_per_hot_path_operation_are_exactly_the_measured_counts(mode):
+def test_frames_per_hot_path_operation_are_exactly_the_measured_counts(mode, job_without_otel):
     got, expected = _measure(mode), EXPECTED_FRAMES[mode]
     assert got == expected, f"{mode}: measured {got}, expected {expected}. " + HOW_TO_UPDATE.format(file=__file__)
 
 
-def test_the_counter_sees_an_added_frame():
+def test_a_job_with_its_own_span_active_adds_only_the_api_frames_that_read_it(monkeypatch):
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    traceml.init(mode="manual")
+    tracer = TracerProvider().get_tracer("job")
+
+    def step():
+        with traceml.trace_step():
+            pass
+
+    with monkeypatch.context() as m:
+        m.delitem(sys.modules, "opentelemetry.trace")
+        base_ours, base_total = _steady(step)
+    with tracer.start_as_current_span("train_epoch") as epoch:
+        ours, total = _steady(step)
+    traceml.shutdown()
+    assert ours == base_ours, "TraceML's own frames do not change"
+    assert {"trace_step": total - base_total} == FRAMES_WITH_USER_OTEL, HOW_TO_UPDATE.format(file=__file__)
+    assert epoch.get_span_context().is_valid and trace.get_current_span() is not epoch
+
+
+def test_the_counter_sees_an_added_frame(job_without_otel):
     """The counter itself: one extra Python call inside the step is one more frame."""
     traceml.init(mode="manual")
 

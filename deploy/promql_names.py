@@ -39,6 +39,7 @@ class Names:
     window_steps: str = metric("traceml.window.steps")
     window_ranks: str = metric("traceml.window.ranks")
     window_last_step: str = metric("traceml.window.last_step")
+    run_first_step: str = metric("traceml.run.first_step")
     run_fresh: str = metric("traceml.run.fresh")
     rank_memory_peak: str = metric("traceml.rank.memory.peak")
     diagnosis_active: str = metric("traceml.diagnosis.active")

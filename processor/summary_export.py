@@ -3,10 +3,20 @@
 (Incoming OTLP Export requests are `otlp_intake`'s.)
 
 Both read the same list of points (`.name`, `.attributes`, `.value`, named after
-`SUMMARY_METRICS` / `PROCESSOR_METRICS`); neither carries a `step` attribute.
-The Prometheus endpoint renders on scrape; the OTLP pusher runs on its own thread
-with a bounded retry and only ever holds the latest snapshot, so a slow or absent
-destination costs nothing but that thread.
+`SUMMARY_METRICS` / `PROCESSOR_METRICS`) through one series grouping; neither
+carries a `step` attribute. The Prometheus endpoint renders on scrape. The OTLP
+push hands the OpenTelemetry SDK's official OTLP metric exporter (gRPC or
+HTTP/protobuf) the SDK's own `MetricsData`, built from the latest snapshot on its
+own thread, so transport, retries, TLS and the `OTEL_EXPORTER_OTLP_*` variables
+are the SDK's, and a slow or absent destination costs nothing but that thread.
+
+Why not a `MeterProvider` with observable instruments: its per-instrument
+aggregation state keeps every attribute set it ever saw (asynchronous
+instruments never release one), so the series of ended runs fill the
+cardinality limit (2000 per instrument by default) and a later run's series
+land in the `otel.metric.overflow` series; raising the limit only turns that
+into memory that grows with every run the processor has seen
+(docs/processor.md gives the measurement).
 """
 from __future__ import annotations
 
@@ -14,9 +24,6 @@ import logging
 import math
 import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Iterable, Mapping, Sequence
@@ -37,6 +44,23 @@ class Point:
     name: str
     attributes: Mapping[str, object]
     value: float
+
+
+def _series(points: Iterable, specs: Mapping[str, v.MetricSpec]) -> dict[str, dict[tuple, object]]:
+    """Points by metric name, one per series (attribute values in the spec's key order): the first wins.
+
+    Both renderers take their points from here, so `/metrics` and the push always carry
+    the same series with the same values.
+    """
+    families: dict[str, dict[tuple, object]] = {}
+    for point in points:
+        spec = specs.get(point.name)
+        if spec is None:
+            LOG.debug("no MetricSpec for %s; not exported", point.name)
+            continue
+        key = tuple(point.attributes.get(k) for k in spec.attributes)
+        families.setdefault(point.name, {}).setdefault(key, point)
+    return families
 
 
 # --- Prometheus text exposition ------------------------------------------------------------
@@ -60,12 +84,7 @@ def _format_value(value: float) -> str:
 
 def render_prometheus(points: Iterable, specs: Mapping[str, v.MetricSpec] = SPECS) -> str:
     """Points -> Prometheus text format 0.0.4, one HELP/TYPE block per family."""
-    families: dict[str, list] = {}
-    for point in points:
-        if point.name not in specs:
-            LOG.debug("no MetricSpec for %s; not exposed", point.name)
-            continue
-        families.setdefault(point.name, []).append(point)
+    families = _series(points, specs)
     lines: list[str] = []
     for name in sorted(families, key=lambda n: specs[n].prometheus_name):
         spec = specs[name]
@@ -73,18 +92,9 @@ def render_prometheus(points: Iterable, specs: Mapping[str, v.MetricSpec] = SPEC
         help_text = spec.description.replace("\\", "\\\\").replace("\n", "\\n")
         lines.append(f"# HELP {prom} {help_text}")
         lines.append(f"# TYPE {prom} {'counter' if spec.kind == 'counter' else 'gauge'}")
-        seen = set()
-        for point in families[name]:
-            labels = []
-            for key in spec.attributes:
-                value = point.attributes.get(key)
-                if value is None:
-                    continue
-                labels.append(f'{v.prometheus_label(key)}="{_escape_label(value)}"')
-            series = ",".join(labels)
-            if series in seen:  # one sample per series: the first (latest projected) wins
-                continue
-            seen.add(series)
+        for key, point in families[name].items():
+            series = ",".join(f'{v.prometheus_label(k)}="{_escape_label(value)}"'
+                              for k, value in zip(spec.attributes, key) if value is not None)
             lines.append(f"{prom}{{{series}}} {_format_value(point.value)}" if series
                          else f"{prom} {_format_value(point.value)}")
     return "\n".join(lines) + "\n" if lines else ""
@@ -135,100 +145,159 @@ class PrometheusEndpoint(ServerThread):
 
 # --- OTLP push --------------------------------------------------------------------------------
 
+SCOPE_NAME = "traceml.processor"
+SERVICE_NAME_DEFAULT = "traceml-processor"
+"""`service.name` of the pushed resource unless `OTEL_SERVICE_NAME` (or `OTEL_RESOURCE_ATTRIBUTES`) names one."""
+
+MAX_POINTS_PER_REQUEST = 8192
+"""Data points per Export request: one push of many runs is split so that each request stays
+under the 4 MiB a Collector's OTLP receiver accepts by default."""
+
+FINAL_PUSH_BOUND_S = 3.0
+"""At shutdown the last push may retry this long at most, then it is abandoned (counted as failed)."""
+
+_HTTP_PATH = "/v1/metrics"
+
 
 @dataclass(frozen=True)
 class SummaryExportConfig:
-    """Where summary metrics go: an OTLP endpoint and how to talk to it."""
+    """Where summary metrics go; what is not set here the OpenTelemetry exporter reads itself.
 
-    endpoint: str
+    `endpoint` is the processor's own `--export-endpoint` (or
+    `TRACEML_PROCESSOR_EXPORT_ENDPOINT`): a base URL like `OTEL_EXPORTER_OTLP_ENDPOINT`,
+    so for OTLP/HTTP `/v1/metrics` is appended unless the URL already ends with it.
+    None leaves the destination to the exporter, which reads
+    `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT` (used as is) or else
+    `OTEL_EXPORTER_OTLP_ENDPOINT` (with `/v1/metrics` appended for HTTP), as the
+    specification says. Certificates, client key and certificate, compression and
+    `insecure` always come from the `OTEL_EXPORTER_OTLP_*` variables through the
+    exporter. Headers and the timeout are passed explicitly: headers because both
+    sides of TraceML read `OTEL_EXPORTER_OTLP_HEADERS` with one parser, the timeout
+    because the Python exporters read `OTEL_EXPORTER_OTLP_TIMEOUT` as seconds where
+    the specification says milliseconds.
+    """
+
+    endpoint: str | None
     protocol: str = "grpc"  # grpc | http/protobuf
-    headers: Mapping[str, str] = None  # type: ignore[assignment]
-    timeout_s: float = 10.0
+    headers: Mapping[str, str] | None = None  # None: the exporter reads the headers variables
+    timeout_s: float = 10.0  # one push, its retries included
     interval_s: float = 5.0
-    insecure: bool | None = None  # None: decided by the URL scheme
-    compression: str | None = None  # gzip | None
 
-    @property
-    def http_url(self) -> str:
-        url = self.endpoint
-        if not urllib.parse.urlparse(url).scheme:
-            url = "http://" + url
-        return url if url.rstrip("/").endswith("/v1/metrics") else url.rstrip("/") + "/v1/metrics"
+    def exporter_endpoint(self) -> str | None:
+        """What the exporter gets as `endpoint` (None: it resolves the OTEL_* variables)."""
+        if self.endpoint is None or not self.protocol.startswith("http"):
+            return self.endpoint
+        url = self.endpoint if "://" in self.endpoint else "http://" + self.endpoint
+        return url if url.rstrip("/").endswith(_HTTP_PATH) else url.rstrip("/") + _HTTP_PATH
 
-    @property
-    def grpc_target(self) -> tuple[str, bool]:
-        """(host:port, secure)."""
-        parsed = urllib.parse.urlparse(self.endpoint if "://" in self.endpoint else "//" + self.endpoint)
-        secure = parsed.scheme == "https"
-        if self.insecure is not None:
-            secure = not self.insecure
-        return parsed.netloc or parsed.path, secure
+    def describe(self) -> str:
+        return self.exporter_endpoint() or "the OTEL_EXPORTER_OTLP_*ENDPOINT destination"
 
 
-def build_summary_request(points: Iterable, *, start_time_ns: int, now_ns: int | None = None,
-                          specs: Mapping[str, v.MetricSpec] = SPECS):
-    """Points -> one `ExportMetricsServiceRequest` (gauges; counters as cumulative sums)."""
-    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
-    from opentelemetry.proto.common.v1 import common_pb2
-    from opentelemetry.proto.metrics.v1 import metrics_pb2
-    from opentelemetry.proto.resource.v1 import resource_pb2
+def processor_resource(instance_id: str | None = None):
+    """The pushed resource: one per processor process.
+
+    `service.instance.id` is a random UUID drawn when the process starts, so two
+    replicas behind one Collector never share a series (host and port would: every
+    container listens on the same port), and a restarted processor is a new
+    instance. `OTEL_RESOURCE_ATTRIBUTES` and `OTEL_SERVICE_NAME` win over these
+    defaults (an operator who names the instance there is trusted to keep it
+    unique); `Resource.create` adds the `telemetry.sdk.*` attributes.
+    """
+    import uuid
+
+    from opentelemetry.sdk.resources import OTELResourceDetector, Resource
+
+    defaults = {v.RES_SERVICE_NAME: SERVICE_NAME_DEFAULT,
+                v.RES_SERVICE_INSTANCE_ID: instance_id or str(uuid.uuid4())}
+    version = _package_version()
+    if version is not None:
+        defaults["service.version"] = version
+    return Resource.create({**defaults, **OTELResourceDetector().detect().attributes})
+
+
+def _package_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("traceml-otel")
+    except PackageNotFoundError:
+        return None
+
+
+def build_metrics_data(points: Iterable, *, resource, start_time_ns: int, now_ns: int | None = None,
+                       specs: Mapping[str, v.MetricSpec] = SPECS):
+    """Points -> the SDK's `MetricsData` (gauges; counters as cumulative monotonic sums).
+
+    Built afresh from the latest snapshot on every push, as a metric reader would
+    hand it to the exporter: a series of an ended (forgotten) run is simply absent
+    from the next push, and no aggregation state outlives a run.
+    """
+    from opentelemetry.sdk.metrics.export import (
+        AggregationTemporality, Gauge, Metric, MetricsData, NumberDataPoint, ResourceMetrics, ScopeMetrics, Sum)
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
     now_ns = time.time_ns() if now_ns is None else now_ns
-    by_name: dict[str, list] = {}
-    for point in points:
-        if point.name in specs:
-            by_name.setdefault(point.name, []).append(point)
     metrics = []
-    for name, group in by_name.items():
+    for name, series in _series(points, specs).items():
         spec = specs[name]
-        data_points = []
-        for point in group:
-            attrs = [common_pb2.KeyValue(key=k, value=_any(point.attributes[k]))
-                     for k in spec.attributes if point.attributes.get(k) is not None]
-            data_points.append(metrics_pb2.NumberDataPoint(
-                attributes=attrs, time_unix_nano=now_ns, start_time_unix_nano=start_time_ns,
-                as_double=float(point.value)))
-        metric = metrics_pb2.Metric(name=spec.name, unit=spec.unit, description=spec.description)
-        if spec.kind == "counter":
-            metric.sum.CopyFrom(metrics_pb2.Sum(
-                data_points=data_points, is_monotonic=True,
-                aggregation_temporality=metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE))
-        else:
-            metric.gauge.CopyFrom(metrics_pb2.Gauge(data_points=data_points))
-        metrics.append(metric)
-    resource = resource_pb2.Resource(attributes=[
-        common_pb2.KeyValue(key=v.RES_SERVICE_NAME, value=common_pb2.AnyValue(string_value="traceml-processor"))])
-    return metrics_service_pb2.ExportMetricsServiceRequest(resource_metrics=[metrics_pb2.ResourceMetrics(
-        resource=resource,
-        scope_metrics=[metrics_pb2.ScopeMetrics(
-            scope=common_pb2.InstrumentationScope(name="traceml.processor"), metrics=metrics)])])
+        data_points = [
+            NumberDataPoint(attributes={k: val for k, val in zip(spec.attributes, key) if val is not None},
+                            start_time_unix_nano=start_time_ns, time_unix_nano=now_ns,
+                            value=float(point.value))
+            for key, point in series.items()]
+        data = (Sum(data_points=data_points, aggregation_temporality=AggregationTemporality.CUMULATIVE,
+                    is_monotonic=True) if spec.kind == "counter" else Gauge(data_points=data_points))
+        metrics.append(Metric(name=spec.name, description=spec.description, unit=spec.unit, data=data))
+    scope = InstrumentationScope(SCOPE_NAME, _package_version())
+    return MetricsData(resource_metrics=[ResourceMetrics(
+        resource=resource, schema_url="",
+        scope_metrics=[ScopeMetrics(scope=scope, metrics=metrics, schema_url="")])])
 
 
-def _any(value):
-    from opentelemetry.proto.common.v1 import common_pb2
+def make_metric_exporter(config: SummaryExportConfig):
+    """The official OTLP metric exporter (gRPC or HTTP/protobuf) for `config`.
 
-    if isinstance(value, bool):
-        return common_pb2.AnyValue(bool_value=value)
-    if isinstance(value, int):
-        return common_pb2.AnyValue(int_value=value)
-    if isinstance(value, float):
-        return common_pb2.AnyValue(double_value=value)
-    return common_pb2.AnyValue(string_value=str(value))
+    It owns the transport: retries with backoff within `timeout_s` (honouring
+    gRPC RetryInfo and HTTP Retry-After), TLS from `OTEL_EXPORTER_OTLP_CERTIFICATE`
+    and the client key/certificate variables, compression, `insecure`.
+    """
+    common = {"endpoint": config.exporter_endpoint(), "timeout": config.timeout_s,
+              "max_export_batch_size": MAX_POINTS_PER_REQUEST}
+    if config.headers is not None:
+        common["headers"] = dict(config.headers)
+    if config.protocol.startswith("http"):
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+        return OTLPMetricExporter(**common)
+    from opentelemetry.exporter.otlp.proto.grpc.exporter import InvalidCompressionValueException
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    from grpc import Compression
+
+    try:
+        return OTLPMetricExporter(**common)
+    except InvalidCompressionValueException as exc:  # an invalid value is warned about, not fatal
+        LOG.warning("summary metrics export: %s; exporting uncompressed", exc)
+        return OTLPMetricExporter(**common, compression=Compression.NoCompression)
 
 
 class SummaryPusher:
-    """Pushes the latest points every `interval_s` on its own thread; bounded retries."""
+    """Pushes the latest points every `interval_s` on its own thread through the OTLP exporter.
 
-    RETRY_DELAYS_S = (0.5, 1.0, 2.0)
+    The exporter retries within the push's timeout; a push it gives up on is
+    counted (`failed`, the `traceml.processor.export.failures` self-metric) and
+    logged, and the next push starts from the then-latest snapshot, so a dead
+    destination never holds more than one snapshot nor slows ingest.
+    """
 
-    def __init__(self, config: SummaryExportConfig, collect: Callable[[], Sequence]):
+    def __init__(self, config: SummaryExportConfig, collect: Callable[[], Sequence], *, resource=None):
         self.config = config
         self._collect = collect
         self._stop = threading.Event()
         self._start_ns = time.time_ns()
+        self.resource = processor_resource() if resource is None else resource
+        self._exporter = make_metric_exporter(config)
         self._thread = threading.Thread(target=self._run, name="traceml-summary-push", daemon=True)
-        self._channel = None
-        self._stub = None
         self.sent = 0
         self.failed = 0
         self.last_error: str | None = None
@@ -237,58 +306,40 @@ class SummaryPusher:
         self._thread.start()
 
     def stop(self, flush: bool = True) -> None:
+        """Stop the thread, push the final snapshot (bounded), shut the exporter down."""
         self._stop.set()
         self._thread.join(self.config.timeout_s + 2)
+        final = None
         if flush:
-            self.push_once(retries=0)
-        if self._channel is not None:
-            self._channel.close()
+            final = threading.Thread(target=self.push_once, name="traceml-summary-final-push", daemon=True)
+            final.start()
+            final.join(min(self.config.timeout_s, FINAL_PUSH_BOUND_S))
+        self._exporter.shutdown()  # also ends the final push's retries, if it is still waiting
+        if final is not None:
+            final.join(2.0)
 
     def _run(self) -> None:
         while not self._stop.wait(self.config.interval_s):
             self.push_once()
 
-    def push_once(self, retries: int | None = None) -> bool:
+    def push_once(self) -> bool:
+        from opentelemetry.sdk.metrics.export import MetricExportResult
+
         points = list(self._collect())
         if not points:
             return True
-        request = build_summary_request(points, start_time_ns=self._start_ns)
-        delays = self.RETRY_DELAYS_S if retries is None else self.RETRY_DELAYS_S[:retries]
-        for attempt in range(len(delays) + 1):
-            try:
-                self._send(request)
-                self.sent += 1
-                return True
-            except Exception as exc:  # any failure is retried, then counted; never raised
-                self.last_error = str(exc)
-                if attempt < len(delays) and not self._stop.is_set():
-                    if self._stop.wait(delays[attempt]):
-                        break
+        try:
+            data = build_metrics_data(points, resource=self.resource, start_time_ns=self._start_ns)
+            result = self._exporter.export(data, timeout_millis=self.config.timeout_s * 1000.0)
+            ok = result is MetricExportResult.SUCCESS
+            if not ok:
+                self.last_error = "the OTLP exporter gave up (its log line above says why)"
+        except Exception as exc:  # counted, never raised: the push thread must survive anything
+            ok = False
+            self.last_error = f"{type(exc).__name__}: {exc}"
+        if ok:
+            self.sent += 1
+            return True
         self.failed += 1  # the `traceml.processor.export.failures` self-metric (service.points)
-        LOG.warning("summary metrics export to %s failed: %s", self.config.endpoint, self.last_error)
+        LOG.warning("summary metrics export to %s failed: %s", self.config.describe(), self.last_error)
         return False
-
-    def _send(self, request) -> None:
-        if self.config.protocol.startswith("http"):
-            body = request.SerializeToString()
-            headers = {"Content-Type": "application/x-protobuf", **(self.config.headers or {})}
-            if self.config.compression == "gzip":
-                import gzip
-
-                body = gzip.compress(body)
-                headers["Content-Encoding"] = "gzip"
-            req = urllib.request.Request(self.config.http_url, data=body, headers=headers, method="POST")
-            with urllib.request.urlopen(req, timeout=self.config.timeout_s) as response:
-                response.read()
-            return
-        import grpc
-        from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
-
-        if self._stub is None:
-            target, secure = self.config.grpc_target
-            self._channel = (grpc.secure_channel(target, grpc.ssl_channel_credentials()) if secure
-                             else grpc.insecure_channel(target))
-            self._stub = metrics_service_pb2_grpc.MetricsServiceStub(self._channel)
-        metadata = list((self.config.headers or {}).items())
-        compression = grpc.Compression.Gzip if self.config.compression == "gzip" else None
-        self._stub.Export(request, timeout=self.config.timeout_s, metadata=metadata, compression=compression)

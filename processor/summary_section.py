@@ -4,7 +4,9 @@ Reporting is pure (it never reads SQLite), so this module is the orchestrator th
 contract calls the summary section: it runs `StepTimePipeline` once with the
 summary profile, reads memory peaks and telemetry health of the run, and hands
 everything to the reporting projector and writer. The live re-export uses the
-same readers with `latest=True` memory.
+same readers with `latest=True` memory. The run's coverage (its lowest stored
+step, so a run first seen part-way is flagged) is one of these facts: the
+analysis reads only the latest window of steps and cannot know it.
 """
 from __future__ import annotations
 
@@ -72,6 +74,12 @@ def read_rank_telemetry(conn: sqlite3.Connection, run_id: str, *, count_stored: 
             for rank in ranks]
 
 
+def read_first_step_stored(conn: sqlite3.Connection, run_id: str) -> int | None:
+    """The lowest step stored for any rank of the run (one index seek on (run_id, step)); None: no step."""
+    row = conn.execute("SELECT MIN(step) FROM step_time_samples WHERE run_id = ?", (run_id,)).fetchone()
+    return None if row is None or row[0] is None else int(row[0])
+
+
 def _count(counts: dict | None, key: str) -> int | None:
     """A final count from a rank's end marker; None when the marker or the count is absent."""
     value = None if counts is None else counts.get(key)
@@ -79,16 +87,17 @@ def _count(counts: dict | None, key: str) -> int | None:
 
 
 def read_run_facts(db_path: Path, run_id: str, *, latest_memory: bool,
-                   count_stored: bool = True) -> tuple[list[RankMemory], list[RankTelemetry]]:
-    """Both readers in one short read-only connection; empty lists before the tables exist."""
+                   count_stored: bool = True) -> tuple[list[RankMemory], RunTelemetry]:
+    """The readers in one short read-only connection; nothing known before the tables exist."""
     if not Path(db_path).exists():
-        return [], []
+        return [], RunTelemetry()
     conn = connect_readonly(db_path)
     try:
         return (read_rank_memory(conn, run_id, latest=latest_memory),
-                read_rank_telemetry(conn, run_id, count_stored=count_stored))
+                RunTelemetry(ranks=read_rank_telemetry(conn, run_id, count_stored=count_stored),
+                             first_step_stored=read_first_step_stored(conn, run_id)))
     except sqlite3.OperationalError:
-        return [], []
+        return [], RunTelemetry()
     finally:
         conn.close()
 
@@ -113,7 +122,7 @@ def build_final_summary(db_path: Path, run_id: str, *, generated_at: float | Non
     metadata = RunMetadata(run_id=run_id, generated_at=time.time() if generated_at is None else generated_at,
                            traceml_version=_version(), profile=PROFILE_SUMMARY,
                            max_steps=SUMMARY_WINDOW_STEPS)
-    return project_final_summary(analysis, metadata, memory=memory, telemetry=RunTelemetry(ranks=telemetry))
+    return project_final_summary(analysis, metadata, memory=memory, telemetry=telemetry)
 
 
 def write_final_summary(db_path: Path, run_id: str, folder: Path) -> tuple[Path, Path]:
@@ -130,4 +139,5 @@ def live_points(result, db_path: Path) -> Sequence:
     # The live metrics read drops, not stored-step counts: no scan of the run's rows per refresh.
     memory, telemetry = read_run_facts(db_path, result.analysis.window.run_id, latest_memory=True,
                                        count_stored=False)
-    return summary_metric_points(result.analysis, freshness=result.freshness, memory=memory, telemetry=telemetry)
+    return summary_metric_points(result.analysis, freshness=result.freshness, memory=memory,
+                                 telemetry=telemetry.ranks, first_step_stored=telemetry.first_step_stored)

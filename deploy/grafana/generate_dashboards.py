@@ -131,7 +131,7 @@ def run_dashboard() -> dash.Dashboard:
                         "Median over ranks of the per-rank average step time in the window (selected clock)."))
         .with_panel(kpi("Throughput", f"1 / {step_median}", "none",
                         "Steps per second per rank: 1 / median step time. Multiply by the global batch "
-                        "size for samples per second.", legend="steps/s"))
+                        "size for samples per second.", legend="steps/s", width=3))
         .with_panel(kpi("Worst-rank skew", f"{M.window_skew}{sel(run=RUN, metric=n.STEP_TIME)}", "percentunit",
                         "(worst rank - median rank) / median rank of step time. Above "
                         f"{n.WARN_SHARE:.0%} one rank holds the others back.", steps=SHARE_THRESHOLDS))
@@ -141,8 +141,13 @@ def run_dashboard() -> dash.Dashboard:
                         f"loader. The input-bound rule warns at {n.WARN_SHARE:.0%}, crit at {n.CRIT_SHARE:.0%}.",
                         steps=SHARE_THRESHOLDS))
         .with_panel(kpi("Aligned steps", f"{M.window_steps}{sel(run=RUN)}", "none",
-                        "Steps every rank has reported in the live window (crit needs at least 20)."))
-        .with_panel(kpi("Ranks", f"{M.window_ranks}{sel(run=RUN)}", "none", "Ranks in the run's rank universe."))
+                        "Steps every rank has reported in the live window (crit needs at least 20).", width=3))
+        .with_panel(kpi("Ranks", f"{M.window_ranks}{sel(run=RUN)}", "none", "Ranks in the run's rank universe.", width=3))
+        .with_panel(kpi("Covered from step", f"{M.run_first_step}{sel(run=RUN)}", "none",
+                        "Lowest step the processor holds for the run. Above 0: the processor first saw the "
+                        "run part-way (it started after the job, or received the run after a rebalance), "
+                        "so every figure covers the run from this step on.", steps=((None, "green"), (1, "orange")),
+                        width=3))
         .with_panel(series("Step time by statistic", "Median, worst and average rank step time over time.", "s",
                            q(f"{M.window_metric}{sel(run=RUN, metric=n.STEP_TIME)}", f"{{{{{L.statistic}}}}}"),
                            width=8))

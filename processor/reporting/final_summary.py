@@ -225,6 +225,10 @@ def _telemetry_section(window: StepTimeWindow, telemetry: RunTelemetry) -> dict:
                             if by_rank[r].export_failures is not None},
         "steps_missing": {str(r): max(0, int(by_rank[r].steps_completed) - int(by_rank[r].steps_stored))
                           for r in finished if by_rank[r].steps_completed is not None},
+        # Coverage: a run first seen part-way (processor started after the job, or a replica
+        # that received the run after a rebalance) says from which step it is covered.
+        "first_step_stored": telemetry.first_step_stored,
+        "started_part_way": telemetry.started_part_way,
     }
 
 
@@ -328,6 +332,10 @@ def render_card(summary: Mapping) -> str:
         + ("; rejected rows " + ", ".join(f"{k} {v}" for k, v in tel["rejected_rows"].items())
            if tel["rejected_rows"] else "")
     )
+    if tel["started_part_way"]:
+        lines.append(f"Coverage: from step {tel['first_step_stored']} only: the processor first saw this run "
+                     "part-way (it started after the job, or received the run after a rebalance); "
+                     "earlier steps are in no figure here")
     failed = {r: n for r, n in tel["export_failures"].items() if n}
     missing = {r: n for r, n in tel["steps_missing"].items() if n}
     if failed or missing:

@@ -50,9 +50,30 @@ class RankTelemetry:
     steps_stored: int = 0
 
 
+FIRST_STEP = 0
+"""The step number every rank process gives its first step (the training side counts from 0)."""
+
+
+def started_part_way(first_step_stored: int | None) -> bool | None:
+    """The one rule for "the processor first saw this run part-way".
+
+    True when nothing below `FIRST_STEP` + 1 is stored for any rank: the run's
+    first steps never reached this store, because the processor started after
+    the job, or this replica received the run only after the Collector's
+    load-balancing exporter moved it here. Its summary and metrics then cover
+    the run from `first_step_stored` on. None when no step is stored (unknown).
+    """
+    return None if first_step_stored is None else first_step_stored > FIRST_STEP
+
+
 @dataclass(frozen=True)
 class RunTelemetry:
-    """Telemetry health of the run: per-rank reports plus rows the store rejected."""
+    """Telemetry health of the run: per-rank reports, rows the store rejected, and its coverage."""
 
     ranks: Sequence[RankTelemetry] = ()
     rejected_rows: Mapping[str, int] = field(default_factory=dict)  # reason -> count
+    first_step_stored: int | None = None  # lowest step stored for any rank; None: none (or not read)
+
+    @property
+    def started_part_way(self) -> bool | None:
+        return started_part_way(self.first_step_stored)

@@ -36,6 +36,7 @@ RANK_METRIC = "traceml.rank.metric"
 WINDOW_STEPS = "traceml.window.steps"
 WINDOW_RANKS = "traceml.window.ranks"
 WINDOW_LAST_STEP = "traceml.window.last_step"
+RUN_FIRST_STEP = "traceml.run.first_step"
 RUN_FRESH = "traceml.run.fresh"
 RANK_MEMORY_PEAK = "traceml.rank.memory.peak"
 DIAGNOSIS_ACTIVE = "traceml.diagnosis.active"
@@ -52,6 +53,7 @@ _BUILT_ORDER: Mapping[str, tuple[str, ...]] = {
     WINDOW_STEPS: (ATTR_RUN_ID,),
     WINDOW_RANKS: (ATTR_RUN_ID,),
     WINDOW_LAST_STEP: (ATTR_RUN_ID,),
+    RUN_FIRST_STEP: (ATTR_RUN_ID,),
     RUN_FRESH: (ATTR_RUN_ID, ATTR_FRESHNESS),
     RANK_MEMORY_PEAK: (ATTR_RUN_ID, ATTR_RANK),
     DIAGNOSIS_ACTIVE: (ATTR_RUN_ID, ATTR_DIAGNOSIS_KIND, ATTR_DIAGNOSIS_SEVERITY, ATTR_DIAGNOSIS_STATUS,
@@ -112,10 +114,13 @@ def summary_metric_points(
     freshness: str | None = None,
     memory: Sequence[RankMemory] = (),
     telemetry: Sequence[RankTelemetry] = (),
+    first_step_stored: int | None = None,
 ) -> tuple[MetricPoint, ...]:
     """Every summary point for one run, diagnosis points in issue order.
 
     Unmeasured statistics produce no point (absence, not 0); measured zeros do.
+    `first_step_stored` (the run's lowest stored step, `RunTelemetry`) becomes
+    `traceml.run.first_step`: above 0 for a run the processor first saw part-way.
     """
     window = analysis.window
     run = window.run_id
@@ -149,6 +154,8 @@ def summary_metric_points(
     points.append(_point(WINDOW_RANKS, (run,), float(len(window.expected_ranks))))
     if window.steps:
         points.append(_point(WINDOW_LAST_STEP, (run,), float(window.steps[-1])))
+    if first_step_stored is not None:
+        points.append(_point(RUN_FIRST_STEP, (run,), float(first_step_stored)))
 
     if freshness is not None:
         if freshness not in FRESHNESS_STATES:

@@ -227,11 +227,13 @@ def test_calls_over_the_concurrent_limit_are_refused_at_once_with_retry_advice(t
         assert svc.grpc.pool.refused == 1
         blocker.rollback()
         first.join(30)
+        # A call's admission ends after its answer is sent: wait for the room the retry needs.
+        assert _wait(lambda: svc.grpc.pool.admitted == 0)
         traces.Export(steps_request("run-limit", 1, range(3)), timeout=10)  # the retry, once there is room
         channel.close()
         assert "first" in results
         assert count_rows(svc.config.db, run_id="run-limit") == 6
-        assert svc.grpc.pool.admitted == 0
+        assert _wait(lambda: svc.grpc.pool.admitted == 0)
     finally:
         blocker.close()
         svc.stop()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import http.client
 import ssl
+from importlib.metadata import version
 import subprocess
 import sys
 from pathlib import Path
@@ -48,8 +49,118 @@ def test_summary_metrics_are_pushed_over_otlp(tmp_path, protocol):
             assert metric.unit == specs[metric.name].unit
             assert v.ATTR_STEP not in attributes(point.attributes)
             assert resource[v.RES_SERVICE_NAME] == "traceml-processor"
+            assert resource[v.RES_SERVICE_INSTANCE_ID] == svc.pusher.resource.attributes[v.RES_SERVICE_INSTANCE_ID]
+            assert resource["service.version"] == version("traceml-otel")
+            assert resource["telemetry.sdk.name"] == "opentelemetry"  # the SDK's resource, not a hand-built one
         kinds = {m.WhichOneof("data") for _, m, _ in points if m.name == "traceml.rank.telemetry.dropped"}
         assert kinds == {"sum"}
+        scopes = {(sm.scope.name, sm.scope.version) for request in receiver.metric_requests
+                  for rm in request.resource_metrics for sm in rm.scope_metrics}
+        assert scopes == {("traceml.processor", version("traceml-otel"))}
+
+
+def test_two_processors_pushing_to_one_receiver_carry_distinct_instance_ids(tmp_path):
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    with OtlpTestReceiver() as receiver:
+        services = [make_service(tmp_path / name, prometheus=None,
+                                 export=SummaryExportConfig(receiver.grpc_endpoint, interval_s=0.2, timeout_s=5))
+                    for name in ("a", "b")]
+        try:
+            def instances():
+                return {res.get(v.RES_SERVICE_INSTANCE_ID) for res, _m, _p in receiver.metric_points()}
+
+            assert receiver.wait_for(lambda: len(instances()) == 2)
+        finally:
+            for svc in services:
+                svc.stop()
+    assert instances() == {svc.pusher.resource.attributes[v.RES_SERVICE_INSTANCE_ID] for svc in services}
+    assert None not in instances()
+
+
+def test_otel_service_name_and_resource_attributes_win_over_the_defaults(tmp_path, monkeypatch):
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "processor-eu")
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=prod")
+    with OtlpTestReceiver() as receiver:
+        svc = make_service(tmp_path, prometheus=None,
+                           export=SummaryExportConfig(receiver.grpc_endpoint, interval_s=0.2, timeout_s=5))
+        try:
+            assert receiver.wait_for(lambda: receiver.metric_points())
+        finally:
+            svc.stop()
+        resource = receiver.metric_points()[0][0]
+    assert resource[v.RES_SERVICE_NAME] == "processor-eu"
+    assert resource["deployment.environment"] == "prod"
+    assert resource[v.RES_SERVICE_INSTANCE_ID]
+
+
+def _runs_pushed(receiver: OtlpTestReceiver) -> set:
+    return {attributes(p.attributes).get(v.ATTR_RUN_ID) for _r, m, p in receiver.metric_points()
+            if m.name == "traceml.window.steps"}
+
+
+@pytest.mark.parametrize("variable, path", [
+    ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "/v1/metrics"),  # per signal: used as is
+    ("OTEL_EXPORTER_OTLP_ENDPOINT", ""),  # generic: /v1/metrics appended for HTTP
+])
+def test_the_spec_endpoint_variables_reach_the_receiver_over_http(tmp_path, monkeypatch, variable, path):
+    for name in ("TRACEML_PROCESSOR_EXPORT_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT",
+                 "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    with OtlpTestReceiver() as receiver:
+        monkeypatch.setenv(variable, receiver.http_endpoint + path)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+        config, _ = config_from_args(["--db", str(tmp_path / "x.db"), "--export-interval", "0.2"])
+        assert config.export.endpoint is None  # left to the exporter, which reads the variable by the spec
+        svc = make_service(tmp_path, prometheus=None, export=config.export)
+        try:
+            send_straggler_run(svc.grpc_port, "env-run", end_markers=())
+            assert receiver.wait_for(lambda: "env-run" in _runs_pushed(receiver))
+        finally:
+            svc.stop()
+    assert svc.pusher.failed == 0
+
+
+def test_a_per_signal_endpoint_is_not_given_a_second_path(tmp_path, monkeypatch):
+    """`OTEL_EXPORTER_OTLP_METRICS_ENDPOINT=http://host:port` posts to `/`, as the spec says (here: 404)."""
+    with OtlpTestReceiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", receiver.http_endpoint)
+        svc = make_service(tmp_path, prometheus=None,
+                           export=SummaryExportConfig(None, protocol="http/protobuf", interval_s=0.2, timeout_s=1))
+        try:
+            assert wait_until(lambda: svc.pusher.failed >= 1, 30)
+        finally:
+            svc.stop()
+        assert receiver.metric_points() == [] and receiver.calls["http"] >= 1
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_a_tls_destination_is_trusted_through_otel_exporter_otlp_certificate(tmp_path, monkeypatch, certificate,
+                                                                             protocol):
+    cert, key = certificate
+    for name in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):  # requests lets these override the exporter's CA
+        monkeypatch.delenv(name, raising=False)
+    for name in ("untrusted", "trusted"):
+        (tmp_path / name).mkdir()
+    with OtlpTestReceiver(tls=(cert, key)) as receiver:
+        endpoint = receiver.grpc_endpoint if protocol == "grpc" else receiver.http_endpoint
+        assert endpoint.startswith("https://")
+        # Without the CA the self-signed destination is refused: pushes fail, nothing arrives.
+        untrusted = make_service(tmp_path / "untrusted", prometheus=None,
+                                 export=SummaryExportConfig(endpoint, protocol=protocol, interval_s=0.2, timeout_s=1))
+        try:
+            assert wait_until(lambda: untrusted.pusher.failed >= 1, 30)
+        finally:
+            untrusted.stop()
+        assert receiver.metric_points() == []
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_CERTIFICATE", str(cert))
+        trusted = make_service(tmp_path / "trusted", prometheus=None,
+                               export=SummaryExportConfig(endpoint, protocol=protocol, interval_s=0.2, timeout_s=5))
+        try:
+            send_straggler_run(trusted.grpc_port, "tls-run", end_markers=())
+            assert receiver.wait_for(lambda: "tls-run" in _runs_pushed(receiver))
+        finally:
+            trusted.stop()
 
 
 @pytest.mark.slow
@@ -135,8 +246,9 @@ def test_cli_reads_flags_then_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("TRACEML_PROCESSOR_PROMETHEUS", "127.0.0.1:9464")
     monkeypatch.setenv("TRACEML_PROCESSOR_IDLE_TIMEOUT", "42")
     monkeypatch.setenv("TRACEML_PROCESSOR_AUTH_TOKEN", "tok")
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/v1/metrics")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "http://collector:4318/v1/metrics")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-tenant=a%20b")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "2500")  # milliseconds, by the spec
     config, _ = config_from_args(["--otlp-http", "0.0.0.0:5318"])
     assert config.db == tmp_path / "env.db"
     assert config.otlp_grpc is None
@@ -144,9 +256,14 @@ def test_cli_reads_flags_then_environment(monkeypatch, tmp_path):
     assert config.prometheus == ("127.0.0.1", 9464)
     assert config.idle_timeout_s == 42.0
     assert config.auth.allows("Bearer tok") and not config.auth.allows(None)
-    assert config.export.protocol == "http/protobuf"
-    assert config.export.http_url == "http://collector:4318/v1/metrics"
+    assert config.export.protocol == "http/protobuf"  # the URL ends in /v1/metrics
+    assert config.export.endpoint is None  # the exporter reads OTEL_EXPORTER_OTLP_METRICS_ENDPOINT itself
     assert config.export.headers == {"x-tenant": "a b"}
+    assert config.export.timeout_s == 2.5
+    config, _ = config_from_args(["--export-endpoint", "http://c:4318", "--export-protocol", "http/protobuf"])
+    assert config.export.exporter_endpoint() == "http://c:4318/v1/metrics"  # our flag is a base URL
+    config, _ = config_from_args(["--export-endpoint", "http://c:4317"])
+    assert (config.export.protocol, config.export.exporter_endpoint()) == ("grpc", "http://c:4317")
     config, _ = config_from_args(["--db", "x.db"])
     assert config.db == Path("x.db")
 

@@ -31,7 +31,7 @@ def test_only_vocabulary_names_and_attribute_keys_and_never_a_step():
     specs = {s.name: s for s in SUMMARY_METRICS}
     points = summary_metric_points(
         straggler(), freshness="live", memory=[RankMemory(0, "cuda:0", 1024, 2048)],
-        telemetry=[RankTelemetry(1, False, {"spans": 4})])
+        telemetry=[RankTelemetry(1, False, {"spans": 4})], first_step_stored=0)
     assert {p.name for p in points} == set(specs)  # every summary metric is produced here
     for p in points:
         assert p.check() is p
@@ -58,6 +58,7 @@ def test_window_shape_points():
     assert by_name(points, "traceml.window.steps")[0].value == 24.0
     assert by_name(points, "traceml.window.ranks")[0].value == 3.0
     assert by_name(points, "traceml.window.last_step")[0].value == 24.0
+    assert by_name(points, "traceml.run.first_step") == []  # coverage not given: no point
     skew = {p.attributes["traceml.metric"]: p.value for p in by_name(points, "traceml.window.skew")}
     assert skew["backward"] == pytest.approx((120 - 70) / 70)
 
@@ -102,3 +103,8 @@ def test_bad_points_and_states_are_refused():
     assert make_point("traceml.window.steps", {"traceml.run.id": "r"}, 3).value == 3.0
     with pytest.raises(ValueError):
         summary_metric_points(straggler(), freshness="stale")
+
+
+def test_a_run_first_seen_part_way_exports_its_first_stored_step():
+    [point] = by_name(summary_metric_points(straggler(), first_step_stored=500), "traceml.run.first_step")
+    assert point.attributes == {"traceml.run.id": point.attributes["traceml.run.id"]} and point.value == 500.0

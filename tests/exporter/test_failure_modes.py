@@ -153,6 +153,7 @@ def test_grpc_resource_exhausted_without_retry_info_is_not_retried(fresh_receive
     assert "RESOURCE_EXHAUSTED" in outcome.error
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["exhausted", "throttle"])
 def test_grpc_retry_info_is_retried_no_sooner_than_its_delay(fresh_receiver, mode):
     fresh_receiver.mode, fresh_receiver.retry_delay_s, fresh_receiver.failures_left = mode, 1.0, 1
@@ -169,6 +170,7 @@ def test_a_retry_delay_beyond_the_deadline_gives_up_at_once(fresh_receiver):
     assert time.monotonic() - began < 2.5  # it did not sleep into the deadline
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["exhausted", "throttle"])  # HTTP 429, 503
 def test_http_retry_after_seconds_is_honoured(fresh_receiver, mode):
     fresh_receiver.mode, fresh_receiver.retry_delay_s, fresh_receiver.failures_left = mode, 1.0, 1
@@ -177,6 +179,7 @@ def test_http_retry_after_seconds_is_honoured(fresh_receiver, mode):
     assert gaps[0] >= 0.95
 
 
+@pytest.mark.slow
 def test_http_retry_after_as_an_http_date_is_honoured(fresh_receiver):
     fresh_receiver.mode, fresh_receiver.failures_left = "throttle", 1
     fresh_receiver.retry_after = email.utils.formatdate(time.time() + 2.0, usegmt=True)

@@ -125,6 +125,7 @@ def test_mtls_with_per_signal_variables_over_both_protocols(mtls_receiver, pki):
     assert "mtls-split" in _runs_with_metrics(mtls_receiver)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
 def test_without_a_client_certificate_the_mtls_peer_refuses_and_the_loss_is_counted(mtls_receiver, pki, protocol):
     endpoint = mtls_receiver.grpc_endpoint if protocol == "grpc" else mtls_receiver.http_endpoint

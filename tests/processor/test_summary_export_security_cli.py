@@ -134,6 +134,7 @@ def test_a_per_signal_endpoint_is_not_given_a_second_path(tmp_path, monkeypatch)
         assert receiver.metric_points() == [] and receiver.calls["http"] >= 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
 def test_a_tls_destination_is_trusted_through_otel_exporter_otlp_certificate(tmp_path, monkeypatch, certificate,
                                                                              protocol):

@@ -90,6 +90,7 @@ def _wait_for_refusals(service) -> None:
         (pool.admitted, pool.refused)
 
 
+@pytest.mark.slow
 def test_official_grpc_exporter_at_twice_the_limit_loses_nothing(stalled):
     service, lock = stalled
     run_id = "peers-sdk"

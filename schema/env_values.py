@@ -63,34 +63,28 @@ def otel_boolean(name: str, raw: str | None) -> bool:
     return False
 
 
-def non_negative_int(name: str, raw: str | None) -> int | None:
-    """An Integer or a Duration (milliseconds): a whole number >= 0, else None."""
+def _int_at_least(name: str, raw: str | None, minimum: int) -> int | None:
     value = _present(raw)
     if value is None:
         return None
     try:
         number = int(value)
     except ValueError:
-        number = -1
-    if number < 0:
-        warn_ignored(name, raw, "a whole number >= 0")
+        number = minimum - 1
+    if number < minimum:
+        warn_ignored(name, raw, f"a whole number >= {minimum}")
         return None
     return number
+
+
+def non_negative_int(name: str, raw: str | None) -> int | None:
+    """An Integer or a Duration (milliseconds): a whole number >= 0, else None."""
+    return _int_at_least(name, raw, 0)
 
 
 def positive_int(name: str, raw: str | None) -> int | None:
     """An Integer whose valid values are positive (queue and batch sizes), else None."""
-    value = _present(raw)
-    if value is None:
-        return None
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number < 1:
-        warn_ignored(name, raw, "a whole number >= 1")
-        return None
-    return number
+    return _int_at_least(name, raw, 1)
 
 
 def timeout_ms(name: str, raw: str | None) -> int | None:

@@ -31,7 +31,7 @@ from traceml.processor.step_time.model import (
     StepTimeAnalysis,
     StepTimeIngestRecord,
 )
-from traceml.processor.step_time.sqlite import load_summary_snapshot
+from traceml.processor.step_time.sqlite_reader import load_summary_snapshot
 from traceml.schema import vocabulary as v
 
 RUN = "bench-surfaces"

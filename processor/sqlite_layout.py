@@ -1,7 +1,7 @@
 """The Step Time database as it lies on disk: what the write side and the read side share.
 
 The writer (`sqlite_writer`, fed row tuples by `normalise`) creates these tables
-and fills the `packed` BLOB; every reader (`step_time/sqlite.py` for the
+and fills the `packed` BLOB; every reader (`step_time/sqlite_reader.py` for the
 analysis, the small fact readers in `runs`, `service`, `summary_section` and the
 launcher's `stored_runs`) opens the file through `connect_readonly` and decodes
 `packed` with the constants below. Neither side imports the other.

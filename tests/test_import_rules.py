@@ -152,6 +152,6 @@ def test_analysis_depends_only_on_model_and_numpy():
 
 
 def test_presenters_never_load_sqlite_or_diagnose():
-    assert _offending("processor/presenters", ("sqlite3", "traceml.processor.step_time.sqlite",
+    assert _offending("processor/presenters", ("sqlite3", "traceml.processor.step_time.sqlite_reader",
                                                "traceml.processor.diagnosis",
                                                "traceml.processor.step_time.pipeline")) == []

@@ -2,7 +2,7 @@
 
 Three core domain shapes flow through the processor:
 
-    StepTimeRepositorySnapshot  normalised source facts (sqlite.py)
+    StepTimeRepositorySnapshot  normalised source facts (sqlite_reader.py)
       -> StepTimeWindow         canonical analysed facts (analysis.py)
       -> StepTimeAnalysis       window plus one diagnosis (pipeline.py)
 
@@ -28,7 +28,7 @@ FRESHNESS_BRIDGED = "bridged"
 FRESHNESS_EXPIRED = "expired"
 FRESHNESS_STATES = (FRESHNESS_COLD, FRESHNESS_LIVE, FRESHNESS_BRIDGED, FRESHNESS_EXPIRED)
 
-# Window sizes, in common step ids. The read side (sqlite.py) bounds what it loads by
+# Window sizes, in common step ids. The read side (sqlite_reader.py) bounds what it loads by
 # them and the analyzer (analysis.py) cuts the aligned window to them, so both take
 # them from here.
 LIVE_WINDOW_STEPS = 100
@@ -126,7 +126,7 @@ class StepTimeSourceCursor:
 class StepTimeSourceGrid:
     """Columnar form of a selection: step slots x ranks, what the analyzer reads.
 
-    Built by `sqlite.py` (with numpy) so that no Python object is made per value;
+    Built by `sqlite_reader.py` (with numpy) so that no Python object is made per value;
     the fields are buffer-like arrays (numpy arrays in practice), indexed
     `[slot]`, `[slot][rank_index]` or `[slot][rank_index][k]`:
 

@@ -34,7 +34,7 @@ from traceml.processor.step_time.model import (
     StepTimeRepositorySnapshot,
     StepTimeWindow,
 )
-from traceml.processor.step_time.sqlite import (
+from traceml.processor.step_time.sqlite_reader import (
     LiveTail,
     load_live_snapshot,
     load_summary_snapshot,

@@ -1,7 +1,7 @@
 """What a test reads back from, or plants in, a Step Time database.
 
 The processor itself never needs these reads (its readers are `runs`, `service`,
-`summary_section` and `step_time/sqlite.py`), so they live here rather than on
+`summary_section` and `step_time/sqlite_reader.py`), so they live here rather than on
 the writer. Reads go through the processor's own `connect_readonly`, so they are
 safe beside a live processor. `insert_foreign_row` plays a writer that is not
 ours, for the read side's defences.

@@ -23,7 +23,7 @@ from traceml.processor.step_time.model import (
     StepTimeSourceCursor,
     StepTimeSourceRow,
 )
-from traceml.processor.step_time.sqlite import load_summary_snapshot
+from traceml.processor.step_time.sqlite_reader import load_summary_snapshot
 from traceml.schema.vocabulary import (
     CANONICAL_METRICS,
     OCCURRENCE_METRICS,

@@ -1,6 +1,6 @@
 """Bad input never crashes a refresh: each case follows its documented rule with a counted reason.
 
-Rules (processor/normalise.py, sqlite_writer.py and step_time/sqlite.py docstrings):
+Rules (processor/normalise.py, sqlite_writer.py and step_time/sqlite_reader.py docstrings):
 - unknown raw event names: kept in the audit payload only, counted as unknown events;
 - NaN/inf/negative/over-a-day durations never reach the writer: the decoder rejects
   their span whole (tests/processor/test_decode.py), so the rules below are for rows
@@ -22,7 +22,7 @@ from tests.harness.stored_rows import insert_foreign_row, pack_values
 
 from traceml.processor.step_time.model import RankIdentity, RawEventValue, StepTimeIngestRecord
 from traceml.processor.step_time.pipeline import LiveStepTimeSession, StepTimePipeline, StepTimeRequest
-from traceml.processor.step_time.sqlite import load_summary_snapshot
+from traceml.processor.step_time.sqlite_reader import load_summary_snapshot
 from traceml.processor.normalise import normalise_step_record
 from traceml.processor.sqlite_layout import PACKED_FIELDS, SAMPLE_COLUMNS, metric_columns
 from traceml.processor.sqlite_writer import StepTimeStore

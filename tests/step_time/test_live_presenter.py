@@ -61,7 +61,7 @@ def test_plain_line():
 def test_importing_presenters_loads_no_sqlite_pipeline_or_diagnosis():
     code = ("import sys, traceml.processor.presenters\n"
             "bad = [m for m in ('sqlite3', 'traceml.processor.diagnosis', 'traceml.processor.step_time.pipeline',"
-            " 'traceml.processor.step_time.sqlite') if m in sys.modules]\n"
+            " 'traceml.processor.step_time.sqlite_reader') if m in sys.modules]\n"
             "print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -216,7 +216,7 @@ def test_expiry_follows_time_monotonic_not_wall_time(tmp_path, monkeypatch):
 
 
 def test_a_refresh_is_one_read_transaction_of_two_index_bounded_statements(tmp_path, monkeypatch):
-    import traceml.processor.step_time.sqlite as repo
+    import traceml.processor.step_time.sqlite_reader as repo
 
     db = build_scenario("complete_gpu", tmp_path / "t.db")
     statements: list[str] = []

@@ -155,3 +155,19 @@ def test_presenters_never_load_sqlite_or_diagnose():
     assert _offending("processor/presenters", ("sqlite3", "traceml.processor.step_time.sqlite_reader",
                                                "traceml.processor.diagnosis",
                                                "traceml.processor.step_time.pipeline")) == []
+
+
+def test_every_service_side_module_imports_without_the_training_stack():
+    """The container ships no torch, transformers or lightning: not only the package,
+    every module of processor/ and schema/ (the CLI, the receivers, the summary push)
+    must import with them absent, and the CLI must answer."""
+    modules = sorted(_modules_of("processor", "traceml.processor") | _modules_of("schema", "traceml.schema"))
+    code = (_NO_TORCH.replace('print("ok")', "")
+            + "import importlib\n"
+            + "".join(f"importlib.import_module({name!r})\n" for name in modules)
+            + "from traceml.processor.cli import main\n"
+            + "try:\n    main(['--version'])\nexcept SystemExit as exc:\n    assert exc.code in (0, None), exc.code\n"
+            + "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("ok")

@@ -87,12 +87,17 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
     def _send_status(self, code: int, message: str, content_type: str, headers: dict | None = None) -> None:
+        self._send(*self._status_reply(code, message, content_type, headers))
+
+    @staticmethod
+    def _status_reply(code: int, message: str, content_type: str, headers: dict | None = None) -> tuple:
+        """An error answer as `_send`'s arguments: a `google.rpc.Status` in the request's encoding."""
         status = status_pb2.Status(code=_grpc_code(code), message=message)
         if content_type == JSON:
             body = otlp_json_response(status)
         else:
             body, content_type = status.SerializeToString(), PROTOBUF
-        self._send(code, body, content_type, headers)
+        return code, body, content_type, headers
 
     def _read_body(self) -> bytes:
         if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
@@ -187,11 +192,14 @@ class _Handler(BaseHTTPRequestHandler):
                               answer_type, _RETRY_LATER)
             return
         try:
-            self._export(route, content_type, answer_type)
+            reply = self._export(route, content_type, answer_type)
         finally:
+            # Released before the answer is written: a client that has its answer
+            # finds the slot free, and a slow reader holds no admission.
             self.server.admission.release()
+        self._send(*reply)
 
-    def _export(self, route, content_type: str, answer_type: str) -> None:
+    def _export(self, route, content_type: str, answer_type: str) -> tuple:
         message_cls, signal = route
         try:
             body = self._read_body()
@@ -199,8 +207,7 @@ class _Handler(BaseHTTPRequestHandler):
             if encoding == "gzip":
                 body = gunzip_capped(body) if body else body
             elif encoding not in ("identity", ""):
-                self._send_status(415, f"unsupported Content-Encoding {encoding!r}", answer_type)
-                return
+                return self._status_reply(415, f"unsupported Content-Encoding {encoding!r}", answer_type)
             request = message_cls()
             if body:
                 if content_type == JSON:
@@ -208,25 +215,20 @@ class _Handler(BaseHTTPRequestHandler):
                 else:
                     request.ParseFromString(body)
         except BodyTooLarge as exc:
-            self._send_status(413, str(exc), answer_type)
-            return
+            return self._status_reply(413, str(exc), answer_type)
         except (ValueError, DecodeError) as exc:
             self.server.stats.add("undecodable", signal, 1)
-            self._send_status(400, f"undecodable {signal} request: {exc}", answer_type)
-            return
+            return self._status_reply(400, f"undecodable {signal} request: {exc}", answer_type)
         try:
             handle = self.server.handler.traces if signal == SIGNAL_TRACES else self.server.handler.metrics
             response = handle(request)
         except Backpressure as exc:
-            self._send_status(429, f"back-pressure: {exc}", answer_type, _RETRY_LATER)
-            return
+            return self._status_reply(429, f"back-pressure: {exc}", answer_type, _RETRY_LATER)
         except IngestUnavailable as exc:
-            self._send_status(503, str(exc), answer_type, _RETRY_LATER)
-            return
+            return self._status_reply(503, str(exc), answer_type, _RETRY_LATER)
         if answer_type == JSON:
-            self._send(200, otlp_json_response(response), JSON)
-        else:
-            self._send(200, response.SerializeToString(), PROTOBUF)
+            return 200, otlp_json_response(response), JSON
+        return 200, response.SerializeToString(), PROTOBUF
 
 
 def _grpc_code(http_code: int) -> int:

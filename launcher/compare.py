@@ -245,20 +245,24 @@ def _issue(p: Mapping[str, Any]) -> str:
 
 
 def render(comparison: Comparison):
+    """The comparison as Rich renderables; every string from the summaries is `printable`
+    and passed as `Text`, never as markup."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
 
+    from traceml.processor.presenters.terminal_text import printable
+
     title = Text()
     title.append("A ", style="bold")
-    title.append(f"{comparison.a_label} (run {comparison.a_run})\n")
+    title.append(printable(f"{comparison.a_label} (run {comparison.a_run})") + "\n")
     title.append("B ", style="bold")
-    title.append(f"{comparison.b_label} (run {comparison.b_run})")
+    title.append(printable(f"{comparison.b_label} (run {comparison.b_run})"))
 
     diag = Text("Diagnosis: ")
-    diag.append(_issue(comparison.diagnosis.a))
+    diag.append(printable(_issue(comparison.diagnosis.a)))
     diag.append(" -> ")
-    diag.append(_issue(comparison.diagnosis.b),
+    diag.append(printable(_issue(comparison.diagnosis.b)),
                 style="bold yellow" if comparison.diagnosis.material else "")
     diag.append("  (changed: " + ", ".join(comparison.diagnosis.changed) + ")"
                 if comparison.diagnosis.material else "  (unchanged)")
@@ -273,7 +277,7 @@ def render(comparison: Comparison):
                       Text("yes", style="bold yellow") if d.material else "")
     parts = [title, diag, table]
     for warning in comparison.warnings:
-        parts.append(Text(f"note: {warning}", style="dim"))
+        parts.append(Text(printable(f"note: {warning}"), style="dim"))
     material = comparison.material_changes
     parts.append(Text("Material changes: " + (", ".join(material) if material else "none"),
                       style="bold" if material else ""))
@@ -300,7 +304,9 @@ def main(argv: Sequence[str], out: TextIO | None = None) -> int:
         path_a, a = load_summary(options.a)
         path_b, b = load_summary(options.b)
     except SummaryLoadError as exc:
-        print(f"traceml compare: {exc}", file=sys.stderr)
+        from traceml.processor.presenters.terminal_text import printable
+
+        print(f"traceml compare: {printable(exc)}", file=sys.stderr)
         return 2
     comparison = compare(a, b, a_label=str(path_a), b_label=str(path_b))
     if options.json:

@@ -54,12 +54,16 @@ def finalize_run(run_path: Path, run_id: str, *, out: TextIO, print_card: bool =
     try:
         report = write_report(db_path, run_id, run_path)
     except Exception as exc:  # the training outcome matters more than our summary
-        print(f"[traceml] could not write the final summary: {type(exc).__name__}: {exc}",
+        from traceml.processor.presenters.terminal_text import printable
+
+        print(printable(f"[traceml] could not write the final summary: {type(exc).__name__}: {exc}"),
               file=out, flush=True)
         return None
     if print_card and report.card:
         print("", file=out)
-        print(report.card.rstrip("\n"), file=out)
+        from traceml.processor.presenters.terminal_text import printable
+
+        print(printable(report.card.rstrip("\n"), keep_newlines=True), file=out)
     note = "" if exit_code == 0 else f" (the script failed with exit code {exit_code})"
     print(f"\n[traceml] final summary: {report.summary_path}{note}", file=out)
     if report.card_path is not None:

@@ -5,7 +5,9 @@ frame is drawn by the pure presenter from the `LiveStepTimeResult` it returns
 plus the progress this module measures (latest step and steps per second over
 wall-clock time, which the session does not know). On a terminal the frame
 is a Rich `Live` display; otherwise one plain line per refresh in which the
-step or the diagnosis changed, so logs stay short.
+step or the diagnosis changed, so logs stay short. Strings from the wire are
+made printable by the presenter (`presenters.terminal_text`); an error message,
+which may quote them, is too.
 """
 from __future__ import annotations
 
@@ -195,7 +197,9 @@ class LiveMonitor:
         print(self.last_line, file=self.out, flush=True)
 
     def _show_error(self, exc: Exception) -> None:
-        message = f"[traceml] live view: {type(exc).__name__}: {exc}"
+        from traceml.processor.presenters.terminal_text import printable
+
+        message = printable(f"[traceml] live view: {type(exc).__name__}: {exc}")
         if self._live is not None:
             from rich.text import Text
 

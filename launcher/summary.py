@@ -3,7 +3,9 @@
 PATH is a run folder (`traceml_runs/<run id>/`) or any processor database. The
 summary is rebuilt with the same reporting code the run's end uses, so it can
 be regenerated after a crash, after a schema upgrade, or for one run of a
-shared processor database.
+shared processor database. Run ids and the card are printed through
+`presenters.terminal_text.printable` (they come from the wire); `--json` prints
+the true strings, JSON-escaped.
 """
 from __future__ import annotations
 
@@ -40,17 +42,19 @@ def default_output_folder(db_path: Path, run_id: str) -> Path:
 
 
 def main(argv: Sequence[str], out: TextIO | None = None) -> int:
+    from traceml.processor.presenters.terminal_text import printable
+
     out = out or sys.stdout
     options = build_parser().parse_args(list(argv))
     try:
         db_path = find_database(options.path)
         if options.list:
             for run in list_runs(db_path):
-                print(f"{run.run_id}\tlatest step {run.latest_step}", file=out)
+                print(f"{printable(run.run_id)}\tlatest step {run.latest_step}", file=out)
             return 0
         run_id = choose_run(db_path, options.run_id)
     except RunLookupError as exc:
-        print(f"traceml summary: {exc}", file=sys.stderr)
+        print(f"traceml summary: {printable(exc)}", file=sys.stderr)
         return 2
     from traceml.launcher.finalize import write_report
 
@@ -60,7 +64,7 @@ def main(argv: Sequence[str], out: TextIO | None = None) -> int:
         print(json.dumps(report.summary, indent=2), file=out)
     else:
         if report.card:
-            print(report.card.rstrip("\n"), file=out)
+            print(printable(report.card.rstrip("\n"), keep_newlines=True), file=out)
         print(f"\n[traceml] final summary: {report.summary_path}", file=out)
         if report.card_path is not None:
             print(f"[traceml] text card:     {report.card_path}", file=out)

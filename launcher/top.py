@@ -33,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str], out: TextIO | None = None) -> int:
+    from traceml.processor.presenters.terminal_text import printable
+
     out = out or sys.stdout
     parser = build_parser()
     options = parser.parse_args(list(argv))
@@ -45,7 +47,7 @@ def main(argv: Sequence[str], out: TextIO | None = None) -> int:
             break
         except RunLookupError as exc:
             if time.monotonic() >= deadline:
-                print(f"traceml top: {exc}", file=sys.stderr)
+                print(f"traceml top: {printable(exc)}", file=sys.stderr)
                 return 2
             time.sleep(0.5)
     from traceml.launcher.live import LiveMonitor

@@ -1,7 +1,9 @@
 """Pure live-view presenters: a `LiveStepTimeResult` in, a Rich renderable or a text line out.
 
 They only format what the analysis already holds; they never read SQLite,
-run the pipeline or diagnose.
+run the pipeline or diagnose. Every string that came from the wire (run id,
+strategy, issue texts, an error message) passes `terminal_text.printable` and
+reaches Rich as `Text`, never as markup.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from traceml.processor.presenters.terminal_text import printable, printable_text
 from traceml.processor.step_time.model import (
     FRESHNESS_BRIDGED,
     FRESHNESS_COLD,
@@ -59,12 +62,12 @@ def issue_rows(result: LiveStepTimeResult) -> tuple[IssueRow, ...]:
     return tuple(
         IssueRow(
             position=i + 1,
-            kind=issue.kind,
-            severity=issue.severity,
-            status=issue.status,
+            kind=printable(issue.kind),
+            severity=printable(issue.severity),
+            status=printable(issue.status),
             score="" if issue.score is None else f"{issue.score:.3f}",
             rank="" if issue.culprit_rank is None else f"rank {issue.culprit_rank}",
-            summary=issue.summary,
+            summary=printable(issue.summary),
         )
         for i, issue in enumerate(result.analysis.diagnosis.issues)
     )
@@ -86,7 +89,7 @@ def _skew(m: StepTimeMetric | None) -> str:
 
 def freshness_text(result: LiveStepTimeResult) -> str:
     age = "" if result.age_s is None else f", {result.age_s:.1f}s old"
-    err = "" if not result.error else f" ({result.error})"
+    err = "" if not result.error else f" ({printable(result.error)})"
     return f"{result.freshness}{age}{err}"
 
 
@@ -110,9 +113,9 @@ def render_live(
     window = result.analysis.window
     rows = issue_rows(result)
     header = Text()
-    header.append(f"run {window.run_id}", style="bold")
-    header.append(f" | {window.training_strategy} | {len(window.expected_ranks)} rank(s) | "
-                  f"clock {window.clock or 'none'} | {window.step_count} aligned steps")
+    header.append(f"run {printable(window.run_id)}", style="bold")
+    header.append(f" | {printable(window.training_strategy)} | {len(window.expected_ranks)} rank(s) | "
+                  f"clock {printable(window.clock or 'none')} | {window.step_count} aligned steps")
     if window.steps:
         header.append(f" (last {window.steps[-1]})")
     rate = _rate(steps_per_s, samples_per_s)
@@ -145,7 +148,8 @@ def render_live(
                       "—" if share is None or name == "step_time" else f"{share:.0%}")
 
     footer = Text(f"freshness: {freshness_text(result)}", style=_FRESHNESS_STYLE.get(result.freshness, ""))
-    return Panel(Group(header, diagnosis, table, footer), title=title or "TraceML Step Time", expand=False)
+    return Panel(Group(header, diagnosis, table, footer), title=printable_text(title or "TraceML Step Time"),
+                 expand=False)
 
 
 def format_live_line(
@@ -156,8 +160,8 @@ def format_live_line(
 ) -> str:
     """One plain line for logs and non-terminal output."""
     window = result.analysis.window
-    parts = [f"[{result.freshness}] run {window.run_id}", f"{window.step_count} steps",
-             f"clock {window.clock or 'none'}"]
+    parts = [f"[{result.freshness}] run {printable(window.run_id)}", f"{window.step_count} steps",
+             f"clock {printable(window.clock or 'none')}"]
     rows: Sequence[IssueRow] = issue_rows(result)
     issues = "; ".join(
         f"{r.kind} {r.severity}" + (f" {r.score}" if r.score else "") + (f" {r.rank}" if r.rank else "")

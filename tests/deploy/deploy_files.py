@@ -259,3 +259,106 @@ class EntrypointProcessor:
 
 def shell_join(argv: list[str]) -> str:
     return " ".join(shlex.quote(a) for a in argv)
+
+
+# --- what a collector config does with one OTLP request -------------------------------------
+#
+# No Collector binary runs here (no Docker, and none can be fetched), so a request's path
+# through a config is worked out from the config itself, with the Collector's documented
+# rules: every pipeline whose receivers name `otlp` gets a copy; a connector listed as an
+# exporter hands the data to the pipelines that list it as a receiver; the routing
+# connector sends a resource to the pipelines of the first route whose condition holds,
+# else to `default_pipelines` (the behaviour since `match_once` went away in 0.120);
+# a filter processor drops the metrics its conditions match. Anything outside the small
+# grammar below is refused, so a config cannot pass by using what this reader ignores.
+
+_RESOURCE_CONDITION = re.compile(r'attributes\["([^"]+)"\]\s*(==|!=)\s*(nil|"(?:[^"\\]|\\.)*")')
+_FILTER_NAME_MATCH = re.compile(r'IsMatch\(name, "((?:[^"\\]|\\.)+)"\)')
+_PASS_THROUGH_PROCESSORS = {"memory_limiter", "batch"}
+
+
+@dataclass(frozen=True)
+class OtlpBatch:
+    """One resource's worth of an OTLP request: its signal, resource attributes and the
+    names of its spans or metrics."""
+    signal: str
+    resource: dict
+    names: tuple[str, ...]
+
+
+def component_type(component_id: str) -> str:
+    return component_id.split("/", 1)[0]
+
+
+def resource_condition_holds(condition: str, resource: dict) -> bool:
+    """An OTTL condition in the resource context, in the one form the configs use:
+    `attributes["key"] == nil | != nil | == "value" | != "value"`."""
+    match = _RESOURCE_CONDITION.fullmatch(condition.strip())
+    if match is None:
+        raise AssertionError(f"routing condition outside the checked grammar: {condition!r}")
+    key, op, literal = match.groups()
+    value = resource.get(key)
+    expected = None if literal == "nil" else json.loads(literal)
+    return (value == expected) if op == "==" else (value != expected)
+
+
+def _route(connector: dict, batch: OtlpBatch) -> list[str]:
+    for item in connector["table"]:
+        if item.get("context") != "resource" or "statement" in item:
+            raise AssertionError(f"only `context: resource` conditions are checked: {item}")
+        if resource_condition_holds(item["condition"], batch.resource):
+            return list(item["pipelines"])
+    return list(connector.get("default_pipelines", []))
+
+
+def _filtered(config: dict, processor: str, batch: OtlpBatch) -> OtlpBatch:
+    kind = component_type(processor)
+    if kind in _PASS_THROUGH_PROCESSORS:
+        return batch
+    if kind != "filter":
+        raise AssertionError(f"processor {processor} is not modelled")
+    settings = config["processors"][processor]
+    if batch.signal != "metrics":
+        if batch.signal in settings:
+            raise AssertionError(f"{processor}: only metric filters are modelled")
+        return batch
+    patterns = []
+    for condition in settings.get("metrics", {}).get("metric", []):
+        match = _FILTER_NAME_MATCH.fullmatch(condition.strip())
+        if match is None:
+            raise AssertionError(f"{processor}: filter condition outside the checked grammar: {condition!r}")
+        # OTTL string literal: `\\` is one backslash in the regex.
+        patterns.append(re.compile(match.group(1).replace("\\\\", "\\")))
+    kept = tuple(n for n in batch.names if not any(p.search(n) for p in patterns))
+    return OtlpBatch(batch.signal, batch.resource, kept)
+
+
+def collector_destinations(config: dict, batch: OtlpBatch, receiver: str = "otlp") -> dict[str, set[str]]:
+    """Exporter id -> the span or metric names of `batch` it is handed, for a batch that
+    arrives at `receiver`. Connectors are followed (at most 8 hops, against loops)."""
+    pipelines = config["service"]["pipelines"]
+    connectors = config.get("connectors") or {}
+    out: dict[str, set[str]] = {}
+    pending = [(pid, batch, 0) for pid, p in pipelines.items()
+               if component_type(pid) == batch.signal and receiver in p.get("receivers", [])]
+    while pending:
+        pipeline_id, data, hops = pending.pop()
+        if hops > 8:
+            raise AssertionError(f"connector loop through {pipeline_id}")
+        pipeline = pipelines[pipeline_id]
+        for processor in pipeline.get("processors", []):
+            data = _filtered(config, processor, data)
+        if not data.names:
+            continue
+        for exporter in pipeline["exporters"]:
+            if exporter in connectors:
+                if component_type(exporter) != "routing":
+                    raise AssertionError(f"connector {exporter} is not modelled")
+                for target in _route(connectors[exporter], data):
+                    assert exporter in pipelines[target]["receivers"], \
+                        f"{exporter} routes to {target}, which does not receive from it"
+                    assert component_type(target) == data.signal, f"{exporter} routes {data.signal} to {target}"
+                    pending.append((target, data, hops + 1))
+            else:
+                out.setdefault(exporter, set()).update(data.names)
+    return out

@@ -44,11 +44,16 @@ class Names:
     rank_memory_peak: str = metric("traceml.rank.memory.peak")
     diagnosis_active: str = metric("traceml.diagnosis.active")
     rank_dropped: str = metric("traceml.rank.telemetry.dropped")
+    run_dropped: str = metric("traceml.run.telemetry.dropped")
+    run_memory_peak: str = metric("traceml.run.memory.peak")
+    run_exported_ranks: str = metric("traceml.run.exported_ranks")
     records: str = metric("traceml.processor.records")
+    requests: str = metric(v.METRIC_PROCESSOR_REQUESTS)
     analysis_duration: str = metric("traceml.processor.analysis.duration")
     run_lag: str = metric("traceml.processor.run.lag")
     runs: str = metric("traceml.processor.runs")
     export_failures: str = metric("traceml.processor.export.failures")
+    series_left_out: str = metric("traceml.processor.series.left_out")
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,7 @@ class Labels:
     outcome: str = label(v.ATTR_OUTCOME)
     signal: str = label(v.ATTR_SIGNAL)
     queue: str = label(v.ATTR_QUEUE)
+    reason: str = label(v.ATTR_REASON)
     step: str = label(v.ATTR_STEP)
 
 

@@ -1,11 +1,12 @@
-"""Outgoing summary metrics: a Prometheus text endpoint and an OTLP push, both off the ingest path.
+"""Outgoing summary metrics: the series both surfaces carry, and the OTLP push, off the ingest path.
 
-(Incoming OTLP Export requests are `otlp_intake`'s.)
+(Incoming OTLP Export requests are `otlp_intake`'s; the Prometheus `/metrics`
+endpoint is `prometheus_exposition`'s.)
 
-Both read the same list of points (`.name`, `.attributes`, `.value`, named after
-`SUMMARY_METRICS` / `PROCESSOR_METRICS`) through one series grouping; neither
-carries a `step` attribute. The Prometheus endpoint renders on scrape. The OTLP
-push hands the OpenTelemetry SDK's official OTLP metric exporter (gRPC or
+Both surfaces read the same list of points (`.name`, `.attributes`, `.value`,
+named after `SUMMARY_METRICS` / `PROCESSOR_METRICS`) through one series grouping
+with one series limit (`SeriesLimit`); neither carries a `step` attribute. The
+OTLP push hands the OpenTelemetry SDK's official OTLP metric exporter (gRPC or
 HTTP/protobuf) the SDK's own `MetricsData`, built from the latest snapshot on its
 own thread, so transport, retries, TLS and the `OTEL_EXPORTER_OTLP_*` variables
 are the SDK's, and a slow or absent destination costs nothing but that thread.
@@ -21,20 +22,25 @@ into memory that grows with every run the processor has seen
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Iterable, Mapping, Sequence
 
-from traceml.processor.serving import ServerThread
 from traceml.schema import vocabulary as v
 
 LOG = logging.getLogger(__name__)
 
-PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 SPECS: Mapping[str, v.MetricSpec] = {s.name: s for s in (*v.SUMMARY_METRICS, *v.PROCESSOR_METRICS)}
+
+DEFAULT_MAX_SERIES = 100_000
+"""Series one scrape or push carries at most (`--max-series`, `TRACEML_PROCESSOR_MAX_SERIES`).
+
+Per-rank series are bounded per run (reporting/summary_metrics.py) and runs by
+`--max-runs`, so this is a safety net that keeps a scrape under about a second,
+not a limit a normal deployment reaches."""
+
+SERIES_LEFT_OUT = "traceml.processor.series.left_out"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,13 +52,12 @@ class Point:
     value: float
 
 
-def _series(points: Iterable, specs: Mapping[str, v.MetricSpec]) -> dict[str, dict[tuple, object]]:
-    """Points by metric name, one per series (attribute values in the spec's key order): the first wins.
+Families = dict[str, dict[tuple, object]]
 
-    Both renderers take their points from here, so `/metrics` and the push always carry
-    the same series with the same values.
-    """
-    families: dict[str, dict[tuple, object]] = {}
+
+def _series(points: Iterable, specs: Mapping[str, v.MetricSpec]) -> Families:
+    """Points by metric name, one per series (attribute values in the spec's key order): the first wins."""
+    families: Families = {}
     for point in points:
         spec = specs.get(point.name)
         if spec is None:
@@ -63,84 +68,60 @@ def _series(points: Iterable, specs: Mapping[str, v.MetricSpec]) -> dict[str, di
     return families
 
 
-# --- Prometheus text exposition ------------------------------------------------------------
+class SeriesLimit:
+    """The series limit of one surface: whole runs beyond it are left out, counted, logged once.
 
+    Series without a run id (the processor's own) always go out. Runs are taken
+    in the order their first point arrives (the run monitor lists runs in the
+    order it first saw them), each whole or not at all, while the total stays
+    within `max_series`; the rest are left out of this scrape or push, so the
+    runs already on a dashboard keep their series and a flood of new runs cannot
+    push them out (as `--max-runs` refuses new runs, not old ones). The count of
+    series left out is itself exported (`traceml.processor.series.left_out`,
+    always present) and the first time it happens is logged.
+    """
 
-def _escape_label(value: object) -> str:
-    text = "" if value is None else str(value)
-    return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    def __init__(self, max_series: int = DEFAULT_MAX_SERIES, surface: str = "summary metrics"):
+        if max_series < 1:
+            raise ValueError(f"the series limit must be at least 1, not {max_series}")
+        self.max_series = max_series
+        self.surface = surface
+        self.left_out_series = 0  # in the latest selection
+        self.left_out_runs = 0
+        self._logged = False
+        self._lock = threading.Lock()
 
-
-def _format_value(value: float) -> str:
-    value = float(value)
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if value.is_integer() and abs(value) < 1e15:
-        return str(int(value))
-    return repr(value)
-
-
-def render_prometheus(points: Iterable, specs: Mapping[str, v.MetricSpec] = SPECS) -> str:
-    """Points -> Prometheus text format 0.0.4, one HELP/TYPE block per family."""
-    families = _series(points, specs)
-    lines: list[str] = []
-    for name in sorted(families, key=lambda n: specs[n].prometheus_name):
-        spec = specs[name]
-        prom = spec.prometheus_name
-        help_text = spec.description.replace("\\", "\\\\").replace("\n", "\\n")
-        lines.append(f"# HELP {prom} {help_text}")
-        lines.append(f"# TYPE {prom} {'counter' if spec.kind == 'counter' else 'gauge'}")
-        for key, point in families[name].items():
-            series = ",".join(f'{v.prometheus_label(k)}="{_escape_label(value)}"'
-                              for k, value in zip(spec.attributes, key) if value is not None)
-            lines.append(f"{prom}{{{series}}} {_format_value(point.value)}" if series
-                         else f"{prom} {_format_value(point.value)}")
-    return "\n".join(lines) + "\n" if lines else ""
-
-
-class _MetricsHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: "_PromServer"
-
-    def log_message(self, fmt, *args):
-        LOG.debug("prometheus %s " + fmt, self.address_string(), *args)
-
-    def do_GET(self) -> None:  # noqa: N802
-        path = self.path.split("?", 1)[0]
-        if path == "/metrics":
-            try:
-                body = self.server.render().encode()
-                code, ctype = 200, PROMETHEUS_CONTENT_TYPE
-            except Exception as exc:  # a scrape must never kill the server
-                LOG.exception("rendering /metrics failed")
-                body, code, ctype = f"render failed: {exc}\n".encode(), 500, "text/plain"
-        elif path in ("/healthz", "/"):
-            body, code, ctype = b"ok\n", 200, "text/plain"
-        else:
-            body, code, ctype = b"not found\n", 404, "text/plain"
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-
-class _PromServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self, address, render: Callable[[], str]):
-        super().__init__(address, _MetricsHandler)
-        self.render = render
-
-
-class PrometheusEndpoint(ServerThread):
-    """`GET /metrics` on its own HOST:PORT (`--prometheus`)."""
-
-    def __init__(self, host: str, port: int, collect: Callable[[], Sequence]):
-        super().__init__(_PromServer((host, port), lambda: render_prometheus(collect())), host, "traceml-prometheus")
+    def select(self, points: Iterable, specs: Mapping[str, v.MetricSpec] = SPECS) -> Families:
+        """Both renderers take their series from here, so `/metrics` and the push carry the same ones."""
+        by_run: dict[object, list] = {}
+        for point in points:
+            by_run.setdefault(point.attributes.get(v.ATTR_RUN_ID), []).append(point)
+        families = _series(by_run.pop(None, ()), specs)
+        budget = self.max_series - sum(len(series) for series in families.values()) - 1  # -1: the count itself
+        left_runs, left_series, first_left = 0, 0, None
+        for run_id, run_points in by_run.items():
+            run_families = _series(run_points, specs)
+            size = sum(len(series) for series in run_families.values())
+            if size <= budget:
+                budget -= size
+                for name, series in run_families.items():
+                    families.setdefault(name, {}).update(series)  # keys hold the run id: no collision
+            else:
+                left_runs += 1
+                left_series += size
+                first_left = run_id if first_left is None else first_left
+        if SERIES_LEFT_OUT in specs:
+            families.setdefault(SERIES_LEFT_OUT, {})[()] = Point(SERIES_LEFT_OUT, {}, float(left_series))
+        with self._lock:
+            self.left_out_series, self.left_out_runs = left_series, left_runs
+            log = left_runs and not self._logged
+            self._logged = self._logged or bool(left_runs)
+        if log:
+            LOG.warning("%s: the series limit of %d is reached; %d run(s) (%r first) with %d series left out "
+                        "(counted in traceml_processor_series_left_out; logged once); raise --max-series or "
+                        "lower --rank-series-top-k", self.surface, self.max_series, left_runs, first_left,
+                        left_series)
+        return families
 
 
 # --- OTLP push --------------------------------------------------------------------------------
@@ -226,7 +207,7 @@ def _package_version() -> str | None:
 
 
 def build_metrics_data(points: Iterable, *, resource, start_time_ns: int, now_ns: int | None = None,
-                       specs: Mapping[str, v.MetricSpec] = SPECS):
+                       specs: Mapping[str, v.MetricSpec] = SPECS, limit: SeriesLimit | None = None):
     """Points -> the SDK's `MetricsData` (gauges; counters as cumulative monotonic sums).
 
     Built afresh from the latest snapshot on every push, as a metric reader would
@@ -239,7 +220,8 @@ def build_metrics_data(points: Iterable, *, resource, start_time_ns: int, now_ns
 
     now_ns = time.time_ns() if now_ns is None else now_ns
     metrics = []
-    for name, series in _series(points, specs).items():
+    families = _series(points, specs) if limit is None else limit.select(points, specs)
+    for name, series in families.items():
         spec = specs[name]
         data_points = [
             NumberDataPoint(attributes={k: val for k, val in zip(spec.attributes, key) if val is not None},
@@ -290,9 +272,11 @@ class SummaryPusher:
     destination never holds more than one snapshot nor slows ingest.
     """
 
-    def __init__(self, config: SummaryExportConfig, collect: Callable[[], Sequence], *, resource=None):
+    def __init__(self, config: SummaryExportConfig, collect: Callable[[], Sequence], *, resource=None,
+                 max_series: int = DEFAULT_MAX_SERIES):
         self.config = config
         self._collect = collect
+        self.limit = SeriesLimit(max_series, "summary metrics push")
         self._stop = threading.Event()
         self._start_ns = time.time_ns()
         self.resource = processor_resource() if resource is None else resource
@@ -329,7 +313,8 @@ class SummaryPusher:
         if not points:
             return True
         try:
-            data = build_metrics_data(points, resource=self.resource, start_time_ns=self._start_ns)
+            data = build_metrics_data(points, resource=self.resource, start_time_ns=self._start_ns,
+                                      limit=self.limit)
             result = self._exporter.export(data, timeout_millis=self.config.timeout_s * 1000.0)
             ok = result is MetricExportResult.SUCCESS
             if not ok:

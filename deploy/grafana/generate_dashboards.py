@@ -142,7 +142,8 @@ def run_dashboard() -> dash.Dashboard:
                         steps=SHARE_THRESHOLDS))
         .with_panel(kpi("Aligned steps", f"{M.window_steps}{sel(run=RUN)}", "none",
                         "Steps every rank has reported in the live window (crit needs at least 20).", width=3))
-        .with_panel(kpi("Ranks", f"{M.window_ranks}{sel(run=RUN)}", "none", "Ranks in the run's rank universe.", width=3))
+        .with_panel(kpi("Ranks", f"{M.window_ranks}{sel(run=RUN)}", "none", "Ranks in the run's rank universe.", width=3)
+                    .with_target(q(f"{M.run_exported_ranks}{sel(run=RUN)}", "with per-rank series", ref="B")))
         .with_panel(kpi("Covered from step", f"{M.run_first_step}{sel(run=RUN)}", "none",
                         "Lowest step the processor holds for the run. Above 0: the processor first saw the "
                         "run part-way (it started after the job, or received the run after a rebalance), "
@@ -198,12 +199,16 @@ def run_dashboard() -> dash.Dashboard:
         .with_row(dash.Row("Memory and telemetry"))
         .with_panel(series("Peak memory per rank", "Peak allocated bytes of the latest step on each rank's "
                            "device (CUDA only: absent on CPU ranks, never shown as 0).", "bytes",
-                           q(f"{M.rank_memory_peak}{sel(run=RUN, rank=RANK)}", f"rank {{{{{L.rank}}}}}")))
+                           q(f"{M.rank_memory_peak}{sel(run=RUN, rank=RANK)}", f"rank {{{{{L.rank}}}}}"),
+                           q(f"{M.run_memory_peak}{sel(run=RUN, statistic=n.WORST)}", "worst of all ranks",
+                             ref="B")))
         .with_panel(series("Telemetry dropped on the training side",
-                           "Records each rank reported dropped from its bounded queues (a non-zero value "
-                           "means the analysis is missing some steps).", "none",
-                           q(f"{M.rank_dropped}{sel(run=RUN, rank=RANK)}",
-                             f"rank {{{{{L.rank}}}}} {{{{{L.queue}}}}}")))
+                           "Records all ranks reported dropped from their bounded queues, summed per queue "
+                           "(every rank, also those without per-rank series; a non-zero value means the "
+                           "analysis is missing some steps).", "none",
+                           q(f"{M.run_dropped}{sel(run=RUN)}", f"all ranks {{{{{L.queue}}}}}"),
+                           q(f"{M.rank_dropped}{sel(run=RUN, rank=RANK)}", f"rank {{{{{L.rank}}}}} {{{{{L.queue}}}}}",
+                             ref="B")))
     )
     return d
 
@@ -243,6 +248,15 @@ def processor_dashboard() -> dash.Dashboard:
                            "--export-endpoint); the downstream backend misses those intervals.", "none",
                            q(f"increase({M.export_failures}[$__rate_interval])", "{{instance}}"),
                            steps=((None, "green"), (1, "red"))))
+        .with_panel(series("Export requests / s", "OTLP export requests the receivers answered per second, by "
+                           "outcome, signal and, when refused, reason (unauthenticated, over_limit, backpressure, "
+                           "unavailable, ...): refusals a client retries show up here before any record is lost.",
+                           "none", q(f"sum by ({L.outcome}, {L.signal}, {L.reason}) (rate({M.requests}[$__rate_interval]))",
+                                     f"{{{{{L.outcome}}}}} {{{{{L.signal}}}}} {{{{{L.reason}}}}}"), stacked=True))
+        .with_panel(series("Series left out", "Series the latest scrape left out because the series limit "
+                           "(--max-series) was reached, per replica: whole runs, the most recently first seen "
+                           "first. Always 0 unless the processor tracks very many runs.", "none",
+                           q(f"{M.series_left_out}", "{{instance}}"), steps=((None, "green"), (1, "red"))))
     )
 
 

@@ -64,12 +64,15 @@ def rules() -> dict:
             },
         }, {
             "alert": "TraceMLTelemetryDropped",
-            "expr": f"sum by ({L.run}, {L.rank}) (increase({M.rank_dropped}[{DROP_WINDOW}])) > 0",
+            # The run-level sum covers every rank; per-rank series exist only for the ranks that
+            # matter, so a per-rank rule would miss drops on the others.
+            "expr": f"sum by ({L.run}, {L.queue}) (increase({M.run_dropped}[{DROP_WINDOW}])) > 0",
             "labels": {"severity": "warning"},
             "annotations": {
-                "summary": (f"TraceML run {{{{ $labels.{L.run} }}}} rank {{{{ $labels.{L.rank} }}}} "
-                            "dropped telemetry"),
-                "description": "Bounded training-side queues overflowed: the analysis misses some steps.",
+                "summary": (f"TraceML run {{{{ $labels.{L.run} }}}} dropped telemetry "
+                            f"({{{{ $labels.{L.queue} }}}} queue)"),
+                "description": ("Bounded training-side queues overflowed: the analysis misses some steps. "
+                                "The run's final_summary.json names the ranks (telemetry.ranks_reporting_drops)."),
             },
         }]},
         {"name": "traceml-processor", "rules": [{
@@ -187,19 +190,21 @@ def tests() -> dict:
             {   # telemetry drops and processor down
                 "interval": "1m",
                 "input_series": [
-                    _series(M.rank_dropped, {"run": "r1", "rank": "1", "queue": "spans", **inst}, "0x5 7x20"),
-                    _series(M.rank_dropped, {"run": "r1", "rank": "0", "queue": "spans", **inst}, "0x25"),
+                    _series(M.run_dropped, {"run": "r1", "queue": "spans", **inst}, "0x5 7x20"),
+                    _series(M.run_dropped, {"run": "r1", "queue": "timing", **inst}, "0x25"),
+                    _series(M.run_dropped, {"run": "r2", "queue": "spans", **inst}, "3x25"),
                     {"series": f'up{{job="{n.PROCESSOR_JOB}",instance="{inst["instance"]}"}}',
                      "values": "1x5 0x10"},
                 ],
                 "alert_rule_test": [
                     {"eval_time": "3m", "alertname": "TraceMLTelemetryDropped", "exp_alerts": []},
                     {"eval_time": "8m", "alertname": "TraceMLTelemetryDropped", "exp_alerts": [{
-                        "exp_labels": {L.run: "r1", L.rank: "1", "severity": "warning"},
+                        "exp_labels": {L.run: "r1", L.queue: "spans", "severity": "warning"},
                         "exp_annotations": {
-                            "summary": "TraceML run r1 rank 1 dropped telemetry",
+                            "summary": "TraceML run r1 dropped telemetry (spans queue)",
                             "description": ("Bounded training-side queues overflowed: the analysis "
-                                            "misses some steps.")}}]},
+                                            "misses some steps. The run's final_summary.json names the "
+                                            "ranks (telemetry.ranks_reporting_drops).")}}]},
                     {"eval_time": "6m", "alertname": "TraceMLProcessorDown", "exp_alerts": []},
                     {"eval_time": "9m", "alertname": "TraceMLProcessorDown", "exp_alerts": [{
                         "exp_labels": {"job": n.PROCESSOR_JOB, "instance": inst["instance"],

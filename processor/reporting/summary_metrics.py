@@ -6,14 +6,23 @@ take these points as they are; they decide nothing.
 
 Attribute values are strings (ranks too), so one label value reads the same in
 Prometheus and in OTLP. Time values are converted to seconds (`s`).
+
+Per-rank series are bounded by design: a run of 16,384 ranks exporting every rank
+made about 197,000 series per run. Only the ranks that matter get them
+(`exported_ranks`: culprits and victims of the run's diagnosis issues, the worst
+and the representative rank of step time, and the top-k ranks by deviation
+score), so a run carries at most k + 2 + 2 x issues ranks' series whatever its
+size; job-level aggregates (`traceml.run.*`) cover every rank. All ranks stay in
+SQLite and in the final summary, which this module does not build.
 """
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from traceml.processor.reporting.inputs import RankMemory, RankTelemetry
-from traceml.processor.step_time.model import FRESHNESS_STATES, StepTimeAnalysis
+from traceml.processor.step_time.model import FRESHNESS_STATES, StepTimeAnalysis, StepTimeWindow, finite_ratio
 from traceml.schema.vocabulary import (
     ATTR_CULPRIT_RANK,
     ATTR_DIAGNOSIS_KIND,
@@ -25,7 +34,9 @@ from traceml.schema.vocabulary import (
     ATTR_RANK,
     ATTR_RUN_ID,
     ATTR_STATISTIC,
+    METRIC_STEP_TIME,
     QUEUE_NAMES,
+    STATISTICS,
     SUMMARY_METRICS,
     MetricSpec,
 )
@@ -41,6 +52,13 @@ RUN_FRESH = "traceml.run.fresh"
 RANK_MEMORY_PEAK = "traceml.rank.memory.peak"
 DIAGNOSIS_ACTIVE = "traceml.diagnosis.active"
 RANK_TELEMETRY_DROPPED = "traceml.rank.telemetry.dropped"
+RUN_TELEMETRY_DROPPED = "traceml.run.telemetry.dropped"
+RUN_MEMORY_PEAK = "traceml.run.memory.peak"
+RUN_EXPORTED_RANKS = "traceml.run.exported_ranks"
+
+DEFAULT_RANK_SERIES_TOP_K = 8
+"""Ranks per run exported by deviation score, beyond the culprits, victims, worst and
+representative rank (`--rank-series-top-k`, `TRACEML_PROCESSOR_RANK_SERIES_TOP_K`)."""
 
 SPECS: Mapping[str, MetricSpec] = {spec.name: spec for spec in SUMMARY_METRICS}
 
@@ -59,6 +77,9 @@ _BUILT_ORDER: Mapping[str, tuple[str, ...]] = {
     DIAGNOSIS_ACTIVE: (ATTR_RUN_ID, ATTR_DIAGNOSIS_KIND, ATTR_DIAGNOSIS_SEVERITY, ATTR_DIAGNOSIS_STATUS,
                        ATTR_CULPRIT_RANK),
     RANK_TELEMETRY_DROPPED: (ATTR_RUN_ID, ATTR_RANK, ATTR_QUEUE),
+    RUN_TELEMETRY_DROPPED: (ATTR_RUN_ID, ATTR_QUEUE),
+    RUN_MEMORY_PEAK: (ATTR_RUN_ID, ATTR_STATISTIC),
+    RUN_EXPORTED_RANKS: (ATTR_RUN_ID,),
 }
 for _name, _order in _BUILT_ORDER.items():
     if SPECS[_name].attributes != _order:  # pragma: no cover - guards a vocabulary edit
@@ -108,6 +129,57 @@ def _s(ms: float) -> float:
     return float(ms) / 1000.0
 
 
+def rank_scores(window: StepTimeWindow) -> dict[int, float]:
+    """Each measured rank's deviation score: how unlike the median rank it is.
+
+    The largest distance, over the exported metrics, between the rank's window
+    average and the median rank's, as a share of the median step time (the unit of
+    the diagnosis scores). A straggler scores high through its longer phase, the
+    ranks that wait for it through their longer visible phase, and the rank that
+    arrives last through its shorter one. Ranks without a measured metric score 0.
+    """
+    step = window.metrics.get(METRIC_STEP_TIME)
+    base = None if step is None or step.median is None else float(step.median)
+    scores: dict[int, float] = {}
+    if base is None:
+        return scores
+    for metric in EXPORTED_METRICS:
+        stats = window.metrics.get(metric)
+        if stats is None or stats.median is None:
+            continue
+        median = float(stats.median)
+        for rank, value in stats.rank_values.items():
+            score = finite_ratio(abs(float(value) - median), base)
+            if score is not None and score > scores.get(rank, 0.0):
+                scores[rank] = score
+    return scores
+
+
+def exported_ranks(analysis: StepTimeAnalysis, top_k: int = DEFAULT_RANK_SERIES_TOP_K,
+                   universe: Sequence[int] = ()) -> tuple[int, ...]:
+    """The ranks that get per-rank series, ascending; the one rule for which ranks matter.
+
+    Always: the culprit and victim rank of every diagnosis issue, the worst and the
+    representative (median) rank of step time. Then the `top_k` highest
+    deviation scores (`rank_scores`; ties: lower rank first) among the window's
+    ranks and `universe` (ranks known from memory or telemetry only score 0), so a
+    run of at most `top_k` ranks exports every rank.
+    """
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0, not {top_k}")
+    window = analysis.window
+    chosen: set[int] = set()
+    for issue in analysis.diagnosis.issues:
+        chosen.update(r for r in (issue.culprit_rank, issue.victim_rank) if r is not None)
+    step = window.metrics.get(METRIC_STEP_TIME)
+    if step is not None:
+        chosen.update(r for r in (step.worst_rank, step.representative_rank) if r is not None)
+    scores = rank_scores(window)
+    candidates = set(window.expected_ranks) | set(window.rank_facts) | set(universe)
+    chosen.update(sorted(candidates, key=lambda r: (-scores.get(r, 0.0), r))[:top_k])
+    return tuple(sorted(chosen))
+
+
 def summary_metric_points(
     analysis: StepTimeAnalysis,
     *,
@@ -115,16 +187,22 @@ def summary_metric_points(
     memory: Sequence[RankMemory] = (),
     telemetry: Sequence[RankTelemetry] = (),
     first_step_stored: int | None = None,
+    top_k: int = DEFAULT_RANK_SERIES_TOP_K,
 ) -> tuple[MetricPoint, ...]:
     """Every summary point for one run, diagnosis points in issue order.
 
     Unmeasured statistics produce no point (absence, not 0); measured zeros do.
     `first_step_stored` (the run's lowest stored step, `RunTelemetry`) becomes
     `traceml.run.first_step`: above 0 for a run the processor first saw part-way.
+    Per-rank points (`traceml.rank.*`) exist for `exported_ranks(analysis, top_k)`
+    only; memory and drops of every rank reach the `traceml.run.*` aggregates.
     """
     window = analysis.window
     run = window.run_id
     points: list[MetricPoint] = []
+    ranks = exported_ranks(analysis, top_k, universe=[m.global_rank for m in memory]
+                           + [t.global_rank for t in telemetry])
+    exported = frozenset(ranks)
 
     for metric in EXPORTED_METRICS:
         stats = window.metrics.get(metric)
@@ -138,7 +216,7 @@ def summary_metric_points(
             points.append(_point(WINDOW_SKEW, (run, metric), float(stats.skew)))
 
     rank_keys = SPECS[RANK_METRIC].attributes
-    for rank in window.expected_ranks:
+    for rank in ranks:
         facts = window.rank_facts.get(rank)
         if facts is None:
             continue
@@ -152,6 +230,7 @@ def summary_metric_points(
 
     points.append(_point(WINDOW_STEPS, (run,), float(window.step_count)))
     points.append(_point(WINDOW_RANKS, (run,), float(len(window.expected_ranks))))
+    points.append(_point(RUN_EXPORTED_RANKS, (run,), float(len(ranks))))
     if window.steps:
         points.append(_point(WINDOW_LAST_STEP, (run,), float(window.steps[-1])))
     if first_step_stored is not None:
@@ -163,17 +242,32 @@ def summary_metric_points(
         for state in FRESHNESS_STATES:
             points.append(_point(RUN_FRESH, (run, state), 1.0 if state == freshness else 0.0))
 
+    peaks = []
     for m in sorted(memory, key=lambda m: m.global_rank):
-        if m.peak_allocated_bytes is not None:
+        if m.peak_allocated_bytes is None:
+            continue
+        peaks.append(float(m.peak_allocated_bytes))
+        if m.global_rank in exported:
             points.append(_point(RANK_MEMORY_PEAK, (run, str(m.global_rank)), float(m.peak_allocated_bytes)))
+    if peaks:
+        median, worst, average = STATISTICS
+        for statistic, value in ((median, statistics.median(peaks)), (worst, max(peaks)),
+                                 (average, statistics.fmean(peaks))):
+            points.append(_point(RUN_MEMORY_PEAK, (run, statistic), float(value)))
 
     for issue in analysis.diagnosis.issues:
         culprit = NO_RANK if issue.culprit_rank is None else str(issue.culprit_rank)
         points.append(_point(DIAGNOSIS_ACTIVE, (run, issue.kind, issue.severity, issue.status, culprit),
                              float(issue.score or 0.0)))
 
+    totals = dict.fromkeys(QUEUE_NAMES, 0)
     for t in sorted(telemetry, key=lambda t: t.global_rank):
         for queue in QUEUE_NAMES:
             count = int(t.dropped.get(queue, 0))
-            points.append(_point(RANK_TELEMETRY_DROPPED, (run, str(t.global_rank), queue), float(count)))
+            totals[queue] += count
+            if t.global_rank in exported:
+                points.append(_point(RANK_TELEMETRY_DROPPED, (run, str(t.global_rank), queue), float(count)))
+    if telemetry:
+        for queue in QUEUE_NAMES:
+            points.append(_point(RUN_TELEMETRY_DROPPED, (run, queue), float(totals[queue])))
     return tuple(points)

@@ -1,0 +1,211 @@
+"""`/metrics` through prometheus_client: text and OpenMetrics by `Accept`, gzip, process and build metrics,
+promtool in both formats, the names the dashboards and rules query, and bounded per-rank series."""
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import subprocess
+import urllib.request
+from importlib.metadata import version
+
+import grpc
+import pytest
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
+from prometheus_client.parser import text_string_to_metric_families as parse_text
+
+from tests.harness import wait_until
+from tests.harness.processor_service import make_service
+from tests.processor.otlp_payloads import memory_request, run_end_span, steps_request, trace_request
+from tests.processor.test_runs import send_straggler_run, summary_written
+from traceml.processor.prometheus_exposition import BUILD_INFO
+from traceml.schema import vocabulary as v
+
+OPENMETRICS = "application/openmetrics-text; version=1.0.0"
+TEXT = "text/plain; version=0.0.4"
+# What Prometheus 2.x sends when it scrapes (it prefers OpenMetrics).
+PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
+                     "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None, reason="needs promtool")
+
+
+def get(port: int, path: str = "/metrics", **headers) -> tuple[int, dict, bytes]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def samples(families) -> set[tuple[str, tuple]]:
+    return {(s.name, tuple(sorted(s.labels.items()))) for family in families for s in family.samples}
+
+
+def promtool_check(text: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    svc = make_service(tmp_path_factory.mktemp("expo"))
+    try:
+        send_straggler_run(svc.grpc_port, "expo-run", end_markers=())
+        assert wait_until(lambda: b'traceml_diagnosis_culprit_rank="0"' in get(svc.prometheus_port)[2], 30)
+        yield svc
+    finally:
+        svc.stop()
+
+
+def test_text_by_default_and_openmetrics_when_asked_with_the_same_series(served):
+    status, headers, text = get(served.prometheus_port)
+    assert status == 200 and headers["Content-Type"].startswith(TEXT)
+    status, headers, om = get(served.prometheus_port, Accept=PROMETHEUS_ACCEPT)
+    assert status == 200 and headers["Content-Type"].startswith(OPENMETRICS)
+    om_text = om.decode()
+    assert om_text.endswith("# EOF\n")
+    strict = list(parse_openmetrics(om_text))  # the strict OpenMetrics parser: raises on any violation
+    loose = list(parse_text(text.decode()))
+    # Counters: family without _total in OpenMetrics, samples named exactly as in the text format.
+    records = next(f for f in strict if f.name == "traceml_processor_records")
+    assert records.type == "counter"
+    assert {s.name for s in records.samples} == {"traceml_processor_records_total"}
+    assert "# TYPE traceml_processor_records_total counter" in text.decode()
+    assert "# UNIT traceml_window_metric_seconds seconds" in om_text
+    process_only = {"process_cpu_seconds_total"}  # keeps ticking between the two scrapes
+    om_samples = {s for s in samples(strict) if s[0] not in process_only}
+    text_samples = {s for s in samples(loose) if s[0] not in process_only}
+    assert om_samples == text_samples
+
+
+def test_gzip_when_accepted(served):
+    _, headers, body = get(served.prometheus_port, **{"Accept-Encoding": "gzip"})
+    assert headers.get("Content-Encoding") == "gzip"
+    assert b"traceml_window_steps" in gzip.decompress(body)
+    _, headers, body = get(served.prometheus_port)
+    assert "Content-Encoding" not in headers and b"traceml_window_steps" in body
+
+
+def test_process_platform_and_build_info(served):
+    text = get(served.prometheus_port)[2].decode()
+    families = {f.name: f for f in parse_text(text)}
+    for name in ("process_resident_memory_bytes", "process_cpu_seconds", "process_open_fds",
+                 "process_start_time_seconds", "python_info"):
+        assert name in families, name
+    [build] = families[BUILD_INFO].samples
+    assert build.labels == {"version": version("traceml-otel")} and build.value == 1.0
+
+
+def test_health_and_unknown_paths(served):
+    assert get(served.prometheus_port, "/healthz")[:1] == (200,)
+    assert get(served.prometheus_port, "/nope")[0] == 404
+
+
+@needs_promtool
+def test_promtool_check_metrics_passes_on_the_text_format(served):
+    lint = promtool_check(get(served.prometheus_port)[2].decode())
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def promtool_read_openmetrics(body: str, folder) -> subprocess.CompletedProcess:
+    """Prometheus's own OpenMetrics parser, as promtool's backfill runs it (it needs sample timestamps).
+
+    `promtool check metrics` lints the text format only (it reads an OpenMetrics counter's
+    `x_total` samples as a second, help-less family), so the OpenMetrics body is checked by
+    the parser Prometheus scrapes it with, and by prometheus_client's strict parser above.
+    """
+    stamped = "".join(line if line.startswith("#") or not line.strip() else line.rstrip("\n") + " 1700000000\n"
+                      for line in body.splitlines(keepends=True))
+    (folder / "metrics.om").write_text(stamped)
+    return subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "metrics.om", "blocks"],
+                          cwd=folder, capture_output=True, text=True, timeout=60)
+
+
+@needs_promtool
+def test_prometheus_reads_the_openmetrics_body(served, tmp_path):
+    body = get(served.prometheus_port, Accept=PROMETHEUS_ACCEPT)[2].decode()
+    (tmp_path / "good").mkdir()
+    read = promtool_read_openmetrics(body, tmp_path / "good")
+    assert read.returncode == 0 and "NUM SERIES" in read.stdout, read.stdout + read.stderr
+    (tmp_path / "bad").mkdir()  # the check can fail: a body without its # EOF is refused
+    assert "EOF" in promtool_read_openmetrics(body.replace("# EOF\n", ""), tmp_path / "bad").stderr
+
+
+@needs_promtool
+def test_promtool_can_fail():
+    lint = promtool_check("# HELP x_total x\n# TYPE x_total gauge\nx_total 1\n")
+    assert lint.returncode != 0
+
+
+def test_every_name_the_dashboards_and_rules_query_is_served_in_both_formats(served):
+    from tests.deploy.deploy_files import promql_names
+
+    M = promql_names.M
+    expected = {M.window_metric, M.window_skew, M.rank_metric, M.window_steps, M.window_ranks,
+                M.window_last_step, M.run_first_step, M.run_fresh, M.rank_memory_peak, M.diagnosis_active,
+                M.rank_dropped, M.run_dropped, M.records, M.analysis_duration, M.run_lag, M.runs,
+                M.export_failures}
+    for accept in (None, PROMETHEUS_ACCEPT):
+        body = get(served.prometheus_port, **({"Accept": accept} if accept else {}))[2].decode()
+        parse = parse_openmetrics if accept else parse_text
+        names = {s.name for family in parse(body) for s in family.samples}
+        assert expected <= names, expected - names
+
+
+# --- bounded per-rank series -----------------------------------------------------------------
+
+RANKS = 24
+SLOW = 17  # waits on input: the straggler
+
+
+def _send_big_run(port: int, run_id: str, steps: int = 24) -> None:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        traces = trace_service_pb2_grpc.TraceServiceStub(channel)
+        metrics = metrics_service_pb2_grpc.MetricsServiceStub(channel)
+        for rank in range(RANKS):
+            wait = 100.0 if rank == SLOW else 0.0
+            events = {v.RAW_DATALOADER_NEXT: wait, v.RAW_FORWARD: 20.0 + 0.1 * rank,
+                      v.RAW_BACKWARD: (20.0 if rank == SLOW else 120.0) + 0.1 * rank,
+                      v.RAW_STEP_TIME: 140.0 + 0.2 * rank}
+            traces.Export(steps_request(run_id, rank, range(steps), events, world_size=RANKS), timeout=10)
+            metrics.Export(memory_request(run_id, rank, range(steps), allocated=(rank + 1) << 20,
+                                          drops={"spans": rank}, world_size=RANKS), timeout=10)
+        for rank in range(RANKS):
+            traces.Export(trace_request(run_id, rank, [run_end_span(rank, steps)], world_size=RANKS), timeout=10)
+
+
+def test_per_rank_series_only_for_the_ranks_that_matter_and_every_rank_in_the_summary(tmp_path):
+    svc = make_service(tmp_path, rank_series_top_k=2)
+    try:
+        _send_big_run(svc.grpc_port, "big")
+        assert wait_until(lambda: summary_written(svc, "big"), 60)
+        text = get(svc.prometheus_port)[2].decode()
+    finally:
+        svc.stop()
+    families = {f.name: f for f in parse_text(text)}
+
+    def ranks_of(name):
+        return {s.labels[v.prometheus_label(v.ATTR_RANK)] for s in families[name].samples
+                if s.labels.get(v.prometheus_label(v.ATTR_RUN_ID)) == "big"}
+
+    exported = ranks_of("traceml_rank_metric_seconds")
+    assert str(SLOW) in exported  # the culprit
+    assert len(exported) < RANKS  # culprit + victim + worst + representative + top 2, not all 24
+    assert len(exported) <= 2 + 2 + 2 * len(families["traceml_diagnosis_active_ratio"].samples)
+    assert ranks_of("traceml_rank_memory_peak_bytes") == exported
+    assert ranks_of("traceml_rank_telemetry_dropped") == exported
+    [count] = [s.value for s in families["traceml_run_exported_ranks"].samples]
+    assert count == len(exported)
+    # Job-level aggregates cover every rank.
+    [ranks] = [s.value for s in families["traceml_window_ranks"].samples]
+    assert ranks == RANKS
+    dropped = {s.labels["traceml_queue"]: s.value for s in families["traceml_run_telemetry_dropped"].samples}
+    assert dropped["spans"] == sum(range(RANKS))
+    worst = {s.labels["traceml_statistic"]: s.value for s in families["traceml_run_memory_peak_bytes"].samples}
+    assert worst["worst"] == float((RANKS << 20) + 23)  # the latest step's peak of the last rank
+    # The final summary keeps every rank.
+    summary = json.loads((svc.config.summary_dir / "big" / "final_summary.json").read_text())
+    assert [g["global_rank"] for g in summary["groups"]] == list(range(RANKS))
+    assert summary["telemetry"]["dropped"]["spans"] == sum(range(RANKS))

@@ -36,6 +36,7 @@ def free_loopback_port() -> int:
 class ProcessorEndpoints:
     grpc_port: int
     http_port: int
+    ui: tuple[str, int] | None = None  # the web view's address (`traceml run --ui`)
 
     @property
     def otlp_grpc_endpoint(self) -> str:
@@ -45,32 +46,53 @@ class ProcessorEndpoints:
     def ready_url(self) -> str:
         return f"http://127.0.0.1:{self.http_port}/readyz"
 
+    def ui_url(self, run_id: str | None = None) -> str | None:
+        """The web view's address (its page of `run_id` when given); None without --ui."""
+        if self.ui is None:
+            return None
+        from urllib.parse import quote
+
+        host = f"[{self.ui[0]}]" if ":" in self.ui[0] else self.ui[0]
+        base = f"http://{host}:{self.ui[1]}/ui/"
+        return base if run_id is None else f"{base}run?id={quote(run_id, safe='')}"
+
 
 class EmbeddedProcessor:
     """Start with `start()`, point ranks at `endpoints`, `stop()` when they are done."""
 
-    def __init__(self, db_path: Path, summary_dir: Path, log_path: Path) -> None:
+    def __init__(self, db_path: Path, summary_dir: Path, log_path: Path,
+                 ui: tuple[str, int] | None = None) -> None:
         self.db_path = Path(db_path)
         self.summary_dir = Path(summary_dir)
         self.log_path = Path(log_path)
+        self.ui = ui  # serve the web view here; port 0 = a free loopback port
         self.endpoints: ProcessorEndpoints | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_file = None
 
     def command(self, endpoints: ProcessorEndpoints) -> list[str]:
-        return [
+        command = [
             sys.executable, "-m", "traceml.processor.cli",
             "--db", str(self.db_path),
             "--otlp-grpc", f"127.0.0.1:{endpoints.grpc_port}",
             "--otlp-http", f"127.0.0.1:{endpoints.http_port}",
             "--summary-dir", str(self.summary_dir),
         ]
+        if endpoints.ui is not None:
+            host, port = endpoints.ui
+            command += ["--ui", f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+        return command
 
     def start(self, ready_timeout_s: float = READY_TIMEOUT_S) -> ProcessorEndpoints:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         endpoints = ProcessorEndpoints(free_loopback_port(), free_loopback_port())
         while endpoints.http_port == endpoints.grpc_port:
             endpoints = ProcessorEndpoints(endpoints.grpc_port, free_loopback_port())
+        if self.ui is not None:
+            host, port = self.ui
+            while not port or port in (endpoints.grpc_port, endpoints.http_port):
+                port = free_loopback_port()
+            endpoints = ProcessorEndpoints(endpoints.grpc_port, endpoints.http_port, (host, port))
         self._log_file = open(self.log_path, "ab")
         child_env = dict(os.environ)
         # The processor must not export its own summary metrics to the endpoint the

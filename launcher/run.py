@@ -44,6 +44,8 @@ class RunOptions:
     run_id: str | None = None
     runs_dir: str = rd.DEFAULT_RUNS_DIR
     print_summary: bool = True
+    ui: tuple[str, int] | None = None  # serve the live web view here (port 0: a free one)
+    html_report: bool = False  # write <run dir>/report.html at the end
 
 
 def build_parser(prog: str = "traceml run") -> argparse.ArgumentParser:
@@ -80,6 +82,13 @@ def add_traceml_options(parser: argparse.ArgumentParser) -> None:
                        help="where the embedded processor keeps <run id>/ (default ./traceml_runs)")
     group.add_argument("--no-summary-print", dest="traceml_print_summary", action="store_false",
                        help="write the final summary without printing the card")
+    group.add_argument("--ui", dest="traceml_ui", action="store_true",
+                       help="serve the live web view from the embedded processor and print its address "
+                            "(no browser is opened; default address 127.0.0.1 on a free port)")
+    group.add_argument("--ui-address", dest="traceml_ui_address", default=None, metavar="HOST:PORT",
+                       help="where --ui serves (implies --ui; default 127.0.0.1:<free port>)")
+    group.add_argument("--html-report", dest="traceml_html_report", action="store_true",
+                       help="also write a one-file HTML report, <run dir>/report.html, at the end")
 
 
 def parse(argv: Sequence[str], prog: str = "traceml run") -> tuple[argparse.Namespace, RunOptions]:
@@ -87,6 +96,14 @@ def parse(argv: Sequence[str], prog: str = "traceml run") -> tuple[argparse.Name
     args = parser.parse_args(list(argv))
     if args.traceml_refresh <= 0:
         parser.error("--refresh must be positive")
+    ui = None
+    if args.traceml_ui or args.traceml_ui_address:
+        from traceml.processor.security import parse_host_port
+
+        try:
+            ui = parse_host_port(args.traceml_ui_address) if args.traceml_ui_address else ("127.0.0.1", 0)
+        except ValueError as exc:
+            parser.error(f"--ui-address: {exc}")
     options = RunOptions(
         live=args.live,
         refresh_s=args.traceml_refresh,
@@ -95,9 +112,12 @@ def parse(argv: Sequence[str], prog: str = "traceml run") -> tuple[argparse.Name
         run_id=args.traceml_run_id,
         runs_dir=args.traceml_runs_dir,
         print_summary=args.traceml_print_summary,
+        ui=ui,
+        html_report=args.traceml_html_report,
     )
     for name in ("live", "traceml_refresh", "traceml_endpoint", "traceml_protocol",
-                 "traceml_run_id", "traceml_runs_dir", "traceml_print_summary"):
+                 "traceml_run_id", "traceml_runs_dir", "traceml_print_summary", "traceml_ui",
+                 "traceml_ui_address", "traceml_html_report"):
         delattr(args, name)
     return args, options
 
@@ -244,7 +264,21 @@ def launch(args: argparse.Namespace, options: RunOptions, *, out: TextIO | None 
 
                     report = finalize_run(run_path, resolved.run_id, out=out,
                                           print_card=options.print_summary, exit_code=exit_code)
+                    if options.html_report and report is not None:
+                        _write_html_report(run_path, resolved.run_id, out)
     return LaunchResult(exit_code, resolved.run_id, run_path, report)
+
+
+def _write_html_report(run_path: Path, run_id: str, out: TextIO) -> None:
+    """`--html-report`: the one-file report beside the summary; a failure is reported, never raised."""
+    from traceml.processor.web.report import REPORT_FILENAME, write_run_report
+
+    try:
+        path = write_run_report(run_path / rd.DB_FILENAME, run_id, run_path / REPORT_FILENAME)
+    except Exception as exc:  # the training outcome matters more than our report
+        _say(out, f"could not write the HTML report: {type(exc).__name__}: {exc}")
+        return
+    _say(out, f"HTML report:   {path}")
 
 
 def _environment_endpoint() -> str | None:
@@ -265,6 +299,9 @@ def _export_only(endpoint: str, options: RunOptions, rank_env: dict[str, str], r
     if options.live:
         _say(out, "--live needs the embedded processor; with an endpoint, watch the "
                   "processor instead (traceml top --db PATH)")
+    if options.ui is not None or options.html_report:
+        _say(out, "--ui and --html-report need the embedded processor; with an endpoint, start "
+                  "traceml-processor --ui HOST:PORT there, and use traceml summary --html on its database")
     _say(out, f"run {run_id}: exporting OTLP to {endpoint}")
 
 
@@ -272,7 +309,7 @@ def _start_embedded(args: argparse.Namespace, options: RunOptions, run_path: Pat
                     rank_env: dict[str, str], run_id: str, out: TextIO) -> EmbeddedProcessor | None:
     """Start the processor and point the ranks at it; None (training goes on) if it cannot start."""
     processor = EmbeddedProcessor(db_path=run_path / rd.DB_FILENAME, summary_dir=Path(options.runs_dir),
-                                  log_path=run_path / "processor.log")
+                                  log_path=run_path / "processor.log", ui=options.ui)
     try:
         run_path.mkdir(parents=True, exist_ok=True)
         endpoints = processor.start()
@@ -284,6 +321,8 @@ def _start_embedded(args: argparse.Namespace, options: RunOptions, run_path: Pat
     rank_env[env.OTEL_EXPORTER_OTLP_PROTOCOL] = "grpc"
     _say(out, f"run {run_id}: embedded processor on 127.0.0.1:{endpoints.grpc_port} (OTLP gRPC), "
               f"data in {run_path}")
+    if endpoints.ui is not None:
+        _say(out, f"live web view: {endpoints.ui_url(run_id)}")
     if _is_multi_node(args.nnodes):
         _say(out, "warning: each node starts its own embedded processor and sees only its own "
                   "ranks; for one diagnosis of all nodes, run traceml-processor once and pass --endpoint")

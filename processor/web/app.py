@@ -150,10 +150,12 @@ class WebApp:
             return _response(200, JSON, body)
         if route in ("/run", "/api/run"):
             run_id = params.get("id", [None])[0]
-            if run_id is None or not self.feed.has_run(run_id):
+            if run_id is None:
                 if route == "/api/run":
-                    return _response(404, JSON, json.dumps({"error": "no such run"}))
-                return _message_page(404, "No such run", f"run {run_id!r} is not in this processor's database")
+                    return _response(404, JSON, json.dumps({"error": "which run? ?id=RUN"}))
+                return _message_page(404, "No run given", "open a run from the index, or add ?id=RUN")
+            # A run not stored yet gets its page all the same (cold: "no data yet"), so the address
+            # `traceml run --ui` prints before the first step fills in once data arrives.
             view, body = self.feed.run_view(run_id)
             if route == "/api/run":
                 return _response(200, JSON, body)

@@ -135,22 +135,6 @@ class RunFeed:
                 lock = self._run_locks[run_id] = threading.Lock()
             return lock
 
-    def has_run(self, run_id: str) -> bool:
-        if self._session_source is not None and self._session_source(run_id) is not None:
-            return True
-        if not self.db_path.exists():
-            return False
-        try:
-            conn = connect_readonly(self.db_path)
-        except (sqlite3.Error, OSError):
-            return False
-        try:
-            return conn.execute("SELECT 1 FROM step_time_runs WHERE run_id = ?", (run_id,)).fetchone() is not None
-        except sqlite3.Error:
-            return False
-        finally:
-            conn.close()
-
     # --- answers -----------------------------------------------------------------------
 
     def run_view(self, run_id: str) -> tuple[dict, bytes]:

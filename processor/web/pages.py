@@ -80,7 +80,9 @@ def hero(view: Mapping) -> str:
         f'<span class="badge sev-{sev}" data-testid="verdict-severity">{sev}</span> '
         f'<span class="note">{esc(h["status"])}</span></div>'
         f'<p class="reason" data-testid="verdict-reason">{esc(h["summary"])}</p>'
-        f'<ul class="kpis"><li>{culprit}</li>{score}'
+        + ('<p class="note">no data stored for this run yet: this page fills in when its first steps '
+           "arrive</p>" if fresh["state"] == "cold" else "")
+        + f'<ul class="kpis"><li>{culprit}</li>{score}'
         f'<li>last step <b data-testid="last-step">{last}</b></li>'
         f'<li>aligned steps <b>{esc(win["steps"])}</b></li>'
         f'<li><b>{esc(win["rank_count"])}</b> rank(s)</li>'
@@ -232,6 +234,7 @@ def _run_body(fragments: Mapping[str, str]) -> str:
 def _head(title: str, extra: str) -> str:
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+            '<link rel="icon" href="data:,">'
             f"<title>{esc(title)}</title>{extra}</head>")
 
 

@@ -70,9 +70,11 @@ def test_pages_and_json_of_a_run(straggler_db):
 
 def test_unknown_run_routes_and_methods(straggler_db):
     app = WebApp(RunFeed(straggler_db))
-    assert get(app, "/ui/run", "id=nope").status == 404
-    assert get(app, "/ui/api/run", "id=nope").status == 404
+    early = get(app, "/ui/run", "id=not-yet")  # a run whose data has not arrived: a page that waits for it
+    assert early.status == 200 and b"no data stored for this run yet" in early.body
+    assert json.loads(get(app, "/ui/api/run", "id=not-yet").body)["view"]["freshness"]["state"] == "cold"
     assert get(app, "/ui/api/run").status == 404
+    assert get(app, "/ui/run").status == 404
     assert get(app, "/ui/elsewhere").status == 404
     assert get(app, "/metrics").status == 404
     assert app.handle("POST", "/ui/", "", {}).status == 405

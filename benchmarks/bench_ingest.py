@@ -225,11 +225,23 @@ def bench_throughput(folder: Path, args) -> dict:
 
 
 def extract_ref(ref: str, folder: Path) -> Path:
-    """`git archive REF` as an importable `traceml` package under `folder`; returns the path root."""
-    package = folder / "traceml"
-    package.mkdir(parents=True)
+    """`git archive REF` laid out as an importable `traceml` package under `folder`; returns `folder`.
+
+    The layout is setup.py's PACKAGE_ROOTS (`traceml` is instrumentation/, `traceml.processor`
+    is processor/, ...): a plain copy of the repository would be a namespace portion, which loses
+    to the installed package, and the "before" figures would silently be this tree's.
+    """
+    source = folder / "source"
+    source.mkdir(parents=True)
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref], check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(package)], input=archive, check=True)
+    subprocess.run(["tar", "-x", "-C", str(source)], input=archive, check=True)
+    roots = {"traceml": "instrumentation", "traceml.exporter": "exporter", "traceml.processor": "processor",
+             "traceml.schema": "schema", "traceml.launcher": "launcher"}
+    for package, subdir in roots.items():
+        target = folder.joinpath(*package.split("."))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if (source / subdir).is_dir():
+            target.symlink_to(source / subdir, target_is_directory=True)
     return folder
 
 

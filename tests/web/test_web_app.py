@@ -192,3 +192,17 @@ def test_bounded_lists_and_maps():
     assert bounded(list(range(40)), 4) == {"items": [0, 1, 2, 3], "total": 40}
     assert bounded({str(i): i for i in range(6)}, 4) == {"items": {"0": 0, "1": 1, "2": 2, "3": 3}, "total": 6}
     assert bounded({"x": list(range(5))}, 2) == {"x": {"items": [0, 1], "total": 5}}
+
+
+def test_per_step_peak_memory_is_drawn_when_present(tmp_path):
+    from traceml.processor.step_time.model import StepMemoryIngestRecord
+
+    db = write_run(tmp_path / "m.db", "mem", 2, range(25), slow_rank=1)
+    with StepTimeStore(db) as store:
+        store.write((), [StepMemoryIngestRecord("mem", rank, step, "cuda:0", (1 + rank) * 2**30 + step * 2**20,
+                                                3 * 2**30, 1.7e9 + step) for rank in (0, 1) for step in range(25)])
+    data = json.loads(get(WebApp(RunFeed(db)), "/ui/api/run", "id=mem").body)
+    memory = data["view"]["memory"]
+    assert memory["available"] and memory["peak_allocated_bytes"] == {"value": 2 * 2**30 + 24 * 2**20, "rank": 1}
+    assert memory["steps_by_rank"]["1"][-1] == 2 * 2**30 + 24 * 2**20
+    assert data["html"]["tm-memory"].count('class="line') == 2 and "memory-chart" in data["html"]["tm-memory"]

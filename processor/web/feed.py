@@ -129,9 +129,10 @@ class RunFeed:
         with self._lock:
             lock = self._run_locks.get(run_id)
             if lock is None:
-                if len(self._run_locks) > 4 * MAX_INDEX_RUNS:  # bounded: forget idle runs' locks
+                if len(self._run_locks) > 4 * MAX_INDEX_RUNS:  # bounded: forget runs nobody viewed lately
+                    recent = self._clock() - 10 * self.tick_s
+                    self._cache = {k: c for k, c in self._cache.items() if c.at >= recent}
                     self._run_locks = {k: v for k, v in self._run_locks.items() if k in self._cache}
-                    self._cache = {k: v for k, v in self._cache.items() if k in self._run_locks}
                 lock = self._run_locks[run_id] = threading.Lock()
             return lock
 

@@ -206,3 +206,18 @@ def test_per_step_peak_memory_is_drawn_when_present(tmp_path):
     assert memory["available"] and memory["peak_allocated_bytes"] == {"value": 2 * 2**30 + 24 * 2**20, "rank": 1}
     assert memory["steps_by_rank"]["1"][-1] == 2 * 2**30 + 24 * 2**20
     assert data["html"]["tm-memory"].count('class="line') == 2 and "memory-chart" in data["html"]["tm-memory"]
+
+
+def test_the_feed_forgets_runs_nobody_views(straggler_db, monkeypatch):
+    from traceml.processor.web import feed as feed_module
+    from traceml.processor.web.feed import MAX_OWN_SESSIONS
+
+    monkeypatch.setattr(feed_module, "MAX_INDEX_RUNS", 5)
+    MAX_INDEX_RUNS = 5
+    now = [0.0]
+    feed = RunFeed(straggler_db, clock=lambda: now[0])
+    for i in range(4 * MAX_INDEX_RUNS + 5):
+        now[0] += 1.0
+        feed.run_view(f"absent-{i}")
+    assert len(feed._run_locks) <= 4 * MAX_INDEX_RUNS + 1 and len(feed._cache) <= 4 * MAX_INDEX_RUNS + 1
+    assert len(feed._own) == MAX_OWN_SESSIONS

@@ -7,6 +7,13 @@ third of that. The only metrics are the cumulative telemetry counters, whose
 attributes are bounded (run, rank, one closed set): per-step peak memory rides on
 the step span, so nothing here makes a new metric series per step.
 
+Durations go out in seconds (`traceml.phase.<phase>.cpu.duration`), as OpenTelemetry's
+conventions use; the samplers measure milliseconds, divided here by 1000 (a
+correctly rounded division: the processor's `* 1000` gives the measured value back
+to within one unit in the last place). Users see phase names (`forward`), never the
+raw `_traceml_internal:` names; the traced-step event has no phase child, since
+the step span itself covers it.
+
 Span and trace ids are derived from (run, step[, rank, child index]) so a re-sent
 step carries the same ids, and every rank's span for step N shares one trace;
 unless the job had its own OpenTelemetry span active when the step began: then the
@@ -28,10 +35,11 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 from .identity import RunIdentity
 from traceml.records import ResolvedStepTime, StepMemorySnapshot
 from traceml.schema import vocabulary as v
+from traceml.schema.distribution import package_version
 
 from .settings import ExporterSettings
 
-SCOPE_VERSION = "1"
+SCOPE_VERSION = package_version()
 _SPAN_KIND_INTERNAL = trace_pb2.Span.SpanKind.SPAN_KIND_INTERNAL
 _CUMULATIVE = metrics_pb2.AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
 _SPECS = {spec.name: spec for spec in v.TRAINING_METRICS}
@@ -39,8 +47,8 @@ _CACHE_MAX = 256
 _FLAGS_HAS_IS_REMOTE = trace_pb2.SpanFlags.SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
 _FLAGS_IS_REMOTE = trace_pb2.SpanFlags.SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK
 _OTEL_TRACE = "opentelemetry.trace"
-_SDK_DESCRIPTION_PREFIX = "telemetry.sdk."
 _UNSET_SERVICE_PREFIX = "unknown_service"
+_WHOLE_STEP = v.RAW_STEP_TIME
 
 
 def any_value(value) -> common_pb2.AnyValue:
@@ -61,8 +69,9 @@ def user_provider_resource() -> dict[str, object]:
     """Scalar attributes of the job's own global SDK TracerProvider's resource, else {}.
 
     Read only when the job imported OpenTelemetry itself (never imported here); a
-    provider without a resource (the API's default proxy) gives {}. `telemetry.sdk.*`
-    is left out: it describes the SDK that made the job's spans, not TraceML's.
+    provider without a resource (the API's default proxy) gives {}. `telemetry.*`
+    is left out: it describes the SDK (and agent) that made the job's spans, not
+    what made TraceML's.
     """
     otel = sys.modules.get(_OTEL_TRACE)
     if otel is None:
@@ -70,7 +79,7 @@ def user_provider_resource() -> dict[str, object]:
     try:
         attributes = getattr(getattr(otel.get_tracer_provider(), "resource", None), "attributes", None) or {}
         return {key: value for key, value in attributes.items()
-                if isinstance(key, str) and not key.startswith(_SDK_DESCRIPTION_PREFIX)
+                if isinstance(key, str) and not key.startswith(v.TELEMETRY_PREFIX)
                 and isinstance(value, (str, bool, int, float))}
     except Exception:  # someone else's provider must never stop the export
         return {}
@@ -87,7 +96,7 @@ def resource_attributes(identity: RunIdentity, settings: ExporterSettings,
     (`unknown_service...`), else `OTEL_SERVICE_NAME`, else `service.name` from
     `OTEL_RESOURCE_ATTRIBUTES`, else `traceml-training`. `service.instance.id`: the
     job's own when it set one, so TraceML's spans and the job's share an instance;
-    else `{run_id}-rank{rank}`.
+    else `{run_id}-rank{rank}`. `telemetry.*` always says what made these spans.
     """
     user = dict(user_resource or {})
     attrs: dict[str, object] = dict(settings.resource_attributes)
@@ -107,7 +116,18 @@ def resource_attributes(identity: RunIdentity, settings: ExporterSettings,
     attrs[v.ATTR_WORLD_SIZE] = identity.world_size
     attrs[v.ATTR_LOCAL_WORLD_SIZE] = identity.local_world_size
     attrs[v.ATTR_TRAINING_STRATEGY] = identity.strategy
+    attrs.update(telemetry_attributes())
     return attrs
+
+
+def telemetry_attributes() -> dict[str, str]:
+    """`telemetry.sdk.*` and `telemetry.distro.*`: TraceML's encoder made these spans (not
+    the OpenTelemetry SDK, whose reserved name `opentelemetry` is not claimed), and
+    TraceML is the agent that instrumented the job; both at the package's version."""
+    version = package_version()
+    return {v.RES_TELEMETRY_SDK_NAME: v.TELEMETRY_SDK_NAME, v.RES_TELEMETRY_SDK_LANGUAGE: v.TELEMETRY_SDK_LANGUAGE,
+            v.RES_TELEMETRY_SDK_VERSION: version, v.RES_TELEMETRY_DISTRO_NAME: v.TELEMETRY_DISTRO_NAME,
+            v.RES_TELEMETRY_DISTRO_VERSION: version}
 
 
 def _id(nbytes: int, *parts: object) -> bytes:
@@ -171,8 +191,8 @@ class OtlpEncoder:
     def _keys(self, raw_event: str) -> tuple[str, str, str]:
         keys = self._event_keys.get(raw_event)
         if keys is None:
-            keys = (v.event_attribute(raw_event, v.EVENT_FIELD_CPU_MS),
-                    v.event_attribute(raw_event, v.EVENT_FIELD_GPU_MS),
+            keys = (v.event_attribute(raw_event, v.EVENT_FIELD_CPU),
+                    v.event_attribute(raw_event, v.EVENT_FIELD_GPU),
                     v.event_attribute(raw_event, v.EVENT_FIELD_COUNT))
             if len(self._event_keys) < _CACHE_MAX:
                 self._event_keys[raw_event] = keys
@@ -194,9 +214,9 @@ class OtlpEncoder:
         attrs = [self._run_kv, self._rank_kv, step_kv]
         for raw_event, totals in record.events.items():
             cpu_key, gpu_key, count_key = self._keys(raw_event)
-            attrs.append(KV(key=cpu_key, value=AV(double_value=float(totals.cpu_ms))))
+            attrs.append(KV(key=cpu_key, value=AV(double_value=totals.cpu_ms / 1000.0)))
             if totals.gpu_ms is not None:
-                attrs.append(KV(key=gpu_key, value=AV(double_value=float(totals.gpu_ms))))
+                attrs.append(KV(key=gpu_key, value=AV(double_value=totals.gpu_ms / 1000.0)))
             attrs.append(KV(key=count_key, value=AV(int_value=int(totals.count))))
         if memory is not None:
             self._add_memory_attributes(attrs, memory)
@@ -213,18 +233,22 @@ class OtlpEncoder:
                       attributes=attrs)
         if not self.phase_spans:
             return 1
+        added = 1
         for index, phase in enumerate(record.phases):
+            if phase.raw_event == _WHOLE_STEP:
+                continue  # the step span itself: a child would only repeat it
             cached = self._phase_names.get(phase.raw_event)
             if cached is None:
-                cached = (v.SPAN_PHASE_PREFIX + v.raw_event_key(phase.raw_event),
-                          KV(key=v.ATTR_PHASE, value=AV(string_value=phase.raw_event)))
+                name = v.phase_name(phase.raw_event)
+                cached = (v.SPAN_PHASE_PREFIX + name, KV(key=v.ATTR_PHASE, value=AV(string_value=name)))
                 if len(self._phase_names) < _CACHE_MAX:
                     self._phase_names[phase.raw_event] = cached
+            added += 1
             spans.add(trace_id=trace_id, span_id=_id(8, run_id, rank, step, index), parent_span_id=span_id,
                       name=cached[0], kind=_SPAN_KIND_INTERNAL,
                       start_time_unix_nano=phase.start_time_ns, end_time_unix_nano=phase.end_time_ns,
                       attributes=(self._rank_kv, step_kv, cached[1]))
-        return 1 + len(record.phases)
+        return added
 
     def _add_memory_attributes(self, attrs: list, memory: StepMemorySnapshot) -> None:
         """The device and each measured peak (bytes); nothing at all when no peak was measured."""

@@ -8,13 +8,18 @@ or an int in [0, `max_event_count`]; every memory peak None or an int in
 [0, `max_memory_bytes`]), so nothing after it checks again. A
 span or data point with any other value is rejected whole, with its reason; the
 rest of the request is kept. It never raises on content; telemetry that is not
-TraceML's is ignored and counted. The receivers turn the counts into OTLP
-partial-success answers and self-metrics.
+TraceML's is ignored and counted. A part of the request that protobuf or the
+JSON parser could not read (`otlp_read.PartlyReadable`, e.g. another service's
+resource with an attribute map nested past protobuf's recursion limit) is
+rejected with its span or point count, the rest kept. The receivers turn the
+counts into OTLP partial-success answers and self-metrics.
+
+Step-span durations arrive in seconds (current exporters) or milliseconds (older
+ones, `vocabulary.LEGACY_EVENT_FIELDS`); both leave here in milliseconds, the unit
+of the store.
 """
 from __future__ import annotations
 
-import base64
-import json
 import math
 import threading
 from collections import Counter
@@ -47,6 +52,11 @@ ATTRIBUTE_TOO_LARGE = "attribute_too_large"
 TOO_MANY_ATTRIBUTES = "too_many_attributes"
 TOO_MANY_RUNS = "too_many_runs"
 TOO_MANY_RANKS = "too_many_ranks"
+# A part of the request protobuf or JSON could not read (`otlp_read`, which turns bodies
+# into requests: the receivers import it, this module does not, so the read side that
+# imports the caps above loads no protobuf).
+NESTED_TOO_DEEPLY = "nested_too_deeply"
+UNREADABLE = "unreadable"
 
 # Why something was ignored rather than rejected.
 IGNORED_FOREIGN = "not_traceml"
@@ -127,8 +137,8 @@ class DecodedBatch:
         runs.update(r.run_id for r in self.drops)
         return runs
 
-    def reject(self, reason: str, detail: str) -> None:
-        self.rejected[reason] += 1
+    def reject(self, reason: str, detail: str, count: int = 1) -> None:
+        self.rejected[reason] += count
         if len(self.examples) < 3:
             self.examples.append(f"{reason}: {detail}")
 
@@ -259,7 +269,8 @@ def _int_attr(attrs: Mapping, key: str, *, allow_string: bool, minimum: int, max
     return value
 
 
-def _ms_value(value, key: str, limits: DecodeLimits) -> float:
+def _ms_value(value, key: str, limits: DecodeLimits, to_ms: float = 1.0) -> float:
+    """A duration attribute in its wire unit (`to_ms` milliseconds each) -> milliseconds, checked."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _Reject(WRONG_TYPE, f"{key} must be a number, got {value!r}")
     value = float(value)
@@ -267,9 +278,10 @@ def _ms_value(value, key: str, limits: DecodeLimits) -> float:
         raise _Reject(NON_FINITE, f"{key} is {value}")
     if value < 0:
         raise _Reject(NEGATIVE, f"{key} is {value}")
-    if value > limits.max_event_ms:
-        raise _Reject(ABSURD, f"{key} is {value} ms (cap {limits.max_event_ms:g})")
-    return value
+    ms = value * to_ms
+    if ms > limits.max_event_ms:
+        raise _Reject(ABSURD, f"{key} is {value} ({ms:g} ms, cap {limits.max_event_ms:g} ms)")
+    return ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,20 +335,25 @@ def _resource_identity(kvs, limits: DecodeLimits) -> _Resource:
 _MEMORY_PEAK_KEYS = (v.ATTR_MEMORY_PEAK_ALLOCATED, v.ATTR_MEMORY_PEAK_RESERVED)
 _ROW_KEYS = frozenset({v.ATTR_STEP, v.ATTR_RANK, v.ATTR_RUN_ID, v.ATTR_DEVICE, *_MEMORY_PEAK_KEYS})
 """The step span's attributes other than `traceml.event.*` that its rows are built from."""
-_SLOT = {v.EVENT_FIELD_CPU_MS: 0, v.EVENT_FIELD_GPU_MS: 1, v.EVENT_FIELD_COUNT: 2}
-_EVENT_KEY_CACHE: dict[str, tuple[str, int] | None] = {}
+_SLOT = {v.EVENT_FIELD_CPU: 0, v.EVENT_FIELD_GPU: 1, v.EVENT_FIELD_COUNT: 2}
+_TO_MS = {v.DURATION_UNIT: 1000.0, v.LEGACY_DURATION_UNIT: 1.0}
+"""Milliseconds per wire unit: SQLite and every reader keep milliseconds (the row layout,
+the summary's `_ms` fields), so seconds from current exporters and milliseconds from
+older ones become the same stored value."""
+_EVENT_KEY_CACHE: dict[str, tuple[str, int, float] | None] = {}
 _EVENT_KEY_CACHE_MAX = 4096
 _MISS = object()
 
 
-def _event_key(key: str) -> tuple[str, int] | None:
-    """`traceml.event.forward_time.cpu_ms` -> (raw event, slot); memoised (keys repeat every step)."""
+def _event_key(key: str) -> tuple[str, int, float] | None:
+    """`traceml.phase.forward.cpu.duration` (or the legacy `traceml.event.forward_time.cpu_ms`)
+    -> (raw event, slot, milliseconds per wire unit); memoised (keys repeat every step)."""
     try:
         return _EVENT_KEY_CACHE[key]
     except KeyError:
         pass
     parsed = v.parse_event_attribute(key)
-    result = None if parsed is None else (parsed[0], _SLOT[parsed[1]])
+    result = None if parsed is None else (parsed[0], _SLOT[parsed[1]], _TO_MS.get(parsed[2], 1.0))
     if len(_EVENT_KEY_CACHE) < _EVENT_KEY_CACHE_MAX and len(key) <= 256:
         _EVENT_KEY_CACHE[key] = result
     return result
@@ -380,6 +397,8 @@ class Decoder:
         """`ExportTraceServiceRequest` -> step rows and run-end markers."""
         batch = DecodedBatch(v.SIGNAL_TRACES)
         limits = self.limits
+        for part in getattr(request, "unreadable", ()):  # `otlp_read.PartlyReadable`
+            batch.reject(part.reason, part.describe("spans"), part.items)
         for resource_spans in request.resource_spans:
             spans = [s for scope in resource_spans.scope_spans for s in scope.spans]
             if not spans:
@@ -464,7 +483,7 @@ class Decoder:
                 elif len(key) > max_bytes:
                     raise _Reject(ATTRIBUTE_TOO_LARGE, f"attribute key of {len(key)} characters")
                 continue
-            raw_event, slot = parsed
+            raw_event, slot, to_ms = parsed
             # A oneof member reads as its default (0) unless it is the one set, so a
             # non-zero in-range read proves the type without a WhichOneof call.
             if slot == 2:
@@ -473,9 +492,9 @@ class Decoder:
                     val = _int_attr({key: _kv_value(value, key, max_bytes)}, key,
                                     allow_string=False, minimum=0, maximum=max_count)
             else:
-                val = value.double_value
+                val = value.double_value * to_ms
                 if not 0.0 < val <= max_ms:
-                    val = _ms_value(_kv_value(value, key, max_bytes), key, limits)
+                    val = _ms_value(_kv_value(value, key, max_bytes), key, limits, to_ms)
             entry = fields.get(raw_event)
             if entry is None:
                 fields[raw_event] = entry = [None, None, None]
@@ -498,7 +517,8 @@ class Decoder:
                 _set_count(value, count)
                 events[raw] = value
         if not events:
-            raise _Reject(NO_EVENTS, f"step {step} carries no {v.EVENT_ATTR_PREFIX}* timing attributes")
+            raise _Reject(NO_EVENTS, f"step {step} carries no {v.EVENT_ATTR_PREFIX}*.duration "
+                                     f"(or legacy {v.LEGACY_EVENT_ATTR_PREFIX}*_ms) timing attributes")
         memory = None
         if v.ATTR_MEMORY_PEAK_ALLOCATED in ident or v.ATTR_MEMORY_PEAK_RESERVED in ident:
             memory = self._span_memory(ident, run_id, identity.global_rank, step, end_ns / 1e9)
@@ -552,6 +572,8 @@ class Decoder:
         step-keyed gauges that exporters sent before peak memory moved onto the step span."""
         batch = DecodedBatch(v.SIGNAL_METRICS)
         limits = self.limits
+        for part in getattr(request, "unreadable", ()):  # `otlp_read.PartlyReadable`
+            batch.reject(part.reason, part.describe("data points"), part.items)
         memory_names = v.LEGACY_MEMORY_METRICS
         unused = (v.METRIC_EXPORT_FAILURES, v.METRIC_EXPORT_RETRIES)
         for resource_metrics in request.resource_metrics:
@@ -648,55 +670,3 @@ def _data_points(metric) -> list:
     if kind == "summary":
         return list(metric.summary.data_points)
     return []
-
-
-# --- OTLP/JSON -------------------------------------------------------------------------------
-
-_ID_KEYS = frozenset({"traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id"})
-
-
-def _hex_ids_to_base64(node):
-    """OTLP/JSON writes trace and span ids as hex; protobuf's JSON mapping wants base64."""
-    if isinstance(node, dict):
-        for key, value in node.items():
-            if key in _ID_KEYS and isinstance(value, str):
-                try:
-                    node[key] = base64.b64encode(bytes.fromhex(value)).decode("ascii")
-                except ValueError as exc:
-                    raise ValueError(f"{key} is not hex: {value[:40]!r}") from exc
-            else:
-                _hex_ids_to_base64(value)
-    elif isinstance(node, list):
-        for item in node:
-            _hex_ids_to_base64(item)
-
-
-def parse_otlp_json(body: bytes, message):
-    """Fill protobuf `message` from an OTLP/JSON body (unknown fields ignored). Raises ValueError."""
-    # Parsing, the id rewrite and ParseDict all recurse; a hostile nesting depth
-    # raises RecursionError in any of them, which is a bad body like any other.
-    from google.protobuf import json_format  # here: the read side imports this module's cap
-
-    try:
-        document = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"body is not JSON: {exc}") from exc
-    except RecursionError:
-        raise ValueError("OTLP/JSON body is nested too deeply") from None
-    if not isinstance(document, dict):
-        raise ValueError("OTLP/JSON body must be an object")
-    try:
-        _hex_ids_to_base64(document)
-        json_format.ParseDict(document, message, ignore_unknown_fields=True)
-    except json_format.ParseError as exc:
-        raise ValueError(f"not an OTLP/JSON request: {exc}") from exc
-    except RecursionError:
-        raise ValueError("OTLP/JSON body is nested too deeply") from None
-    return message
-
-
-def otlp_json_response(response) -> bytes:
-    """A partial-success response as OTLP/JSON (lowerCamelCase, defaults omitted)."""
-    from google.protobuf import json_format
-
-    return json_format.MessageToJson(response, indent=None).encode()

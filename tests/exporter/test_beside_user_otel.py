@@ -49,7 +49,8 @@ def test_step_spans_are_children_of_the_users_active_span_in_its_trace(fresh_rec
         with tracer.start_as_current_span("train_epoch"):
             for _ in range(3):
                 with traceml.trace_step():
-                    pass
+                    with traceml.timed_forward():  # a phase child (the traced step itself has none)
+                        pass
         with traceml.trace_step():  # no span of the job's is current: a root span, as before
             pass
     finally:
@@ -74,7 +75,9 @@ def test_step_spans_are_children_of_the_users_active_span_in_its_trace(fresh_rec
     assert resource[v.RES_SERVICE_INSTANCE_ID] == "trainer-7"
     assert resource["deployment.environment"] == "prod"
     assert resource[v.ATTR_RANK] == 0 and resource[v.ATTR_RUN_ID] == run_id  # TraceML's identity wins
-    assert not [k for k in resource if k.startswith("telemetry.sdk.")]  # the job's SDK did not make these
+    # The job's SDK did not make these spans: telemetry.* names TraceML's encoder, never the job's SDK.
+    assert resource[v.RES_TELEMETRY_SDK_NAME] == v.TELEMETRY_SDK_NAME != "opentelemetry"
+    assert resource[v.RES_TELEMETRY_DISTRO_NAME] == v.TELEMETRY_DISTRO_NAME
 
 
 def _settings(env):

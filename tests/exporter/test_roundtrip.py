@@ -38,21 +38,27 @@ def test_every_step_arrives_with_exact_values_counts_and_nulls(receiver, protoco
         assert row["start"] == record.start_time_ns and row["end"] == record.end_time_ns
         attrs = row["attributes"]
         for raw_event, totals in record.events.items():
-            assert attrs[v.event_attribute(raw_event, "cpu_ms")] == totals.cpu_ms
-            assert attrs[v.event_attribute(raw_event, "count")] == totals.count
-            gpu_key = v.event_attribute(raw_event, "gpu_ms")
+            # Seconds on the wire (the samplers' milliseconds / 1000, correctly rounded).
+            assert attrs[v.event_attribute(raw_event, v.EVENT_FIELD_CPU)] == totals.cpu_ms / 1000.0
+            assert attrs[v.event_attribute(raw_event, v.EVENT_FIELD_COUNT)] == totals.count
+            gpu_key = v.event_attribute(raw_event, v.EVENT_FIELD_GPU)
             if totals.gpu_ms is None:
                 assert gpu_key not in attrs  # unmeasured stays absent, never 0
             else:
-                assert attrs[gpu_key] == totals.gpu_ms
+                assert attrs[gpu_key] == totals.gpu_ms / 1000.0
         expected_keys = {v.ATTR_RUN_ID, v.ATTR_RANK, v.ATTR_STEP} | {
             v.event_attribute(e, f) for e, t in record.events.items() for f in v.EVENT_FIELDS
-            if not (f == "gpu_ms" and t.gpu_ms is None)}
+            if not (f == v.EVENT_FIELD_GPU and t.gpu_ms is None)}
         assert set(attrs) == expected_keys
+        # No internal raw name reaches a user: keys name the canonical phases.
+        assert not [k for k in attrs if v.RAW_EVENT_PREFIX in k]
+        assert {k.split(".")[2] for k in attrs if k.startswith(v.EVENT_ATTR_PREFIX)} == set(v.CANONICAL_METRICS)
+    assert v.event_attribute(v.RAW_FORWARD, v.EVENT_FIELD_CPU) in rows[(run_id, 0, 0)]["attributes"]
+    assert "traceml.phase.forward.cpu.duration" in rows[(run_id, 0, 0)]["attributes"]
     # A measured zero is a zero, typed as a double.
     zero = rows[(run_id, 0, 3)]["attributes"]
-    assert zero[v.event_attribute(v.RAW_FORWARD, "cpu_ms")] == 0.0
-    assert isinstance(zero[v.event_attribute(v.RAW_FORWARD, "cpu_ms")], float)
+    assert zero[v.event_attribute(v.RAW_FORWARD, v.EVENT_FIELD_CPU)] == 0.0
+    assert isinstance(zero[v.event_attribute(v.RAW_FORWARD, v.EVENT_FIELD_CPU)], float)
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -72,6 +78,26 @@ def test_resource_carries_identity_service_and_merged_resource_attributes(receiv
             res[v.ATTR_LOCAL_WORLD_SIZE], res[v.ATTR_TRAINING_STRATEGY]) == (run_id, 1, 0, 2, 2, "ddp")
 
 
+def test_scope_and_telemetry_resource_say_what_made_the_spans(receiver):
+    from importlib.metadata import version
+
+    run_id = "made-by"
+    env = {"OTEL_RESOURCE_ATTRIBUTES": "telemetry.sdk.name=opentelemetry,telemetry.distro.name=other"}
+    _export(receiver, "grpc", [step_record(0)], run_id=run_id, env=env)
+    package = version("traceml-otel")
+    (res, span) = next((r, s) for r, s in receiver.spans()
+                       if r.get(v.ATTR_RUN_ID) == run_id and s.name == v.SPAN_STEP)
+    # Hand-built spans: not the OpenTelemetry SDK's reserved name, whatever the environment says.
+    assert {k: res[k] for k in res if k.startswith("telemetry.")} == {
+        "telemetry.sdk.name": "traceml.exporter", "telemetry.sdk.language": "python",
+        "telemetry.sdk.version": package, "telemetry.distro.name": "traceml-otel",
+        "telemetry.distro.version": package}
+    scopes = {(ss.scope.name, ss.scope.version) for request in receiver.trace_requests
+              for rs in request.resource_spans for ss in rs.scope_spans
+              if any(kv.key == v.ATTR_RUN_ID and kv.value.string_value == run_id for kv in rs.resource.attributes)}
+    assert scopes == {(v.INSTRUMENTATION_SCOPE, package)} and package != "1"
+
+
 def test_default_service_name_without_otel_service_name(receiver):
     _export(receiver, "grpc", [step_record(0)], run_id="svc-default")
     (row,) = [r for k, r in receiver.step_spans().items() if k[0] == "svc-default"]
@@ -88,9 +114,28 @@ def test_phase_children_hang_under_their_step_span(receiver, protocol):
                 if s.name.startswith(v.SPAN_PHASE_PREFIX) and s.trace_id == step["trace_id"]
                 and s.parent_span_id == step["span_id"]]
     assert [(c.name, c.start_time_unix_nano, c.end_time_unix_nano) for c in children] == [
-        (v.SPAN_PHASE_PREFIX + v.raw_event_key(p.raw_event), p.start_time_ns, p.end_time_ns)
+        (v.SPAN_PHASE_PREFIX + v.phase_name(p.raw_event), p.start_time_ns, p.end_time_ns)
         for p in record.phases]
     assert len({c.span_id for c in children}) == len(children)
+    # Users see phase names, never the internal raw event names.
+    assert [{kv.key: kv.value.string_value for kv in c.attributes}[v.ATTR_PHASE] for c in children] == [
+        "input_wait", "h2d", "h2d", "forward", "backward", "optimizer_step"]
+    assert not [c for c in children if v.RAW_EVENT_PREFIX in c.name
+                or any(v.RAW_EVENT_PREFIX in kv.value.string_value for kv in c.attributes)]
+
+
+def test_the_traced_step_has_no_child_repeating_the_step_span(receiver):
+    run_id = "no-step-child"
+    record = step_record(2)
+    whole = type(record.phases[0])(v.RAW_STEP_TIME, record.start_time_ns, record.end_time_ns)
+    record = record._replace(phases=(whole, *record.phases))  # as the samplers publish it
+    _export(receiver, "grpc", [record], run_id=run_id)
+    step = receiver.step_spans()[(run_id, 0, 2)]
+    children = [s.name for _, s in receiver.spans() if s.parent_span_id == step["span_id"]]
+    assert len(children) == len(record.phases) - 1
+    assert v.SPAN_PHASE_PREFIX + v.phase_name(v.RAW_STEP_TIME) not in children
+    # ... while the step span still carries the traced step's own timing.
+    assert step["attributes"][v.event_attribute(v.RAW_STEP_TIME, v.EVENT_FIELD_CPU)] == 0.192
 
 
 def test_phase_spans_can_be_switched_off(receiver):
@@ -169,7 +214,8 @@ def test_emitted_names_are_exactly_the_schema_vocabulary(receiver):
     run_id = "vocab"
     _export(receiver, "grpc", [step_record(s) for s in range(2)], [memory_record(0)], run_id=run_id)
     span_names = {s.name for r, s in receiver.spans() if r.get(v.ATTR_RUN_ID) == run_id}
-    allowed_spans = {v.SPAN_STEP, v.SPAN_RUN_END} | {v.SPAN_PHASE_PREFIX + v.raw_event_key(e) for e in v.RAW_EVENTS}
+    allowed_spans = {v.SPAN_STEP, v.SPAN_RUN_END} | {v.SPAN_PHASE_PREFIX + v.phase_name(e) for e in v.RAW_EVENTS
+                                                     if e != v.RAW_STEP_TIME}
     assert span_names <= allowed_spans and {v.SPAN_STEP, v.SPAN_RUN_END} <= span_names
     specs = {spec.name: spec for spec in v.TRAINING_METRICS}
     seen = set()
@@ -183,7 +229,8 @@ def test_emitted_names_are_exactly_the_schema_vocabulary(receiver):
     assert seen == set(specs)
     resource_keys = {v.RES_SERVICE_NAME, v.RES_SERVICE_INSTANCE_ID, v.RES_HOST_NAME, v.ATTR_RUN_ID, v.ATTR_RANK,
                      v.ATTR_LOCAL_RANK, v.ATTR_NODE_RANK, v.ATTR_WORLD_SIZE, v.ATTR_LOCAL_WORLD_SIZE,
-                     v.ATTR_TRAINING_STRATEGY}
+                     v.ATTR_TRAINING_STRATEGY, v.RES_TELEMETRY_SDK_NAME, v.RES_TELEMETRY_SDK_LANGUAGE,
+                     v.RES_TELEMETRY_SDK_VERSION, v.RES_TELEMETRY_DISTRO_NAME, v.RES_TELEMETRY_DISTRO_VERSION}
     for res, span in receiver.spans():
         if res.get(v.ATTR_RUN_ID) == run_id:
             assert set(res) == resource_keys

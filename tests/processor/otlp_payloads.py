@@ -1,7 +1,9 @@
 """Hand-built OTLP requests that follow `traceml.schema.vocabulary` (what the exporter sends).
 
 Used by the receiver tests and the ingest benchmark to drive the processor without
-a training process. Values are milliseconds per step, as on the wire.
+a training process. Values are given in milliseconds per step (what SQLite stores);
+`step_span` sends them in seconds under the current names, or as milliseconds
+under the names older exporters used (`legacy=True`).
 """
 from __future__ import annotations
 
@@ -73,15 +75,22 @@ def resource(run_id: str | None, rank: int | None, *, world_size: int | None = 2
 
 def step_span(step: int, rank: int, events_ms: Mapping[str, float] | None = None, *,
               end_s: float | None = None, extra: Mapping | None = None, gpu: bool = False,
-              drop: Iterable[str] = ()) -> span_data.Span:
+              drop: Iterable[str] = (), legacy: bool = False) -> span_data.Span:
     events = dict(BASE_EVENTS_MS if events_ms is None else events_ms)
     end_s = time.time() if end_s is None else end_s
     step_ms = events.get(v.RAW_STEP_TIME, 100.0)
     attrs: dict = {v.ATTR_STEP: step, v.ATTR_RANK: rank}
     for raw, value in events.items():
-        attrs[v.event_attribute(raw, v.EVENT_FIELD_CPU_MS)] = (2 * value) if gpu else value
+        cpu = (2 * value) if gpu else value
+        if legacy:
+            attrs[v.legacy_event_attribute(raw, "cpu_ms")] = cpu
+            if gpu:
+                attrs[v.legacy_event_attribute(raw, "gpu_ms")] = value
+            attrs[v.legacy_event_attribute(raw, "count")] = 1
+            continue
+        attrs[v.event_attribute(raw, v.EVENT_FIELD_CPU)] = cpu / 1000.0
         if gpu:
-            attrs[v.event_attribute(raw, v.EVENT_FIELD_GPU_MS)] = value
+            attrs[v.event_attribute(raw, v.EVENT_FIELD_GPU)] = value / 1000.0
         attrs[v.event_attribute(raw, v.EVENT_FIELD_COUNT)] = 1
     for key in drop:
         attrs.pop(key, None)

@@ -10,7 +10,8 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metr
 from opentelemetry.proto.metrics.v1 import metrics_pb2 as metric_data
 from tests.processor.otlp_payloads import kv, memory_request, run_end_span, step_span, steps_request, trace_request
 
-from traceml.processor.decode import DecodeLimits, Decoder, parse_otlp_json
+from traceml.processor.decode import DecodeLimits, Decoder
+from traceml.processor.otlp_read import parse_otlp_json
 from traceml.processor.receiver_http import BodyTooLarge, gunzip_capped
 from traceml.schema import vocabulary as v
 
@@ -24,6 +25,38 @@ def test_step_span_becomes_one_typed_record_with_resource_identity():
     forward = record.events[v.RAW_FORWARD]
     assert (forward.cpu_ms, forward.gpu_ms, forward.count) == (60.0, 30.0, 1)
     assert record.sample_time - record.start_time == pytest.approx(0.095, abs=1e-6)
+
+
+def test_seconds_on_the_wire_and_legacy_milliseconds_decode_to_the_same_record():
+    events = {v.RAW_DATALOADER_NEXT: 4.125, v.RAW_H2D: 0.0, v.RAW_FORWARD: 30.5, v.RAW_BACKWARD: 45.0,
+              v.RAW_STEP_TIME: 95.25, "_traceml_internal:my_region": 2.0, "user.region": 1.5}
+    end = 1_790_000_000.0
+    new = Decoder().decode_traces(steps_request("r", 1, [3], events, end_s=end, gpu=True)).step_records
+    old = Decoder().decode_traces(steps_request("r", 1, [3], events, end_s=end, gpu=True, legacy=True)).step_records
+    assert len(new) == len(old) == 1
+    assert new[0].events == old[0].events  # milliseconds, exactly
+    assert {k: (e.cpu_ms, e.gpu_ms) for k, e in new[0].events.items()}[v.RAW_FORWARD] == (61.0, 30.5)
+    assert set(new[0].events) == {*events} - {"user.region"} | {"_traceml_internal:user.region"}
+
+
+def test_event_attribute_names_are_canonical_and_parse_back_in_both_formats():
+    for raw in (*v.RAW_EVENTS, "_traceml_internal:my.region", "plain_region"):
+        for field in v.EVENT_FIELDS:
+            key = v.event_attribute(raw, field)
+            assert v.RAW_EVENT_PREFIX not in key and key.startswith("traceml.phase.")
+            unit = "{occurrence}" if field == v.EVENT_FIELD_COUNT else "s"
+            expected_raw = raw if raw.startswith(v.RAW_EVENT_PREFIX) else v.RAW_EVENT_PREFIX + raw
+            assert v.parse_event_attribute(key) == (expected_raw, field, unit)
+        for legacy, (field, unit) in v.LEGACY_EVENT_FIELDS.items():
+            key = v.legacy_event_attribute(raw, legacy)
+            expected_raw = raw if raw.startswith(v.RAW_EVENT_PREFIX) else v.RAW_EVENT_PREFIX + raw
+            assert v.parse_event_attribute(key) == (expected_raw, field, unit)
+    assert v.event_attribute(v.RAW_FORWARD, v.EVENT_FIELD_CPU) == "traceml.phase.forward.cpu.duration"
+    assert v.event_attribute(v.RAW_STEP_TIME, v.EVENT_FIELD_COUNT) == "traceml.phase.traced_step_time.count"
+    for key in ("traceml.phase.name", "traceml.phase..count", "traceml.phase.forward", "traceml.event.x.cpu_s"):
+        assert v.parse_event_attribute(key) is None, key
+    with pytest.raises(ValueError):
+        v.event_attribute(v.RAW_FORWARD, "cpu_ms")
 
 
 def test_measured_zero_stays_zero_and_missing_gpu_stays_none():
@@ -48,14 +81,22 @@ def test_resource_identity_from_env_style_strings_and_aliases():
     assert Decoder().decode_traces(request).step_records[0].identity.global_rank == 2
 
 
+CPU, GPU, COUNT = (v.event_attribute(v.RAW_FORWARD, f) for f in v.EVENT_FIELDS)
+
+
 @pytest.mark.parametrize("extra, reason", [
-    ({v.event_attribute(v.RAW_FORWARD, "cpu_ms"): float("inf")}, "non_finite_value"),
-    ({v.event_attribute(v.RAW_FORWARD, "cpu_ms"): "30"}, "wrong_attribute_type"),
-    ({v.event_attribute(v.RAW_FORWARD, "count"): 1.5}, "wrong_attribute_type"),
-    ({v.event_attribute(v.RAW_FORWARD, "count"): -1}, "negative_value"),
-    ({v.event_attribute(v.RAW_FORWARD, "cpu_ms"): -0.001}, "negative_value"),  # timer noise too
-    ({v.event_attribute(v.RAW_FORWARD, "gpu_ms"): 2e8}, "absurd_value"),
-    ({v.event_attribute(v.RAW_FORWARD, "cpu_ms"): 86_400_000.5}, "absurd_value"),  # over one day
+    ({CPU: float("inf")}, "non_finite_value"),
+    ({CPU: "0.03"}, "wrong_attribute_type"),
+    ({COUNT: 1.5}, "wrong_attribute_type"),
+    ({COUNT: -1}, "negative_value"),
+    ({CPU: -0.000001}, "negative_value"),  # timer noise too
+    ({GPU: 2e5}, "absurd_value"),
+    ({CPU: 86_400.0005}, "absurd_value"),  # seconds: over one day
+    ({CPU: 1e306}, "absurd_value"),  # finite in seconds, infinite in milliseconds
+    ({v.legacy_event_attribute(v.RAW_FORWARD, "cpu_ms"): float("inf")}, "non_finite_value"),
+    ({v.legacy_event_attribute(v.RAW_FORWARD, "cpu_ms"): "30"}, "wrong_attribute_type"),
+    ({v.legacy_event_attribute(v.RAW_FORWARD, "cpu_ms"): 86_400_000.5}, "absurd_value"),  # milliseconds
+    ({v.legacy_event_attribute(v.RAW_FORWARD, "count"): -1}, "negative_value"),
     ({v.ATTR_STEP: 2**60}, "absurd_value"),
     ({v.ATTR_STEP: True}, "wrong_attribute_type"),
     ({v.ATTR_RANK: 1.0}, "wrong_attribute_type"),
@@ -71,19 +112,20 @@ def test_each_bad_value_rejects_its_span_with_a_reason(extra, reason):
 
 def test_too_many_attributes_and_span_without_timing():
     extra = {f"k{i}": i for i in range(600)}
-    only_count = {v.event_attribute(v.RAW_FORWARD, "count"): 1}
+    only_count = {COUNT: 1}
     spans = [step_span(0, 0, extra=extra), step_span(1, 0, events_ms={}, extra=only_count)]
     batch = Decoder().decode_traces(trace_request("r", 0, spans))
     assert dict(batch.rejected) == {"too_many_attributes": 1, "no_events": 1}
 
 
 def test_phase_spans_and_foreign_spans_are_ignored_not_rejected():
-    phase = step_span(0, 0)
-    phase.name = v.SPAN_PHASE_PREFIX + "forward_time"
+    phase, legacy_phase = step_span(0, 0), step_span(3, 0)
+    phase.name = v.SPAN_PHASE_PREFIX + v.phase_name(v.RAW_FORWARD)
+    legacy_phase.name = v.SPAN_PHASE_PREFIX + "forward_time"  # what older exporters named it
     other = step_span(1, 0)
     other.name = "SELECT users"
-    batch = Decoder().decode_traces(trace_request("r", 0, [phase, other, step_span(2, 0)]))
-    assert dict(batch.ignored) == {"phase_span": 1, "not_traceml": 1}
+    batch = Decoder().decode_traces(trace_request("r", 0, [phase, legacy_phase, other, step_span(2, 0)]))
+    assert dict(batch.ignored) == {"phase_span": 2, "not_traceml": 1}
     assert batch.rejected_count == 0 and len(batch.step_records) == 1
 
 

@@ -24,8 +24,9 @@ from traceml.processor.sqlite_writer import StepTimeStore
 from traceml.processor.step_time.model import RankIdentity, RawEventValue, StepTimeIngestRecord
 from traceml.schema import vocabulary as v
 
-CPU = v.event_attribute(v.RAW_FORWARD, v.EVENT_FIELD_CPU_MS)
+CPU = v.event_attribute(v.RAW_FORWARD, v.EVENT_FIELD_CPU)  # seconds
 COUNT = v.event_attribute(v.RAW_FORWARD, v.EVENT_FIELD_COUNT)
+LEGACY_CPU = v.legacy_event_attribute(v.RAW_FORWARD, "cpu_ms")  # milliseconds
 
 
 def _decode(**extra):
@@ -33,12 +34,13 @@ def _decode(**extra):
     return Decoder().decode_traces(trace_request("run-f", 0, [span]))
 
 
-@pytest.mark.parametrize("cpu, count, expected", [
-    (0.0, 0, RawEventValue(0.0, None, 0)),   # zero reads like an unset member: checked path
-    (5, 1, RawEventValue(5.0, None, 1)),     # an int where a double belongs is accepted as ms
+@pytest.mark.parametrize("key, cpu, count, expected", [
+    (CPU, 0.0, 0, RawEventValue(0.0, None, 0)),   # zero reads like an unset member: checked path
+    (CPU, 5, 1, RawEventValue(5000.0, None, 1)),  # an int where a double belongs: seconds, stored in ms
+    (LEGACY_CPU, 5, 1, RawEventValue(5.0, None, 1)),  # ... and an older exporter's milliseconds
 ])
-def test_values_the_fast_read_cannot_prove_take_the_checked_path(cpu, count, expected):
-    batch = _decode(**{CPU: cpu, COUNT: count})
+def test_values_the_fast_read_cannot_prove_take_the_checked_path(key, cpu, count, expected):
+    batch = _decode(**{key: cpu, COUNT: count})
     (record,) = batch.step_records
     assert record.events[v.RAW_FORWARD] == expected
     assert not batch.rejected
@@ -49,6 +51,8 @@ def test_values_the_fast_read_cannot_prove_take_the_checked_path(cpu, count, exp
     ({CPU: -1.0}, "negative_value"),
     ({CPU: float("nan")}, "non_finite_value"),
     ({CPU: 1e12}, "absurd_value"),
+    ({CPU: 86_400.001}, "absurd_value"),           # just over one day, in seconds
+    ({LEGACY_CPU: 86_400_001.0}, "absurd_value"),  # the same cap in an older exporter's milliseconds
     ({COUNT: 2.0}, "wrong_attribute_type"),        # a double where an int belongs
     ({COUNT: -2}, "negative_value"),
     ({COUNT: 10**12}, "absurd_value"),

@@ -7,10 +7,12 @@ launcher's `stored_runs`) opens the file through `connect_readonly` and decodes
 `packed` with the constants below. Neither side imports the other.
 
 This module runs no query, creates nothing and judges no value: creating the
-schema is the writer's, what a value may be is `decode.py`'s.
+schema is the writer's, whether a file may be written at all `sqlite_guard`'s,
+what a value may be is `decode.py`'s.
 """
 from __future__ import annotations
 
+import re
 import sqlite3
 import struct
 from pathlib import Path
@@ -144,6 +146,10 @@ CREATE TABLE IF NOT EXISTS step_time_drops (
 );
 """
 
+SCHEMA_OBJECTS: frozenset[str] = frozenset(re.findall(r"CREATE (?:TABLE|INDEX) IF NOT EXISTS (\w+)", DDL))
+"""Names of the tables and indexes `DDL` creates: a file holding any other (bar SQLite's own
+`sqlite_*`) belongs to another application, and `sqlite_guard` refuses to write to it."""
+
 
 def connect_readonly(path: str | Path) -> sqlite3.Connection:
     """Every reader's connection to a Step Time database.
@@ -167,5 +173,5 @@ def connect_readonly(path: str | Path) -> sqlite3.Connection:
 __all__ = [
     "BUSY_TIMEOUT_S", "DDL", "MEMORY_COLUMNS", "METRIC_VALUE_COLUMNS", "PACKED_FIELDS",
     "PACKED_FORMAT", "PACKED_METRICS", "PACKED_RANK", "PACKED_SAMPLE_TIME", "PACKED_STEP",
-    "PACKED_VALUES", "SAMPLE_COLUMNS", "SCHEMA_USER_VERSION", "connect_readonly", "metric_columns",
+    "PACKED_VALUES", "SAMPLE_COLUMNS", "SCHEMA_OBJECTS", "SCHEMA_USER_VERSION", "connect_readonly", "metric_columns",
 ]

@@ -19,10 +19,14 @@ judge of values (it rejects a span whole, with a counted reason, rather than
 let a bad value reach here), and the receivers are the only way in. The tables
 and the packed row format are `sqlite_layout`'s; reading is the read side's.
 
-One writer connection behind a lock (WAL, so readers never wait for it).
+One writer connection behind a lock (WAL, so readers never wait for it). The
+file is opened only after `sqlite_guard.check_database` found it to be ours (or
+new), so a foreign or damaged file is refused before WAL or a table touches it;
+a damaged page met while writing is noted there for `/readyz`.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sqlite3
@@ -33,6 +37,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from traceml.processor.normalise import normalise_memory_record, normalise_step_record
+from traceml.processor.sqlite_guard import DatabaseUnusable, check_database, note_database_error
 from traceml.processor.sqlite_layout import (
     BUSY_TIMEOUT_S,
     DDL,
@@ -75,21 +80,34 @@ def ensure_schema(conn: sqlite3.Connection) -> None:
 
 
 class StepTimeStore:
-    """The processor's single SQLite writer (WAL). Thread-safe: one connection, one lock."""
+    """The processor's single SQLite writer (WAL). Thread-safe: one connection, one lock.
+
+    Raises `DatabaseUnusable` (one line: what is wrong, what to do) for a file it
+    must not or cannot write.
+    """
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self._lock = threading.Lock()
-        self._conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S, check_same_thread=False)
-        # WAL + synchronous=NORMAL: a commit is durable against a killed process (the WAL
-        # holds it); only an OS crash or power loss may lose the last commits. See
-        # docs/processor.md. A modest page cache (16 MiB, default 2 MiB) keeps more of the
-        # rank-spread unique index in memory; fewer automatic checkpoints mean fewer
-        # fsyncs in the commit path.
-        self._conn.execute("PRAGMA synchronous = NORMAL")
-        self._conn.execute("PRAGMA cache_size = -16384")  # KiB
-        self._conn.execute("PRAGMA wal_autocheckpoint = 4000")  # pages
-        ensure_schema(self._conn)
+        check_database(self.path)
+        try:
+            self._conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise DatabaseUnusable(f"cannot open {self.path} for writing ({exc})") from None
+        try:
+            # WAL + synchronous=NORMAL: a commit is durable against a killed process (the WAL
+            # holds it); only an OS crash or power loss may lose the last commits. See
+            # docs/processor.md. A modest page cache (16 MiB, default 2 MiB) keeps more of the
+            # rank-spread unique index in memory; fewer automatic checkpoints mean fewer
+            # fsyncs in the commit path.
+            self._conn.execute("PRAGMA synchronous = NORMAL")
+            self._conn.execute("PRAGMA cache_size = -16384")  # KiB
+            self._conn.execute("PRAGMA wal_autocheckpoint = 4000")  # pages
+            ensure_schema(self._conn)
+        except sqlite3.Error as exc:
+            self._conn.close()
+            raise DatabaseUnusable(f"cannot prepare {self.path} for writing ({exc}); check its permissions and"
+                                   " free disk space, or point --db at a new file") from None
         self._unknown_logged = False
         self._closed = False
 
@@ -179,7 +197,8 @@ class StepTimeStore:
                     accepted += inserted
                     duplicates += len(rows) - inserted
                 conn.commit()
-            except BaseException:
+            except BaseException as exc:
+                note_database_error(self.path, exc)
                 conn.rollback()
                 raise
         if unknown_events:
@@ -245,7 +264,7 @@ class StepTimeStore:
     def mark_rank_finished(self, run_id: str, rank: int, final_counts: Mapping[str, int]) -> None:
         """Record a rank's clean end (the `traceml.run.end` marker) with its final counts."""
         now = time.time()
-        with self._lock:
+        with self._lock, self._noting_damage():
             self._check_open()
             with self._conn:
                 self._conn.execute(
@@ -272,7 +291,7 @@ class StepTimeStore:
         rows = [(run_id, rank, queue, n) for queue, n in counts.items()]
         if not rows:
             return
-        with self._lock:
+        with self._lock, self._noting_damage():
             self._check_open()
             with self._conn:
                 self._conn.executemany(
@@ -295,6 +314,15 @@ class StepTimeStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @contextlib.contextmanager
+    def _noting_damage(self):
+        """Note a damaged-page error for `/readyz` (`sqlite_guard`), then let it propagate."""
+        try:
+            yield
+        except sqlite3.DatabaseError as exc:
+            note_database_error(self.path, exc)
+            raise
 
     def _check_open(self) -> None:
         if self._closed:

@@ -42,6 +42,7 @@ from traceml.processor.step_time.model import (
     StepTimeSourceGrid,
 )
 from traceml.processor.decode import ABSURD, MAX_EVENT_MS, NEGATIVE, NON_FINITE
+from traceml.processor.sqlite_guard import note_database_error
 from traceml.processor.sqlite_layout import (
     PACKED_FIELDS,
     PACKED_METRICS,
@@ -206,6 +207,9 @@ def load_summary_snapshot(path: str | Path, run_id: str, max_steps: int = SUMMAR
             lower = header.cursor.latest_step - max_steps * lookback
             rows = conn.execute(_TAIL_SQL, (run_id, lower)).fetchall()
         conn.execute("COMMIT")
+    except sqlite3.DatabaseError as exc:
+        note_database_error(path, exc)  # a damaged page: /readyz and the log say so
+        raise
     finally:
         conn.close()
     rejected: Counter = Counter()
@@ -317,6 +321,9 @@ class LiveTail:
                 decoded = decode_rows(conn.execute(_TAIL_SQL, (self.run_id, lower)).fetchall(),
                                       rejected)
             conn.execute("COMMIT")
+        except sqlite3.DatabaseError as exc:
+            note_database_error(path, exc)  # a damaged page: /readyz and the log say so
+            raise
         finally:
             conn.close()
 

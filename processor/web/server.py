@@ -74,10 +74,10 @@ class UiServer(ServerThread):
         return f"{self.scheme}://{host}:{self.port}{self.server.app.prefix}/"
 
 
-def start_ui(service, host: str, port: int) -> UiServer:
+def web_app_for(service) -> WebApp:
     """The web view of a running `ProcessorService`: its database, its run monitor's sessions,
-    its token and TLS settings."""
-    from traceml.processor.security import warn_if_exposed
+    its token and TLS settings. What `--ui` serves, and what another HTTP server mounts
+    under `/ui` (calling `handle` off its event loop: it reads SQLite)."""
     from traceml.processor.web.feed import RunFeed
 
     cfg = service.config
@@ -95,11 +95,18 @@ def start_ui(service, host: str, port: int) -> UiServer:
                 out[run_id] = "active" if state.ended is None else f"ended ({state.ended})"
         return out
 
-    warn_if_exposed("the web view (--ui)", host, cfg.auth, cfg.tls)
     feed = RunFeed(cfg.db, session_source=session_of, run_states=run_states)
-    ui = UiServer(WebApp(feed, auth=cfg.auth, secure=cfg.tls.enabled), host, port, tls=cfg.tls)
+    return WebApp(feed, auth=cfg.auth, secure=cfg.tls.enabled)
+
+
+def start_ui(service, host: str, port: int) -> UiServer:
+    """Serve `web_app_for(service)` on HOST:PORT (`--ui`), with the service's TLS settings."""
+    from traceml.processor.security import warn_if_exposed
+
+    warn_if_exposed("the web view (--ui)", host, service.config.auth, service.config.tls)
+    ui = UiServer(web_app_for(service), host, port, tls=service.config.tls)
     ui.start()
     return ui
 
 
-__all__ = ["UiServer", "start_ui"]
+__all__ = ["UiServer", "start_ui", "web_app_for"]

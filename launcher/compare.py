@@ -292,6 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("a", help="baseline final_summary.json, or a run folder holding one")
     parser.add_argument("b", help="candidate final_summary.json, or a run folder holding one")
     parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    parser.add_argument("--html", nargs="?", const="", default=None, metavar="PATH",
+                        help="also write a one-file HTML report: side-by-side phase bars, material changes "
+                             "marked (default PATH: ./compare.html)")
     parser.add_argument("--fail-on-material", action="store_true",
                         help="exit with status 1 when any change is material (for CI)")
     return parser
@@ -315,6 +318,11 @@ def main(argv: Sequence[str], out: TextIO | None = None) -> int:
         from rich.console import Console
 
         Console(file=out, width=max(100, Console(file=out).width)).print(render(comparison))
+    if options.html is not None:
+        from traceml.processor.web.report import COMPARE_FILENAME, write_compare_report
+
+        html_path = write_compare_report(comparison.to_json(), a, b, options.html or COMPARE_FILENAME)
+        print(f"[traceml] HTML report: {html_path}", file=sys.stderr if options.json else out)
     if options.fail_on_material and comparison.material_changes:
         return 1
     return 0

@@ -30,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="folder to write into (default: the run folder)")
     parser.add_argument("--json", action="store_true", help="print the summary JSON instead of the card")
     parser.add_argument("--list", action="store_true", help="list the runs in the database and exit")
+    parser.add_argument("--html", nargs="?", const="", default=None, metavar="PATH",
+                        help="also write a one-file HTML report (default PATH: report.html in the output folder)")
     return parser
 
 
@@ -68,4 +70,9 @@ def main(argv: Sequence[str], out: TextIO | None = None) -> int:
         print(f"\n[traceml] final summary: {report.summary_path}", file=out)
         if report.card_path is not None:
             print(f"[traceml] text card:     {report.card_path}", file=out)
+    if options.html is not None:
+        from traceml.processor.web.report import REPORT_FILENAME, write_run_report
+
+        html_path = write_run_report(db_path, run_id, Path(options.html) if options.html else folder / REPORT_FILENAME)
+        print(f"[traceml] HTML report:   {html_path}", file=sys.stderr if options.json else out)
     return 0

@@ -9,6 +9,7 @@ import argparse
 import logging
 import os
 import signal
+import sqlite3
 import sys
 import threading
 from pathlib import Path
@@ -51,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
                         f"(env {env.TRACEML_PROCESSOR_OTLP_HTTP}; default {DEFAULT_HTTP})")
     p.add_argument("--prometheus", metavar="HOST:PORT",
                    help=f"serve /metrics here (env {env.TRACEML_PROCESSOR_PROMETHEUS}; default off)")
+    p.add_argument("--ui", metavar="HOST:PORT",
+                   help=f"serve the live web view (index /ui/, one page per run) here, with the bearer token "
+                        f"and TLS settings below (env {env.TRACEML_PROCESSOR_UI}; default off; docs/web.md)")
     p.add_argument("--export-endpoint", metavar="URL",
                    help=f"push summary metrics over OTLP (env {env.TRACEML_PROCESSOR_EXPORT_ENDPOINT}, "
                         f"else {env.OTEL_EXPORTER_OTLP_METRICS_ENDPOINT} / {env.OTEL_EXPORTER_OTLP_ENDPOINT}; "
@@ -79,10 +83,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, metavar="N",
                    help=f"ingest processes sharing the receiver ports (env {env.TRACEML_PROCESSOR_WORKERS}; "
                         "default 1; more use more cores for decode and normalisation)")
+    p.add_argument("--rank-series-top-k", type=int, metavar="K",
+                   help=f"per-rank series for the K ranks of each run with the highest deviation score, beyond "
+                        f"the culprits, victims, worst and representative rank (env "
+                        f"{env.TRACEML_PROCESSOR_RANK_SERIES_TOP_K}; default 8; all ranks stay in the summary)")
+    p.add_argument("--max-series", type=int, metavar="N",
+                   help=f"series per /metrics scrape or push; whole runs beyond it are left out and counted "
+                        f"(env {env.TRACEML_PROCESSOR_MAX_SERIES}; default 100000)")
     p.add_argument("--max-concurrent-requests", type=int, metavar="N",
                    help=f"export requests each receiver handles at once; beyond it gRPC UNAVAILABLE with RetryInfo, "
                         f"HTTP 429 with Retry-After (env {env.TRACEML_PROCESSOR_MAX_CONCURRENT_REQUESTS}; "
                         f"default {DEFAULT_MAX_CONCURRENT_REQUESTS})")
+    from traceml.processor import serving
+
+    p.add_argument("--http-header-timeout", type=float, metavar="SECONDS",
+                   help=f"OTLP/HTTP: the request head must arrive within this, from connect or its first byte "
+                        f"(env {env.TRACEML_PROCESSOR_HTTP_HEADER_TIMEOUT}; default "
+                        f"{serving.DEFAULT_HEADER_TIMEOUT_S:g})")
+    p.add_argument("--http-body-timeout", type=float, metavar="SECONDS",
+                   help=f"OTLP/HTTP: the body must arrive within this after the head; then 408 "
+                        f"(env {env.TRACEML_PROCESSOR_HTTP_BODY_TIMEOUT}; default {serving.DEFAULT_BODY_TIMEOUT_S:g})")
+    p.add_argument("--http-keepalive-timeout", type=float, metavar="SECONDS",
+                   help=f"OTLP/HTTP: an idle kept-alive connection is closed after this "
+                        f"(env {env.TRACEML_PROCESSOR_HTTP_KEEPALIVE_TIMEOUT}; default "
+                        f"{serving.DEFAULT_KEEPALIVE_TIMEOUT_S:g})")
+    p.add_argument("--http-max-connections", type=int, metavar="N",
+                   help=f"OTLP/HTTP connections open at once per process (lowered below the descriptor limit); "
+                        f"beyond it the longest-idle is closed, else 503 + Retry-After "
+                        f"(env {env.TRACEML_PROCESSOR_HTTP_MAX_CONNECTIONS}; default {serving.DEFAULT_MAX_CONNECTIONS})")
     p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     p.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     return p
@@ -140,17 +168,38 @@ def _otlp_timeout_s(default_s: float = 10.0) -> float:
     return default_s
 
 
+def _http_limits(args):
+    """--http-* flags, else TRACEML_PROCESSOR_HTTP_*, else the front's defaults. Raises ValueError."""
+    from traceml.processor import serving
+
+    def pick(flag, name: str, default, kind):
+        return flag if flag is not None else kind(_env(name, str(default)))
+
+    limits = serving.HttpLimits(
+        header_timeout_s=pick(args.http_header_timeout, env.TRACEML_PROCESSOR_HTTP_HEADER_TIMEOUT,
+                              serving.DEFAULT_HEADER_TIMEOUT_S, float),
+        body_timeout_s=pick(args.http_body_timeout, env.TRACEML_PROCESSOR_HTTP_BODY_TIMEOUT,
+                            serving.DEFAULT_BODY_TIMEOUT_S, float),
+        keepalive_timeout_s=pick(args.http_keepalive_timeout, env.TRACEML_PROCESSOR_HTTP_KEEPALIVE_TIMEOUT,
+                                 serving.DEFAULT_KEEPALIVE_TIMEOUT_S, float),
+        max_connections=pick(args.http_max_connections, env.TRACEML_PROCESSOR_HTTP_MAX_CONNECTIONS,
+                             serving.DEFAULT_MAX_CONNECTIONS, int),
+    )
+    limits.validate()
+    return limits
+
+
 def config_from_args(argv=None):
     """Flags + environment -> ProcessorConfig. Raises ValueError on bad settings."""
     from traceml.processor.decode import DecodeLimits
     from traceml.processor.ingest import DEFAULT_MAX_CONCURRENT_REQUESTS
-    from traceml.processor.security import BearerAuth, TlsConfig
+    from traceml.processor.security import BearerAuth, TlsConfig, read_token_file
     from traceml.processor.service import ProcessorConfig
 
     args = build_parser().parse_args(argv)
     token = _env(env.TRACEML_PROCESSOR_AUTH_TOKEN)
     if args.auth_token_file:
-        token = Path(args.auth_token_file).read_text().strip()
+        token = read_token_file(args.auth_token_file)  # TokenFileError: exit 1
     limits = DecodeLimits(
         max_runs=int(args.max_runs or _env(env.TRACEML_PROCESSOR_MAX_RUNS, "1000")),
         max_ranks_per_run=int(args.max_ranks_per_run or _env(env.TRACEML_PROCESSOR_MAX_RANKS_PER_RUN, "16384")),
@@ -161,6 +210,7 @@ def config_from_args(argv=None):
         otlp_grpc=_address(args.otlp_grpc, _env(env.TRACEML_PROCESSOR_OTLP_GRPC, DEFAULT_GRPC)),
         otlp_http=_address(args.otlp_http, _env(env.TRACEML_PROCESSOR_OTLP_HTTP, DEFAULT_HTTP)),
         prometheus=_address(args.prometheus, _env(env.TRACEML_PROCESSOR_PROMETHEUS)),
+        ui=_address(args.ui, _env(env.TRACEML_PROCESSOR_UI)),
         export=_export_config(args),
         summary_dir=Path(summary_dir) if summary_dir else None,
         auth=BearerAuth(token or None),
@@ -170,12 +220,19 @@ def config_from_args(argv=None):
         refresh_interval_s=float(args.refresh_interval or _env(env.TRACEML_PROCESSOR_REFRESH_INTERVAL, "0.5")),
         limits=limits,
         workers=int(args.workers or _env(env.TRACEML_PROCESSOR_WORKERS, "1")),
+        rank_series_top_k=(args.rank_series_top_k if args.rank_series_top_k is not None
+                           else int(_env(env.TRACEML_PROCESSOR_RANK_SERIES_TOP_K, "8"))),
+        max_series=(args.max_series if args.max_series is not None
+                    else int(_env(env.TRACEML_PROCESSOR_MAX_SERIES, "100000"))),
         max_concurrent_requests=(args.max_concurrent_requests if args.max_concurrent_requests is not None
                                  else int(_env(env.TRACEML_PROCESSOR_MAX_CONCURRENT_REQUESTS,
                                                str(DEFAULT_MAX_CONCURRENT_REQUESTS)))),
+        http_limits=_http_limits(args),
     )
     if config.workers < 1:
         raise ValueError("--workers must be at least 1")
+    if config.rank_series_top_k < 0 or config.max_series < 1:
+        raise ValueError("--rank-series-top-k must be at least 0 and --max-series at least 1")
     if config.max_concurrent_requests < 1:
         raise ValueError("--max-concurrent-requests must be at least 1")
     if config.idle_timeout_s <= 0 or config.refresh_interval_s <= 0:
@@ -184,8 +241,13 @@ def config_from_args(argv=None):
 
 
 def main(argv=None) -> int:
+    from traceml.processor.security import TokenFileError
+
     try:
         config, args = config_from_args(argv)
+    except TokenFileError as exc:  # a file that is there to be used, as a missing TLS file: cannot start
+        print(f"traceml-processor: cannot start: {exc}", file=sys.stderr)
+        return 1
     except (ValueError, OSError) as exc:
         print(f"traceml-processor: {exc}", file=sys.stderr)
         return 2
@@ -203,12 +265,12 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGINT, _on_signal)
     try:
         service = ProcessorService(config).start()
-    except (ValueError, OSError, RuntimeError) as exc:
+    except (ValueError, OSError, RuntimeError, sqlite3.Error) as exc:  # database problems: sqlite_guard
         print(f"traceml-processor: cannot start: {exc}", file=sys.stderr)
         return 1
     # One line on stdout that launchers and tests can wait for.
     print(f"traceml-processor ready grpc={service.grpc_port} http={service.http_port} "
-          f"prometheus={service.prometheus_port}", flush=True)
+          f"prometheus={service.prometheus_port} ui={service.ui_port}", flush=True)
     while not stop.wait(0.5):
         pass
     service.stop()

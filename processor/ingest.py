@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
 from traceml.processor.decode import DecodedBatch
-from traceml.schema.vocabulary import SIGNALS
+from traceml.processor.self_telemetry import SelfTelemetry
+from traceml.schema import vocabulary as v
 
 LOG = logging.getLogger(__name__)
 
@@ -59,50 +60,6 @@ class _Ticket:
     error: BaseException | None = None
 
 
-OUTCOMES = ("accepted", "rejected", "duplicate", "ignored", "undecodable")
-STAT_KEYS: tuple[tuple[str, str], ...] = tuple((o, s) for o in OUTCOMES for s in SIGNALS)
-
-
-class ProcessorStats:
-    """Self-metric counters (thread-safe): records by (outcome, signal).
-
-    With ingest workers the counts live in a shared-memory array (`shared`, one
-    int64 per `STAT_KEYS` entry) so the main process reports every worker's work.
-    """
-
-    def __init__(self, shared=None) -> None:
-        self._lock = threading.Lock()
-        self._shared = shared
-        self.records: Counter = Counter()  # (outcome, signal) -> count (local mode)
-        self.reasons: Counter = Counter()  # rejection reason -> count (this process)
-        self._index = {key: i for i, key in enumerate(STAT_KEYS)}
-
-    def add(self, outcome: str, signal: str, count: int) -> None:
-        if not count:
-            return
-        if self._shared is not None and (outcome, signal) in self._index:
-            with self._shared.get_lock():
-                self._shared[self._index[(outcome, signal)]] += count
-            return
-        with self._lock:
-            self.records[(outcome, signal)] += count
-
-    def add_reasons(self, reasons: dict[str, int]) -> None:
-        with self._lock:
-            self.reasons.update(reasons)
-
-    def snapshot(self) -> dict[tuple[str, str], int]:
-        with self._lock:
-            out = dict(self.records)
-        if self._shared is not None:
-            with self._shared.get_lock():
-                values = list(self._shared)
-            for key, value in zip(STAT_KEYS, values):
-                if value:
-                    out[key] = out.get(key, 0) + value
-        return out
-
-
 class IngestQueue:
     """Bounded queue of decoded batches in front of the single SQLite writer."""
 
@@ -112,14 +69,14 @@ class IngestQueue:
         *,
         max_pending_records: int = 200_000,
         max_commit_records: int = 50_000,
-        stats: ProcessorStats | None = None,
+        stats: SelfTelemetry | None = None,
         on_committed: Callable[[list[DecodedBatch]], None] | None = None,
         submit_timeout_s: float = 30.0,
     ):
         self._store = store
         self._max_pending = max_pending_records
         self._max_commit = max_commit_records
-        self._stats = stats or ProcessorStats()
+        self._stats = stats or SelfTelemetry()
         self._on_committed = on_committed
         self._submit_timeout = submit_timeout_s
         self._cond = threading.Condition()
@@ -131,7 +88,7 @@ class IngestQueue:
         self.commits = 0
 
     @property
-    def stats(self) -> ProcessorStats:
+    def stats(self) -> SelfTelemetry:
         return self._stats
 
     def start(self) -> None:
@@ -141,16 +98,21 @@ class IngestQueue:
         return self._pending_records
 
     def submit(self, batch: DecodedBatch) -> IngestOutcome:
-        """Queue `batch` and wait until it is committed. Raises Backpressure / IngestUnavailable."""
+        """Queue `batch` and wait until it is committed. Raises Backpressure / IngestUnavailable.
+
+        Each refusal is counted here, where it is decided (the receivers only
+        translate it into 429 / 503 / UNAVAILABLE).
+        """
         size = batch.record_count
         if size == 0:
             return IngestOutcome(0, 0)
         ticket = _Ticket(batch, size)
         with self._cond:
             if self._stopping:
-                raise IngestUnavailable("processor is shutting down")
+                raise self._unavailable(batch, "processor is shutting down")
             # One oversized batch is still admitted when nothing else waits, so it can progress.
             if self._pending and self._pending_records + size > self._max_pending:
+                self._stats.refused(batch.signal, v.REFUSED_BACKPRESSURE)
                 raise Backpressure(
                     f"ingest queue holds {self._pending_records} records (bound {self._max_pending})")
             self._pending.append(ticket)
@@ -158,10 +120,14 @@ class IngestQueue:
             self._cond.notify()
         if not ticket.done.wait(self._submit_timeout):
             # The writer still owns the ticket; the client retries, duplicates are harmless.
-            raise IngestUnavailable("commit did not finish in time")
+            raise self._unavailable(batch, "commit did not finish in time")
         if ticket.error is not None:
-            raise IngestUnavailable(f"commit failed: {ticket.error}")
+            raise self._unavailable(batch, f"commit failed: {ticket.error}")
         return ticket.outcome
+
+    def _unavailable(self, batch: DecodedBatch, message: str) -> IngestUnavailable:
+        self._stats.refused(batch.signal, v.REFUSED_UNAVAILABLE)
+        return IngestUnavailable(message)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Commit what is pending, then stop the writer."""
@@ -235,8 +201,8 @@ class IngestQueue:
             accepted = written - dup + len(t.batch.run_ends) + len(t.batch.drops)
             t.outcome = IngestOutcome(accepted, dup)
             signal = t.batch.signal
-            self._stats.add("accepted", signal, accepted)
-            self._stats.add("duplicate", signal, dup)
+            self._stats.records(v.RECORD_ACCEPTED, signal, accepted)
+            self._stats.records(v.RECORD_DUPLICATE, signal, dup)
         if self._on_committed is not None:
             try:
                 self._on_committed([t.batch for t in tickets])

@@ -11,23 +11,29 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metr
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb2
 
 from traceml.processor.decode import DecodedBatch, Decoder
-from traceml.processor.ingest import IngestQueue, ProcessorStats
+from traceml.processor.ingest import IngestQueue
+from traceml.processor.self_telemetry import SelfTelemetry
+from traceml.schema import vocabulary as v
 
 
 class OtlpIntake:
     """Answers the trace and metrics Export requests the receivers hand it."""
 
-    def __init__(self, decoder: Decoder, ingest: IngestQueue, stats: ProcessorStats):
+    def __init__(self, decoder: Decoder, ingest: IngestQueue, stats: SelfTelemetry):
         self.decoder = decoder
         self.ingest = ingest
         self.stats = stats
 
     def _ingest(self, batch: DecodedBatch) -> DecodedBatch:
-        """Count the decoder's verdicts, then return once `batch` is committed."""
-        self.stats.add("rejected", batch.signal, batch.rejected_count)
-        self.stats.add("ignored", batch.signal, batch.ignored_count)
-        self.stats.add_reasons(dict(batch.rejected))
+        """Return once `batch` is committed, then count the request and the decoder's verdicts.
+
+        Counted only once the batch is committed: a refused request (the queue
+        counts its refusal) is sent again, and its verdicts are counted then.
+        """
         self.ingest.submit(batch)  # raises Backpressure / IngestUnavailable
+        self.stats.accepted(batch.signal)
+        self.stats.records(v.RECORD_REJECTED, batch.signal, batch.rejected_count)
+        self.stats.records(v.RECORD_IGNORED, batch.signal, batch.ignored_count)
         return batch
 
     def traces(self, request: trace_pb2.ExportTraceServiceRequest) -> trace_pb2.ExportTraceServiceResponse:

@@ -19,19 +19,27 @@ LOG = logging.getLogger(__name__)
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 MAX_DIR_NAME = 96
+HASH_MARK = "~"
+"""Separates a changed id's cleaned prefix from its hash. Never kept by cleaning (it is
+outside `[A-Za-z0-9._-]`), so a name holding it is always a hashed one."""
+_HASH_HEX = 16  # 64 bits of SHA-256: finding a second id for a given name costs ~2^64 hashes
 
 
 def sanitize_run_id(run_id: str) -> str:
     """A run id -> a safe, stable folder name (no separators, no leading dots, bounded).
 
-    Changed or shortened ids get a short hash of the original so two different ids
-    never share a folder.
+    Injective, so two different ids never share a folder: an id that is already
+    safe and short is its own name (ordinary ids stay readable and keep their
+    folder); any other id becomes `<cleaned prefix>~<16 hex of SHA-256(id)>`.
+    Kept names never hold `~` and hashed names always do, so a kept name can never
+    equal a hashed one, whatever the id looks like (before, the id `a_b-<hash>` took
+    the folder of `a b`); two hashed names meet only on a 64-bit hash collision.
     """
     cleaned = _UNSAFE.sub("_", run_id).strip("._-") or "run"
-    if cleaned != run_id or len(cleaned) > MAX_DIR_NAME:
-        digest = hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).hexdigest()[:10]
-        cleaned = f"{cleaned[:MAX_DIR_NAME - 11]}-{digest}"
-    return cleaned
+    if cleaned == run_id and len(cleaned) <= MAX_DIR_NAME:
+        return cleaned
+    digest = hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).hexdigest()[:_HASH_HEX]
+    return f"{cleaned[:MAX_DIR_NAME - _HASH_HEX - 1]}{HASH_MARK}{digest}"
 
 
 def summary_folder(summary_dir: Path, run_id: str) -> Path:
@@ -41,6 +49,27 @@ def summary_folder(summary_dir: Path, run_id: str) -> Path:
     if folder.parent != root:
         raise ValueError(f"run id {run_id!r} does not map inside {root}")
     return folder
+
+
+class TokenFileError(ValueError):
+    """The bearer-token file cannot be used: the processor must not start (exit 1)."""
+
+
+def read_token_file(path: str | Path) -> str:
+    """The bearer token held by `path`, stripped. Raises TokenFileError.
+
+    An empty file (or one of whitespace only) is refused rather than read as "no
+    token": the operator asked for authentication, and starting without it would
+    open both receivers to anyone who can reach them.
+    """
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TokenFileError(f"cannot read --auth-token-file {path}: {exc}") from None
+    if not token:
+        raise TokenFileError(f"--auth-token-file {path} is empty: put the bearer token in it "
+                             f"(an empty token would turn authentication off)")
+    return token
 
 
 @dataclass(frozen=True)

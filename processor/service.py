@@ -13,12 +13,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from traceml.processor.decode import DecodeLimits, Decoder, RunAdmission
-from traceml.processor.ingest import DEFAULT_MAX_CONCURRENT_REQUESTS, IngestQueue, ProcessorStats
+from traceml.processor.ingest import DEFAULT_MAX_CONCURRENT_REQUESTS, IngestQueue
 from traceml.processor.otlp_intake import OtlpIntake
 from traceml.processor.runs import RunMonitor, stored_run_is_over
 from traceml.processor.security import BearerAuth, TlsConfig, warn_if_exposed
-from traceml.processor.summary_export import Point, PrometheusEndpoint, SummaryExportConfig, SummaryPusher
-from traceml.schema import vocabulary as v
+from traceml.processor.serving import HttpLimits
+from traceml.processor.self_telemetry import SelfTelemetry
+from traceml.processor.reporting.summary_metrics import DEFAULT_RANK_SERIES_TOP_K
+from traceml.processor.summary_export import DEFAULT_MAX_SERIES, Point, SummaryExportConfig, SummaryPusher
 
 LOG = logging.getLogger(__name__)
 
@@ -31,6 +33,7 @@ class ProcessorConfig:
     otlp_grpc: tuple[str, int] | None = ("127.0.0.1", 4317)
     otlp_http: tuple[str, int] | None = ("127.0.0.1", 4318)
     prometheus: tuple[str, int] | None = None
+    ui: tuple[str, int] | None = None  # the web view (--ui), off by default
     export: SummaryExportConfig | None = None
     summary_dir: Path | None = None
     auth: BearerAuth = field(default_factory=BearerAuth)
@@ -42,10 +45,16 @@ class ProcessorConfig:
     grpc_workers: int = 8  # threads per gRPC server
     max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS  # per receiver; beyond: "retry later"
     workers: int = 1  # ingest processes sharing the receiver ports (SO_REUSEPORT)
+    http_limits: HttpLimits = field(default_factory=HttpLimits)  # OTLP/HTTP timeouts and connection cap
+    rank_series_top_k: int = DEFAULT_RANK_SERIES_TOP_K  # per-rank series: ranks by score beyond the culprits
+    max_series: int = DEFAULT_MAX_SERIES  # per scrape / push; whole runs beyond it are left out, counted
 
 
 class StepTimeBackend:
     """The Step Time read side, diagnosis and reporting as the RunMonitor uses them."""
+
+    def __init__(self, rank_series_top_k: int = DEFAULT_RANK_SERIES_TOP_K):
+        self.rank_series_top_k = rank_series_top_k
 
     def open_session(self, db_path: Path, run_id: str):
         from traceml.processor.step_time.pipeline import LiveStepTimeSession
@@ -55,7 +64,7 @@ class StepTimeBackend:
     def project(self, db_path: Path, result):
         from traceml.processor.summary_section import live_points
 
-        return live_points(result, db_path)
+        return live_points(result, db_path, top_k=self.rank_series_top_k)
 
     def write_summary(self, db_path: Path, run_id: str, folder: Path) -> list[Path]:
         from traceml.processor.summary_section import write_final_summary
@@ -74,18 +83,28 @@ class ProcessorService:
         self.pool = None
         shared = None
         if config.workers > 1:
-            from traceml.processor.ingest import STAT_KEYS
             from traceml.processor.workers import WorkerPool
 
             self.pool = WorkerPool(config, config.workers - 1)
-            shared = self.pool.make_shared_counts(len(STAT_KEYS))
-        self.stats = ProcessorStats(shared=shared)
-        self.store = StepTimeStore(config.db)
+            shared = self.pool.make_shared_counts(SelfTelemetry.size)
+        self.stats = SelfTelemetry(shared=shared)
+        # Read-only first (a foreign file is refused before anything is created), then
+        # one processor per database (the lock), then every page, then the writer.
+        from traceml.processor.sqlite_guard import WriterLock, check_database, integrity_check
+
+        check_database(config.db)
+        self.db_lock = WriterLock(config.db).acquire()
+        try:
+            integrity_check(config.db)
+            self.store = StepTimeStore(config.db)
+        except BaseException:
+            self.db_lock.release()
+            raise
         known = self._recent_runs()
         self.admission = RunAdmission(config.limits, known)
         self.decoder = Decoder(config.limits, self.admission)
         self.monitor = RunMonitor(
-            Path(config.db), backend or StepTimeBackend(), summary_dir=config.summary_dir,
+            Path(config.db), backend or StepTimeBackend(config.rank_series_top_k), summary_dir=config.summary_dir,
             refresh_interval_s=config.refresh_interval_s, idle_timeout_s=config.idle_timeout_s,
             poll_store=config.workers > 1, on_forgotten=self.admission.forget)
         self.monitor.adopt(known)
@@ -95,6 +114,7 @@ class ProcessorService:
         self.grpc = None
         self.http = None
         self.prometheus = None
+        self.ui = None
         self.pusher = None
         self._started = False
         self._stopped = threading.Event()
@@ -127,9 +147,8 @@ class ProcessorService:
 
     def points(self) -> list:
         points = self.monitor.points()
-        for (outcome, signal), count in sorted(self.stats.snapshot().items()):
-            points.append(Point("traceml.processor.records", {v.ATTR_OUTCOME: outcome, v.ATTR_SIGNAL: signal},
-                                float(count)))
+        # Requests and records by outcome (and refusal reason): every series, zeros included.
+        points.extend(Point(key.metric, key.attributes(), float(count)) for key, count in self.stats.counts().items())
         # Lost summary pushes, on /metrics and downstream; always present (0 when not pushing).
         points.append(Point("traceml.processor.export.failures", {},
                             float(0 if self.pusher is None else self.pusher.failed)))
@@ -140,6 +159,11 @@ class ProcessorService:
             return False, "not serving"
         if not self.ingest._thread.is_alive():
             return False, "ingest writer stopped"
+        from traceml.processor.sqlite_guard import database_fault
+
+        fault = database_fault(self.config.db)
+        if fault is not None:
+            return False, f"database damaged ({fault}); restore it from a backup or start on a new file"
         if self.pool is not None and not self.pool.alive():
             return False, "an ingest worker stopped"
         return True, "ready"
@@ -163,17 +187,23 @@ class ProcessorService:
             warn_if_exposed("OTLP/HTTP", cfg.otlp_http[0], cfg.auth, cfg.tls)
             self.http = HttpReceiver(self.intake, *cfg.otlp_http, auth=cfg.auth, tls=cfg.tls,
                                      readiness=self.readiness, reuse_port=self.pool is not None,
-                                     max_concurrent_requests=cfg.max_concurrent_requests)
+                                     max_concurrent_requests=cfg.max_concurrent_requests, limits=cfg.http_limits)
             self.http.start()
         if self.pool is not None:
             # Workers bind the ports the main process resolved (port 0 becomes a real port first).
             self.pool.start(None if self.grpc is None else (self.grpc.host, self.grpc.port),
                             None if self.http is None else (self.http.host, self.http.port))
         if cfg.prometheus is not None:
-            self.prometheus = PrometheusEndpoint(*cfg.prometheus, collect=self.points)
+            from traceml.processor.prometheus_exposition import PrometheusEndpoint
+
+            self.prometheus = PrometheusEndpoint(*cfg.prometheus, collect=self.points, max_series=cfg.max_series)
             self.prometheus.start()
+        if cfg.ui is not None:
+            from traceml.processor.web.server import start_ui
+
+            self.ui = start_ui(self, *cfg.ui)
         if cfg.export is not None:
-            self.pusher = SummaryPusher(cfg.export, collect=self.points)
+            self.pusher = SummaryPusher(cfg.export, collect=self.points, max_series=cfg.max_series)
             self.pusher.start()
         self._started = True
         LOG.info("traceml-processor serving: grpc=%s http=%s prometheus=%s db=%s",
@@ -192,6 +222,10 @@ class ProcessorService:
     def prometheus_port(self) -> int | None:
         return self.prometheus.port if self.prometheus else None
 
+    @property
+    def ui_port(self) -> int | None:
+        return self.ui.port if self.ui else None
+
     def stop(self) -> None:
         """Stop accepting, commit what is queued, summarise open runs, push once, close."""
         if self._stopped.is_set():
@@ -209,7 +243,10 @@ class ProcessorService:
             self.pusher.stop(flush=True)
         if self.prometheus is not None:
             self.prometheus.stop()
+        if self.ui is not None:
+            self.ui.stop()
         self.store.close()
+        self.db_lock.release()
         LOG.info("traceml-processor stopped")
 
     def __enter__(self) -> "ProcessorService":

@@ -132,12 +132,14 @@ def write_final_summary(db_path: Path, run_id: str, folder: Path) -> tuple[Path,
     return write_files(folder, build_final_summary(Path(db_path), run_id))
 
 
-def live_points(result, db_path: Path) -> Sequence:
-    """Summary metric points of one live refresh (latest memory peaks, reported drops)."""
-    from traceml.processor.reporting.summary_metrics import summary_metric_points
+def live_points(result, db_path: Path, *, top_k: int | None = None) -> Sequence:
+    """Summary metric points of one live refresh (latest memory peaks, reported drops);
+    `top_k`: ranks exported by score beyond the ones that always are (None: the default)."""
+    from traceml.processor.reporting.summary_metrics import DEFAULT_RANK_SERIES_TOP_K, summary_metric_points
 
     # The live metrics read drops, not stored-step counts: no scan of the run's rows per refresh.
     memory, telemetry = read_run_facts(db_path, result.analysis.window.run_id, latest_memory=True,
                                        count_stored=False)
     return summary_metric_points(result.analysis, freshness=result.freshness, memory=memory,
-                                 telemetry=telemetry.ranks, first_step_stored=telemetry.first_step_stored)
+                                 telemetry=telemetry.ranks, first_step_stored=telemetry.first_step_stored,
+                                 top_k=DEFAULT_RANK_SERIES_TOP_K if top_k is None else top_k)

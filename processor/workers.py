@@ -79,13 +79,14 @@ def _worker_main(config, grpc_addr, http_addr, shared_counts, ready, stop, index
     logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s worker-{index} %(levelname)s %(name)s: %(message)s")
     from traceml.processor.decode import Decoder
     from traceml.processor.otlp_intake import OtlpIntake
-    from traceml.processor.ingest import IngestQueue, ProcessorStats
+    from traceml.processor.ingest import IngestQueue
     from traceml.processor.receiver_grpc import GrpcReceiver
     from traceml.processor.receiver_http import HttpReceiver
+    from traceml.processor.self_telemetry import SelfTelemetry
     from traceml.processor.sqlite_writer import StepTimeStore
 
     store = StepTimeStore(config.db)
-    stats = ProcessorStats(shared=shared_counts)
+    stats = SelfTelemetry(shared=shared_counts)
     ingest = IngestQueue(store, stats=stats, max_pending_records=config.max_pending_records)
     handler = OtlpIntake(Decoder(config.limits), ingest, stats)
     ingest.start()
@@ -97,7 +98,8 @@ def _worker_main(config, grpc_addr, http_addr, shared_counts, ready, stop, index
                                           max_concurrent_requests=config.max_concurrent_requests, reuse_port=True))
         if http_addr is not None:
             receivers.append(HttpReceiver(handler, *http_addr, auth=config.auth, tls=config.tls,
-                                          reuse_port=True, max_concurrent_requests=config.max_concurrent_requests))
+                                          reuse_port=True, max_concurrent_requests=config.max_concurrent_requests,
+                                          limits=config.http_limits))
         for receiver in receivers:
             receiver.start()
     except Exception:

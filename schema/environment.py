@@ -143,6 +143,7 @@ TRACEML_PROCESSOR_DB = "TRACEML_PROCESSOR_DB"
 TRACEML_PROCESSOR_OTLP_GRPC = "TRACEML_PROCESSOR_OTLP_GRPC"
 TRACEML_PROCESSOR_OTLP_HTTP = "TRACEML_PROCESSOR_OTLP_HTTP"
 TRACEML_PROCESSOR_PROMETHEUS = "TRACEML_PROCESSOR_PROMETHEUS"
+TRACEML_PROCESSOR_UI = "TRACEML_PROCESSOR_UI"
 TRACEML_PROCESSOR_EXPORT_ENDPOINT = "TRACEML_PROCESSOR_EXPORT_ENDPOINT"
 TRACEML_PROCESSOR_SUMMARY_DIR = "TRACEML_PROCESSOR_SUMMARY_DIR"
 TRACEML_PROCESSOR_AUTH_TOKEN = "TRACEML_PROCESSOR_AUTH_TOKEN"
@@ -160,9 +161,26 @@ TRACEML_PROCESSOR_MAX_RANKS_PER_RUN = "TRACEML_PROCESSOR_MAX_RANKS_PER_RUN"
 """Ranks accepted per run; further ranks are rejected (default 16384)."""
 TRACEML_PROCESSOR_WORKERS = "TRACEML_PROCESSOR_WORKERS"
 """Ingest processes sharing the receiver ports (default 1)."""
+TRACEML_PROCESSOR_RANK_SERIES_TOP_K = "TRACEML_PROCESSOR_RANK_SERIES_TOP_K"
+"""Ranks per run with per-rank series by deviation score, beyond the culprits, victims, worst and
+representative rank, which always have them (default 8)."""
+TRACEML_PROCESSOR_MAX_SERIES = "TRACEML_PROCESSOR_MAX_SERIES"
+"""Series one /metrics scrape or summary push carries at most; whole runs beyond it are left out and
+counted (default 100000)."""
 TRACEML_PROCESSOR_MAX_CONCURRENT_REQUESTS = "TRACEML_PROCESSOR_MAX_CONCURRENT_REQUESTS"
 """Export requests each receiver handles at once; beyond it gRPC UNAVAILABLE with RetryInfo, HTTP 429
 with Retry-After (default 128)."""
+TRACEML_PROCESSOR_HTTP_HEADER_TIMEOUT = "TRACEML_PROCESSOR_HTTP_HEADER_TIMEOUT"
+"""Seconds an OTLP/HTTP request head may take, from connect (TLS handshake included) or its first byte
+on a kept-alive connection; then 408 and closed (default 10)."""
+TRACEML_PROCESSOR_HTTP_BODY_TIMEOUT = "TRACEML_PROCESSOR_HTTP_BODY_TIMEOUT"
+"""Seconds an OTLP/HTTP request body may take after its head, and an answer may wait to be read;
+then 408 and closed (default 30)."""
+TRACEML_PROCESSOR_HTTP_KEEPALIVE_TIMEOUT = "TRACEML_PROCESSOR_HTTP_KEEPALIVE_TIMEOUT"
+"""Seconds a kept-alive OTLP/HTTP connection may wait for its next request (default 60)."""
+TRACEML_PROCESSOR_HTTP_MAX_CONNECTIONS = "TRACEML_PROCESSOR_HTTP_MAX_CONNECTIONS"
+"""OTLP/HTTP connections open at once per process, lowered to leave a quarter of RLIMIT_NOFILE free;
+at the cap the longest-idle one is closed, or the newcomer answered 503 + Retry-After (default 1024)."""
 
 TRUE_VALUES = frozenset({"1", "true", "yes", "on"})
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Mapping
 
+from traceml.schema.distribution import DISTRIBUTION
+
 # --- Raw timing events (training side, wire, raw payload in SQLite) ----------
 
 RAW_EVENT_PREFIX = "_traceml_internal:"
@@ -52,6 +54,7 @@ RAW_EVENT_TO_METRIC: Mapping[str, str] = {
 }
 
 CANONICAL_METRICS: tuple[str, ...] = tuple(RAW_EVENT_TO_METRIC.values())
+METRIC_TO_RAW_EVENT: Mapping[str, str] = {metric: raw for raw, metric in RAW_EVENT_TO_METRIC.items()}
 
 # Derived metrics computed by the analyzer (never sent on the wire).
 METRIC_COMPUTE = "compute"
@@ -78,6 +81,17 @@ def raw_event_key(raw_event: str) -> str:
 def raw_event_from_key(key: str) -> str:
     """Inverse of `raw_event_key`."""
     return RAW_EVENT_PREFIX + key
+
+
+def phase_name(raw_event: str) -> str:
+    """The name users see for a raw event: its canonical metric (`forward`), else the
+    event's own name without the internal prefix (a `timed_region` of the user's)."""
+    return RAW_EVENT_TO_METRIC.get(raw_event) or raw_event_key(raw_event)
+
+
+def raw_event_of_phase(name: str) -> str:
+    """Inverse of `phase_name`: `forward` -> `_traceml_internal:forward_time`."""
+    return METRIC_TO_RAW_EVENT.get(name) or raw_event_from_key(name)
 
 
 # --- Resource attributes (one set per rank process) ---------------------------
@@ -111,19 +125,42 @@ TRAINING_STRATEGIES: tuple[str, ...] = (STRATEGY_DDP, STRATEGY_FSDP, STRATEGY_SI
 # --- Spans ---------------------------------------------------------------------
 
 INSTRUMENTATION_SCOPE = "traceml"
+"""Scope name; the scope version is the installed package's (`schema.distribution`)."""
+
+# Resource attributes describing what made the telemetry (resource semantic conventions).
+# The spans are built by TraceML's own encoder, not by the OpenTelemetry SDK, so
+# `telemetry.sdk.name` must not be the reserved `opentelemetry`: it is the module of
+# that encoder's entry point. `telemetry.distro.*` names TraceML as the
+# instrumentation agent that patches PyTorch; both versions are the package's.
+RES_TELEMETRY_SDK_NAME = "telemetry.sdk.name"
+RES_TELEMETRY_SDK_LANGUAGE = "telemetry.sdk.language"
+RES_TELEMETRY_SDK_VERSION = "telemetry.sdk.version"
+RES_TELEMETRY_DISTRO_NAME = "telemetry.distro.name"
+RES_TELEMETRY_DISTRO_VERSION = "telemetry.distro.version"
+TELEMETRY_SDK_NAME = "traceml.exporter"
+TELEMETRY_SDK_LANGUAGE = "python"
+TELEMETRY_DISTRO_NAME = DISTRIBUTION
+TELEMETRY_PREFIX = "telemetry."
+"""A job's own `telemetry.*` resource keys describe its SDK and agent: never merged in."""
 
 SPAN_STEP = "traceml.step"
 """One per completed step per rank; self-contained: it alone rebuilds one row."""
 
 SPAN_PHASE_PREFIX = "traceml.phase."
-"""Child spans `traceml.phase.<raw event key>` for trace viewers only."""
+"""Child spans `traceml.phase.<phase name>` (`phase_name`: `traceml.phase.forward`) for
+trace viewers only. Older exporters named them by the raw event key
+(`traceml.phase.forward_time`); the processor ignores every span with this prefix."""
 
 SPAN_RUN_END = "traceml.run.end"
 """End-of-run marker: the rank finished cleanly (attributes carry final counts)."""
 
 ATTR_STEP = "traceml.step"
 ATTR_DEVICE = "traceml.device"
-ATTR_PHASE = "traceml.phase"
+ATTR_PHASE = "traceml.phase.name"
+"""On a phase child span: its phase name (`forward`). Not `traceml.phase` itself, a
+namespace of the step span's attributes: a name should not also be a namespace."""
+LEGACY_ATTR_PHASE = "traceml.phase"
+"""What older exporters put on phase children: the raw event name (never read back)."""
 ATTR_STEPS_COMPLETED = "traceml.steps.completed"
 
 # Peak memory of the step, on the `traceml.step` span (int, bytes: unit `By`), with
@@ -134,33 +171,72 @@ ATTR_MEMORY_PEAK_ALLOCATED = "traceml.memory.peak_allocated"
 ATTR_MEMORY_PEAK_RESERVED = "traceml.memory.peak_reserved"
 MEMORY_UNIT = "By"
 
-# Per raw event on the `traceml.step` span: summed values for the step.
-#   traceml.event.<raw event key>.cpu_ms   double, always present for a seen event
-#   traceml.event.<raw event key>.gpu_ms   double, only when CUDA timing resolved
-#   traceml.event.<raw event key>.count    int, number of occurrences summed
-EVENT_ATTR_PREFIX = "traceml.event."
-EVENT_FIELD_CPU_MS = "cpu_ms"
-EVENT_FIELD_GPU_MS = "gpu_ms"
+# Per phase (raw event) on the `traceml.step` span: summed values for the step.
+#   traceml.phase.<phase>.cpu.duration   double, seconds, always present for a seen event
+#   traceml.phase.<phase>.gpu.duration   double, seconds, only when CUDA timing resolved
+#   traceml.phase.<phase>.count          int, number of occurrences summed
+# <phase> is `phase_name(raw event)`: the canonical metric (`forward`, `input_wait`, ...,
+# `traced_step_time` for the whole traced step), else a user region's own name.
+# Seconds, as OpenTelemetry's conventions use for durations; the unit is declared
+# here (OTLP attributes have no unit field) and never spelled in the name.
+EVENT_ATTR_PREFIX = "traceml.phase."
+EVENT_FIELD_CPU = "cpu.duration"
+EVENT_FIELD_GPU = "gpu.duration"
 EVENT_FIELD_COUNT = "count"
-EVENT_FIELDS: tuple[str, ...] = (EVENT_FIELD_CPU_MS, EVENT_FIELD_GPU_MS, EVENT_FIELD_COUNT)
+EVENT_FIELDS: tuple[str, ...] = (EVENT_FIELD_CPU, EVENT_FIELD_GPU, EVENT_FIELD_COUNT)
+DURATION_UNIT = "s"
+EVENT_FIELD_UNITS: Mapping[str, str] = {EVENT_FIELD_CPU: DURATION_UNIT, EVENT_FIELD_GPU: DURATION_UNIT,
+                                        EVENT_FIELD_COUNT: "{occurrence}"}
+
+# What older exporters sent (before these names followed OpenTelemetry's conventions);
+# the processor still reads it, into the same rows:
+#   traceml.event.<raw event key>.cpu_ms / .gpu_ms   double, milliseconds
+#   traceml.event.<raw event key>.count              int
+# (<raw event key>: the raw name without `_traceml_internal:`, e.g. `forward_time`.)
+LEGACY_EVENT_ATTR_PREFIX = "traceml.event."
+LEGACY_DURATION_UNIT = "ms"
+LEGACY_EVENT_FIELDS: Mapping[str, tuple[str, str]] = {
+    "cpu_ms": (EVENT_FIELD_CPU, LEGACY_DURATION_UNIT),
+    "gpu_ms": (EVENT_FIELD_GPU, LEGACY_DURATION_UNIT),
+    "count": (EVENT_FIELD_COUNT, EVENT_FIELD_UNITS[EVENT_FIELD_COUNT]),
+}  # legacy field -> (current field, unit of the legacy value)
+_EVENT_SUFFIXES = tuple((f".{field}", field) for field in EVENT_FIELDS)
 
 
 def event_attribute(raw_event: str, field: str) -> str:
-    """Attribute key for one field of one raw event on a `traceml.step` span."""
+    """Attribute key for one field of one raw event on a `traceml.step` span:
+    (`_traceml_internal:forward_time`, `cpu.duration`) -> `traceml.phase.forward.cpu.duration`."""
     if field not in EVENT_FIELDS:
-        raise ValueError(f"unknown event field {field!r}")
-    return f"{EVENT_ATTR_PREFIX}{raw_event_key(raw_event)}.{field}"
+        raise ValueError(f"unknown event field {field!r} (one of {EVENT_FIELDS})")
+    return f"{EVENT_ATTR_PREFIX}{phase_name(raw_event)}.{field}"
 
 
-def parse_event_attribute(key: str) -> tuple[str, str] | None:
-    """`traceml.event.forward_time.cpu_ms` -> (`_traceml_internal:forward_time`, `cpu_ms`)."""
-    if not key.startswith(EVENT_ATTR_PREFIX):
+def legacy_event_attribute(raw_event: str, field: str) -> str:
+    """The key an older exporter sent: (`_traceml_internal:forward_time`, `cpu_ms`) ->
+    `traceml.event.forward_time.cpu_ms` (for fixtures of such exporters)."""
+    if field not in LEGACY_EVENT_FIELDS:
+        raise ValueError(f"unknown legacy event field {field!r} (one of {tuple(LEGACY_EVENT_FIELDS)})")
+    return f"{LEGACY_EVENT_ATTR_PREFIX}{raw_event_key(raw_event)}.{field}"
+
+
+def parse_event_attribute(key: str) -> tuple[str, str, str] | None:
+    """A step span's event attribute, current or legacy -> (raw event, current field, unit
+    of the value), else None:
+    `traceml.phase.forward.cpu.duration` -> (`_traceml_internal:forward_time`, `cpu.duration`, `s`);
+    `traceml.event.forward_time.cpu_ms` -> (`_traceml_internal:forward_time`, `cpu.duration`, `ms`)."""
+    if key.startswith(EVENT_ATTR_PREFIX):
+        rest = key[len(EVENT_ATTR_PREFIX):]
+        for suffix, field in _EVENT_SUFFIXES:
+            if rest.endswith(suffix) and len(rest) > len(suffix):
+                return raw_event_of_phase(rest[:-len(suffix)]), field, EVENT_FIELD_UNITS[field]
         return None
-    rest = key[len(EVENT_ATTR_PREFIX):]
-    name, dot, field = rest.rpartition(".")
-    if not dot or not name or field not in EVENT_FIELDS:
-        return None
-    return raw_event_from_key(name), field
+    if key.startswith(LEGACY_EVENT_ATTR_PREFIX):
+        name, dot, legacy = key[len(LEGACY_EVENT_ATTR_PREFIX):].rpartition(".")
+        spec = LEGACY_EVENT_FIELDS.get(legacy)
+        if not dot or not name or spec is None:
+            return None
+        return raw_event_from_key(name), spec[0], spec[1]
+    return None
 
 
 # --- Training-side metrics (raw input for the processor, not for Prometheus) --
@@ -209,6 +285,30 @@ ATTR_CULPRIT_RANK = "traceml.diagnosis.culprit_rank"
 ATTR_FRESHNESS = "traceml.freshness"
 ATTR_OUTCOME = "traceml.outcome"
 ATTR_SIGNAL = "traceml.signal"
+ATTR_REASON = "traceml.reason"
+"""Why an export request was refused (one of `REFUSAL_REASONS`); absent on accepted ones."""
+
+# The processor's self-metric values: closed sets, so every series is bounded
+# (processor/self_telemetry.py counts them, as the Collector's obsreport does).
+METRIC_PROCESSOR_RECORDS = "traceml.processor.records"
+METRIC_PROCESSOR_REQUESTS = "traceml.processor.requests"
+RECORD_ACCEPTED = "accepted"
+RECORD_DUPLICATE = "duplicate"
+RECORD_REJECTED = "rejected"
+RECORD_IGNORED = "ignored"
+RECORD_OUTCOMES: tuple[str, ...] = (RECORD_ACCEPTED, RECORD_DUPLICATE, RECORD_REJECTED, RECORD_IGNORED)
+REQUEST_ACCEPTED = "accepted"
+REQUEST_REFUSED = "refused"
+REFUSED_UNAUTHENTICATED = "unauthenticated"  # HTTP 401, gRPC UNAUTHENTICATED
+REFUSED_OVER_LIMIT = "over_limit"  # more concurrent requests than the limit: 429 / UNAVAILABLE + RetryInfo
+REFUSED_BACKPRESSURE = "backpressure"  # the ingest queue is full: 429 / UNAVAILABLE + RetryInfo
+REFUSED_UNAVAILABLE = "unavailable"  # not committed (store failure, shutdown): 503 / UNAVAILABLE + RetryInfo
+REFUSED_UNDECODABLE = "undecodable"  # not OTLP: 400 / INVALID_ARGUMENT
+REFUSED_TOO_LARGE = "too_large"  # HTTP 413 (gRPC's own size limit answers before the processor sees the call)
+REFUSED_UNSUPPORTED = "unsupported_media"  # HTTP 415: content type or encoding
+REFUSAL_REASONS: tuple[str, ...] = (REFUSED_UNAUTHENTICATED, REFUSED_OVER_LIMIT, REFUSED_BACKPRESSURE,
+                                    REFUSED_UNAVAILABLE, REFUSED_UNDECODABLE, REFUSED_TOO_LARGE,
+                                    REFUSED_UNSUPPORTED)
 
 STATISTICS: tuple[str, ...] = ("median", "worst", "average")
 
@@ -260,12 +360,29 @@ SUMMARY_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("traceml.rank.telemetry.dropped", "{record}",
                "Telemetry records a rank reported dropped, by queue.",
                (ATTR_RUN_ID, ATTR_RANK, ATTR_QUEUE), kind="counter"),
+    # Job-level aggregates over every rank: the per-rank series above exist only for the
+    # ranks that matter (processor/reporting/summary_metrics.py says which).
+    MetricSpec("traceml.run.telemetry.dropped", "{record}",
+               "Telemetry records all ranks of the run reported dropped, summed over ranks, by queue.",
+               (ATTR_RUN_ID, ATTR_QUEUE), kind="counter"),
+    MetricSpec("traceml.run.memory.peak", "By",
+               "Latest per-step peak allocated memory over all ranks of the run (median/worst/average rank).",
+               (ATTR_RUN_ID, ATTR_STATISTIC)),
+    MetricSpec("traceml.run.exported_ranks", "{rank}",
+               "Ranks of the run that have per-rank series (culprits, worst, representative, top-k by score).",
+               (ATTR_RUN_ID,)),
 )
 
 PROCESSOR_METRICS: tuple[MetricSpec, ...] = (
-    MetricSpec("traceml.processor.records", "{record}",
-               "Records received by the processor, by outcome (accepted, rejected, duplicate, ignored).",
+    MetricSpec(METRIC_PROCESSOR_RECORDS, "{record}",
+               "Records in the export requests the processor accepted, by outcome (accepted, duplicate, "
+               "rejected, ignored).",
                (ATTR_OUTCOME, ATTR_SIGNAL), kind="counter"),
+    MetricSpec(METRIC_PROCESSOR_REQUESTS, "{request}",
+               "OTLP export requests answered by the receivers, by outcome (accepted, refused) and, when "
+               "refused, reason (unauthenticated, over_limit, backpressure, unavailable, undecodable, "
+               "too_large, unsupported_media).",
+               (ATTR_OUTCOME, ATTR_SIGNAL, ATTR_REASON), kind="counter"),
     MetricSpec("traceml.processor.analysis.duration", "s",
                "Duration of the latest live analysis refresh of a run.", (ATTR_RUN_ID,)),
     MetricSpec("traceml.processor.run.lag", "s",
@@ -274,6 +391,9 @@ PROCESSOR_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("traceml.processor.export.failures", "{request}",
                "Summary-metric pushes to the OTLP export endpoint that failed after their retries.",
                (), kind="counter"),
+    MetricSpec("traceml.processor.series.left_out", "{series}",
+               "Series left out of the latest /metrics scrape or push because the series limit was reached "
+               "(whole runs, the most recently first seen first).", ()),
 )
 
 # What each rank's exporter sends as metrics: bounded attributes only (run, rank and
@@ -305,6 +425,11 @@ def prometheus_name(otel_name: str, unit: str, *, counter: bool = False) -> str:
     if counter and not name.endswith("_total"):
         name += "_total"
     return name
+
+
+def prometheus_unit(unit: str) -> str | None:
+    """The unit a Prometheus name carries as its suffix (OpenMetrics `# UNIT`); None for annotations."""
+    return _UNIT_SUFFIX.get(unit)
 
 
 def prometheus_label(attribute_key: str) -> str:

@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+from traceml.processor.presenters.terminal_text import printable
 from traceml.processor.reporting.inputs import RankMemory, RankTelemetry, RunMetadata, RunTelemetry
 from traceml.processor.step_time.model import DiagnosisIssue, StepTimeAnalysis, StepTimeWindow
 from traceml.schema.summary import SCHEMA_VERSION
@@ -345,7 +346,8 @@ def render_card(summary: Mapping) -> str:
                if failed else "no export failures")
             + ("; steps missing " + ", ".join(f"r{r} {n}" for r, n in missing.items()) if missing else "")
         )
-    return "\n".join(lines) + "\n"
+    # Run id, strategy, issue texts and queue names came from the wire: the card is printed.
+    return printable("\n".join(lines) + "\n", keep_newlines=True)
 
 
 def _rank(rank: int | None) -> str:

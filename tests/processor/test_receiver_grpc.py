@@ -14,6 +14,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from tests.processor.otlp_payloads import (foreign_request, memory_request, run_end_span, step_span, steps_request,
                            trace_request)
 
+from traceml.processor.receiver_grpc import MAX_RECEIVE_BYTES
 from traceml.processor.security import BearerAuth
 from traceml.schema import vocabulary as v
 
@@ -52,11 +53,11 @@ def test_duplicate_delivery_adds_no_rows(service):
 def test_bad_spans_are_rejected_with_counted_reasons_and_good_ones_kept(service):
     good = [step_span(s, 0) for s in range(3)]
     bad = [
-        step_span(10, 0, extra={v.event_attribute(v.RAW_FORWARD, "cpu_ms"): float("nan")}),
+        step_span(10, 0, extra={v.legacy_event_attribute(v.RAW_FORWARD, "cpu_ms"): float("nan")}),
         step_span(11, 0, drop=[v.ATTR_STEP]),
         step_span(12, 0, extra={v.ATTR_STEP: "twelve"}),
-        step_span(13, 0, extra={v.event_attribute(v.RAW_BACKWARD, "cpu_ms"): -40.0}),
-        step_span(14, 0, extra={v.event_attribute(v.RAW_BACKWARD, "cpu_ms"): 1e12}),
+        step_span(13, 0, extra={v.legacy_event_attribute(v.RAW_BACKWARD, "cpu_ms"): -40.0}),
+        step_span(14, 0, extra={v.legacy_event_attribute(v.RAW_BACKWARD, "cpu_ms"): 1e12}),
         step_span(15, 0, extra={v.ATTR_STEP: -1}),
     ]
     channel, traces, _ = stubs(service.grpc_port)
@@ -148,6 +149,27 @@ def test_bearer_token_is_required_when_configured(tmp_path):
             traces.Export(steps_request("run-auth", 0, range(2)), timeout=10,
                           metadata=[("authorization", "Bearer s3cret")])
         assert count_rows(svc.config.db, run_id="run-auth") == 2
+    finally:
+        svc.stop()
+
+
+def test_unauthenticated_calls_are_refused_before_their_body_is_read(tmp_path):
+    """A body over the receive limit is answered UNAUTHENTICATED, not RESOURCE_EXHAUSTED: never read."""
+    svc = make_service(tmp_path, auth=BearerAuth("s3cret"), prometheus=None)
+    try:
+        channel = grpc.insecure_channel(f"127.0.0.1:{svc.grpc_port}", options=[("grpc.max_send_message_length", -1)])
+        export = channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
+        oversized = b"\x0a" + b"\x00" * (MAX_RECEIVE_BYTES + (1 << 20))
+        with channel:
+            for metadata in ((), (("authorization", "Bearer wrong"),)):
+                with pytest.raises(grpc.RpcError) as err:
+                    export(oversized, timeout=30, metadata=metadata)
+                assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            with pytest.raises(grpc.RpcError) as err:  # with the token, the receive limit applies
+                export(oversized, timeout=30, metadata=(("authorization", "Bearer s3cret"),))
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert svc.stats.refusals() == {(v.REFUSED_UNAUTHENTICATED, v.SIGNAL_TRACES): 2}
+        assert svc.grpc.pool.admitted == 0 and svc.grpc.pool.refused == 0  # no admission slot was taken
     finally:
         svc.stop()
 

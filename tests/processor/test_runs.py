@@ -92,14 +92,15 @@ def test_hostile_run_id_cannot_leave_the_summary_dir(service):
 
 def test_metrics_endpoint_exposes_diagnosis_per_rank_and_self_metrics(service, tmp_path):
     send_straggler_run(service.grpc_port, "run-prom", end_markers=())
-    expected = ('traceml_diagnosis_active_ratio{traceml_run_id="run-prom",traceml_diagnosis_kind="INPUT_STRAGGLER",'
-                'traceml_diagnosis_severity="crit",traceml_diagnosis_status="confirmed",traceml_diagnosis_culprit_rank="0"} 0.714285714285')
+    # prometheus_client writes labels in name order.
+    expected = ('traceml_diagnosis_active_ratio{traceml_diagnosis_culprit_rank="0",traceml_diagnosis_kind="INPUT_STRAGGLER",'
+                'traceml_diagnosis_severity="crit",traceml_diagnosis_status="confirmed",traceml_run_id="run-prom"} 0.714285714285')
     # Refreshes run while ranks still arrive; wait for the one that saw everything.
     assert wait_until(lambda: expected in scrape(service.prometheus_port), 30), scrape(service.prometheus_port)
     text = scrape(service.prometheus_port)
-    assert 'traceml_rank_metric_seconds{traceml_run_id="run-prom",traceml_rank="1",traceml_metric="backward"} 0.12' in text
-    assert 'traceml_rank_memory_peak_bytes{traceml_run_id="run-prom",traceml_rank="1"} ' in text
-    assert 'traceml_rank_telemetry_dropped_total{traceml_run_id="run-prom",traceml_rank="1",traceml_queue="timing"} 1' in text
+    assert 'traceml_rank_metric_seconds{traceml_metric="backward",traceml_rank="1",traceml_run_id="run-prom"} 0.12' in text
+    assert 'traceml_rank_memory_peak_bytes{traceml_rank="1",traceml_run_id="run-prom"} ' in text
+    assert 'traceml_rank_telemetry_dropped_total{traceml_queue="timing",traceml_rank="1",traceml_run_id="run-prom"} 1' in text
     assert 'traceml_processor_records_total{traceml_outcome="accepted",traceml_signal="traces"} 48' in text
     assert "traceml_step" not in text.replace("traceml_window_steps", "")
     assert "# HELP traceml_window_metric_seconds " in text

@@ -233,9 +233,9 @@ def test_opentelemetry_sdk_exporters_drive_both_receivers(service):
             start = 1_800_000_000_000_000_000 + step * 100_000_000
             span = tracer.start_span(v.SPAN_STEP, start_time=start, attributes={
                 v.ATTR_STEP: step, v.ATTR_RANK: rank,
-                v.event_attribute(v.RAW_FORWARD, "cpu_ms"): 30.0,
-                v.event_attribute(v.RAW_FORWARD, "count"): 1,
-                v.event_attribute(v.RAW_STEP_TIME, "cpu_ms"): 95.0})
+                v.legacy_event_attribute(v.RAW_FORWARD, "cpu_ms"): 30.0,
+                v.legacy_event_attribute(v.RAW_FORWARD, "count"): 1,
+                v.legacy_event_attribute(v.RAW_STEP_TIME, "cpu_ms"): 95.0})
             span.end(end_time=start + 95_000_000)
         provider.shutdown()
     assert count_rows(service.config.db, run_id="sdk-run") == 8

@@ -24,7 +24,7 @@ from traceml.schema import vocabulary as v
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Milliseconds per step and event, as the exporter puts them on the wire.
+# Milliseconds per step and event, as stored (`step_attrs` sends them in seconds, as the exporter does).
 EVENTS_MS: Mapping[str, float] = {
     v.RAW_DATALOADER_NEXT: 4.0,
     v.RAW_FORWARD: 30.0,
@@ -77,7 +77,7 @@ def _ids(*parts) -> tuple[bytes, bytes]:
 def step_attrs(step: int, rank: int, events_ms: Mapping[str, float] | None = None) -> dict:
     attrs: dict = {v.ATTR_STEP: step, v.ATTR_RANK: rank}
     for raw, ms in (EVENTS_MS if events_ms is None else events_ms).items():
-        attrs[v.event_attribute(raw, v.EVENT_FIELD_CPU_MS)] = float(ms)
+        attrs[v.event_attribute(raw, v.EVENT_FIELD_CPU)] = float(ms) / 1000.0  # seconds on the wire
         attrs[v.event_attribute(raw, v.EVENT_FIELD_COUNT)] = 1
     return attrs
 

@@ -320,9 +320,9 @@ def test_deeply_nested_json_is_answered_400(processor, client):
 
 def test_grpc_undecodable_is_counted_and_answered_invalid_argument(processor, client):
     def undecodable() -> float:
-        samples = h.prometheus_samples(processor.metrics_text(), "traceml_processor_records_total")
-        outcome, signal = v.prometheus_label(v.ATTR_OUTCOME), v.prometheus_label(v.ATTR_SIGNAL)
-        return sum(val for labels, val in samples if labels.get(outcome) == "undecodable"
+        samples = h.prometheus_samples(processor.metrics_text(), "traceml_processor_requests_total")
+        reason, signal = v.prometheus_label(v.ATTR_REASON), v.prometheus_label(v.ATTR_SIGNAL)
+        return sum(val for labels, val in samples if labels.get(reason) == v.REFUSED_UNDECODABLE
                    and labels.get(signal) == "traces")
 
     before = undecodable()

@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import grpc
+import pytest
 from tests.reliability.fuzz_cases import TRACES, OtlpClient, reasons_in
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
@@ -130,6 +131,30 @@ def test_bearer_token_alone_is_enforced_and_probes_stay_open(tmp_path):
         assert stored_step_keys(proc.db) == {("tok-allowed", 0, 1), ("tok-allowed", 1, 1)}
     finally:
         assert proc.stop() == 0
+
+
+@pytest.mark.parametrize("content", ["", "  \n\t\n"], ids=["empty", "whitespace"])
+def test_an_empty_token_file_refuses_to_start(tmp_path, content):
+    """An empty --auth-token-file once turned authentication off without a word."""
+    token_file = tmp_path / "token"
+    token_file.write_text(content)
+    proc = ProcessorProcess(tmp_path / "p", extra_args=["--auth-token-file", str(token_file)])
+    with pytest.raises(RuntimeError):
+        proc.start(timeout_s=30)  # no ready line: it never served
+    assert proc.proc.returncode == 1
+    lines = proc.log_text().strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("traceml-processor: cannot start:") and str(token_file) in lines[0]
+    assert "empty" in lines[0] and "Traceback" not in proc.log_text()
+
+
+def test_a_missing_token_file_refuses_to_start(tmp_path):
+    proc = ProcessorProcess(tmp_path / "p", extra_args=["--auth-token-file", str(tmp_path / "absent")])
+    with pytest.raises(RuntimeError):
+        proc.start(timeout_s=30)
+    assert proc.proc.returncode == 1
+    lines = proc.log_text().strip().splitlines()
+    assert len(lines) == 1 and "cannot read --auth-token-file" in lines[0], lines
 
 
 def test_caps_on_runs_ranks_and_attribute_sizes(tmp_path):

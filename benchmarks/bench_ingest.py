@@ -5,6 +5,10 @@
     .venv/bin/python -m benchmarks.bench_ingest --json     # the figures as one JSON object
     .venv/bin/python -m benchmarks.bench_ingest --baseline-ref d3d0d60 --batch-sizes 2048 512
         # only: OTLP/gRPC ingest of that git ref vs the working tree, alternating, same run
+    .venv/bin/python -m benchmarks.bench_ingest --baseline-ref 13a4bdd --transport http --batch-sizes 64 512
+        # the same over OTLP/HTTP (keep-alive connections), e.g. across the HTTP front change
+    .venv/bin/python -m benchmarks.bench_ingest --idle-flood 2000 --baseline-ref 13a4bdd
+        # only: 2,000 idle connections to the HTTP port, that ref then this tree
 
 What is measured (the processor is the real CLI in its own process; senders are
 threads in this process sending pre-serialised OTLP requests, so client-side
@@ -247,8 +251,9 @@ def extract_ref(ref: str, folder: Path) -> Path:
 
 def bench_before_after(folder: Path, args) -> dict:
     """Same requests, same run: the processor at `--baseline-ref` and this tree, alternating
-    (gRPC, one process), so machine load hits both alike."""
-    old_root = extract_ref(args.baseline_ref, folder / "baseline-code")
+    (one process; OTLP/gRPC, or OTLP/HTTP with `--transport http`), so machine load hits both alike."""
+    old_root = (Path(args.baseline_root) if args.baseline_root
+                else extract_ref(args.baseline_ref, folder / "baseline-code"))
     out: dict = {}
     for batch in args.batch_sizes:
         requests = build_requests("ab", args.ranks, batch, int(args.seconds * 35_000))
@@ -257,7 +262,8 @@ def bench_before_after(folder: Path, args) -> dict:
                 proc = Processor(folder / f"ab-{batch}-{round_}-{root is None}", code_root=root)
                 try:
                     cpu_before = proc.cpu_s()
-                    rate, acked = sustained(grpc_sender(proc.grpc), requests, batch, args.seconds, args.threads)
+                    sender = grpc_sender(proc.grpc) if args.transport == "grpc" else http_sender(proc.http)
+                    rate, acked = sustained(sender, requests, batch, args.seconds, args.threads)
                     per_cpu_s = acked / max(1e-9, proc.cpu_s() - cpu_before)
                     assert proc.rows() == acked, "rows stored != spans acknowledged"
                 finally:
@@ -265,11 +271,71 @@ def bench_before_after(folder: Path, args) -> dict:
                 entry = out.setdefault(label, {}).setdefault(batch, {"spans_per_s": [], "per_cpu_s": []})
                 entry["spans_per_s"].append(round(rate))
                 entry["per_cpu_s"].append(round(per_cpu_s))
-                print(f"  {label:>12s} batch {batch:5d} round {round_}: {rate:9,.0f} spans/s wall, "
+                print(f"  {label:>12s} {args.transport} batch {batch:5d} round {round_}: {rate:9,.0f} spans/s wall, "
                       f"{per_cpu_s:,.0f} spans per processor CPU-second", flush=True)
         old, new = out[args.baseline_ref][batch], out["this tree"][batch]
         print(f"  batch {batch}: this tree / {args.baseline_ref}: wall {statistics.median(new['spans_per_s']) / statistics.median(old['spans_per_s']):.2f}x, "
               f"per CPU-second {statistics.median(new['per_cpu_s']) / statistics.median(old['per_cpu_s']):.2f}x (medians)", flush=True)
+    return out
+
+
+def bench_idle_flood(folder: Path, args) -> dict:
+    """What `--idle-flood N` idle connections to the HTTP port cost, and whether real clients are still served.
+
+    Per version (`--baseline-ref` and this tree, when given; else this tree): the processor's
+    threads and RSS with the flood held open, then one OTLP/HTTP and one OTLP/gRPC export with
+    a 10 s deadline (served or not, and how long it took), then the processor's CPU-seconds
+    over 3 idle seconds with the flood still open.
+    """
+    import socket
+
+    versions = [("this tree", None)]
+    if args.baseline_ref:
+        versions.insert(0, (args.baseline_ref, Path(args.baseline_root) if args.baseline_root
+                            else extract_ref(args.baseline_ref, folder / "flood-code")))
+    body = trace_request("flood", 0, [step_span(0, 0)]).SerializeToString()
+    out: dict = {}
+    for label, root in versions:
+        proc = Processor(folder / f"flood-{root is None}", code_root=root)
+        socks = []
+        try:
+            base_threads, base_rss = proc.ps.num_threads(), proc.rss_mib()
+            for _ in range(args.idle_flood):
+                try:
+                    socks.append(socket.create_connection(("127.0.0.1", proc.http), timeout=2))
+                except OSError:
+                    break
+            time.sleep(2.0)
+            entry = {"connections": len(socks), "threads_before": base_threads, "threads": proc.ps.num_threads(),
+                     "rss_before_mib": round(base_rss, 1), "rss_mib": round(proc.rss_mib(), 1)}
+            for transport in ("http", "grpc"):
+                started = time.perf_counter()
+                try:
+                    if transport == "http":
+                        conn = http.client.HTTPConnection("127.0.0.1", proc.http, timeout=10)
+                        conn.request("POST", "/v1/traces", body=body, headers={"Content-Type": "application/x-protobuf"})
+                        served = conn.getresponse().status == 200
+                        conn.close()
+                    else:
+                        with grpc.insecure_channel(f"127.0.0.1:{proc.grpc}") as channel:
+                            channel.unary_unary(TRACE_METHOD)(body, timeout=10)
+                        served = True
+                except (OSError, http.client.HTTPException, grpc.RpcError):
+                    served = False
+                entry[f"{transport}_served"] = served
+                entry[f"{transport}_s"] = round(time.perf_counter() - started, 3)
+            cpu_before = proc.cpu_s()
+            time.sleep(3.0)
+            entry["idle_cpu_s_per_3s"] = round(proc.cpu_s() - cpu_before, 2)
+        finally:
+            for sock in socks:
+                sock.close()
+            proc.stop()
+        out[label] = entry
+        print(f"  {label:>12s}: {entry['connections']} idle connections: threads {entry['threads_before']} -> "
+              f"{entry['threads']}, RSS {entry['rss_before_mib']} -> {entry['rss_mib']} MiB; a real export served: "
+              f"HTTP {entry['http_served']} ({entry['http_s']} s), gRPC {entry['grpc_served']} ({entry['grpc_s']} s); "
+              f"{entry['idle_cpu_s_per_3s']} CPU-s over 3 idle s", flush=True)
     return out
 
 
@@ -356,9 +422,17 @@ def main() -> None:
     p.add_argument("--memory-ranks", type=int, default=1024)
     p.add_argument("--memory-steps", type=int, default=120)
     add_json_flag(p)
-    p.add_argument("--baseline-ref", help="only compare OTLP/gRPC ingest of this git ref with the working "
+    p.add_argument("--baseline-ref", help="only compare ingest (--transport) of this git ref with the working "
                                           "tree, in the same run (e.g. d3d0d60, before the ingest speed-ups)")
+    p.add_argument("--baseline-root", metavar="DIR",
+                   help="like --baseline-ref, with the baseline code already laid out as DIR/traceml (e.g. this "
+                        "tree with one module swapped back, when the wire format moved on since the ref)")
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds per version with --baseline-ref")
+    p.add_argument("--idle-flood", type=int, metavar="N",
+                   help="only: hold N idle connections to the HTTP port and report threads, RSS, idle CPU and "
+                        "whether real exports are served (with --baseline-ref: that ref, then this tree)")
+    p.add_argument("--transport", choices=("grpc", "http"), default="grpc",
+                   help="the OTLP transport --baseline-ref compares (default grpc)")
     args = p.parse_args()
     with table_output(args.json):
         figures = measure(args)
@@ -367,6 +441,12 @@ def main() -> None:
 
 
 def measure(args) -> dict:
+    if args.baseline_root and not args.baseline_ref:
+        args.baseline_ref = "baseline"
+    if args.idle_flood:
+        print(f"bench_ingest idle flood: {args.idle_flood} connections; load average {os.getloadavg()[0]:.1f}")
+        with tempfile.TemporaryDirectory() as tmp:
+            return {"idle_flood": bench_idle_flood(Path(tmp), args)}
     if args.baseline_ref:
         print(f"bench_ingest before/after: {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f} at start")
         with tempfile.TemporaryDirectory() as tmp:

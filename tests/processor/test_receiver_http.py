@@ -226,3 +226,103 @@ def test_requests_over_the_concurrent_limit_answer_429_with_retry_after(tmp_path
     finally:
         blocker.close()
         svc.stop()
+
+
+# --- the HTTP/1.1 front (processor/serving.py): keep-alive, pipelining, 100-continue, HEAD, IPv6, TLS ---
+
+
+def _raw_exchange(port, payload: bytes, until: bytes, timeout_s: float = 10.0, host="127.0.0.1") -> bytes:
+    """Send `payload`, read until `until` has been seen (or the peer closes / the time is up)."""
+    import socket
+    import time
+
+    with socket.create_connection((host, port), timeout=timeout_s) as sock:
+        sock.sendall(payload)
+        data, deadline = b"", time.monotonic() + timeout_s
+        while until not in data and time.monotonic() < deadline:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        return data
+
+
+def _post_bytes(run_id: str, rank: int, extra: bytes = b"") -> bytes:
+    body = steps_request(run_id, rank, range(2)).SerializeToString()
+    return (b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n" + extra
+            + b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+
+
+def test_pipelined_requests_on_one_connection_are_answered_in_order(service):
+    answer = _raw_exchange(service.http_port, _post_bytes("h-pipe", 0) + _post_bytes("h-pipe", 1)
+                           + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", until=b"ok\n")
+    assert answer.count(b"HTTP/1.1 200") == 3 and answer.endswith(b"ok\n")
+    assert count_rows(service.config.db, run_id="h-pipe") == 4
+
+
+def test_expect_100_continue_is_answered_before_the_body_is_sent(service):
+    import socket
+
+    body = steps_request("h-100", 0, range(3)).SerializeToString()
+    with socket.create_connection(("127.0.0.1", service.http_port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+                     b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body))
+        assert sock.recv(4096).startswith(b"HTTP/1.1 100")
+        sock.sendall(body)
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+    assert count_rows(service.config.db, run_id="h-100") == 3
+
+
+def test_head_has_the_length_and_no_body_and_other_methods_are_405(service):
+    head = _raw_exchange(service.http_port, b"HEAD /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                         until=b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"Content-Length: 3" in head and head.endswith(b"\r\n\r\n")
+    status, _, _, response = post(service.http_port, "/v1/traces", b"", method="PUT")
+    assert status == 405 and response.getheader("Allow") == "GET, HEAD, POST"
+
+
+def test_ipv6_listener(tmp_path):
+    import socket
+
+    if not socket.has_ipv6:
+        import pytest
+
+        pytest.skip("no IPv6 on this machine")
+    try:
+        svc = make_service(tmp_path, otlp_http=("::1", 0), otlp_grpc=None, prometheus=None)
+    except OSError as exc:
+        import pytest
+
+        pytest.skip(f"cannot bind ::1: {exc}")
+    try:
+        answer = _raw_exchange(svc.http_port, _post_bytes("h-v6", 0), until=b"\r\n\r\n", host="::1")
+        assert answer.startswith(b"HTTP/1.1 200")
+        assert count_rows(svc.config.db, run_id="h-v6") == 2
+    finally:
+        svc.stop()
+
+
+def test_a_tls_handshake_that_never_comes_is_closed_within_the_header_timeout(tmp_path, certificate):
+    import socket
+    import ssl
+
+    from traceml.processor.security import TlsConfig
+    from traceml.processor.serving import HttpLimits
+
+    cert, key = certificate
+    svc = make_service(tmp_path, otlp_grpc=None, prometheus=None, tls=TlsConfig(str(cert), str(key)),
+                       http_limits=HttpLimits(header_timeout_s=0.3))
+    try:
+        with socket.create_connection(("127.0.0.1", svc.http_port), timeout=10) as silent:
+            assert silent.recv(1) == b""  # closed by the server, not by this 10 s timeout
+        context = ssl.create_default_context(cafile=str(cert))
+        conn = http.client.HTTPSConnection("localhost", svc.http_port, context=context, timeout=10)
+        conn.request("GET", "/healthz")
+        assert conn.getresponse().status == 200  # a client that does the handshake is served
+        conn.close()
+        assert svc.http.front.events()["tls_failed"] == 1
+    finally:
+        svc.stop()
+
+
+from tests.processor.test_summary_export_security_cli import certificate  # noqa: E402,F401  (the fixture)

@@ -216,10 +216,47 @@ def test_an_idle_flood_past_the_descriptor_limit_leaves_both_ports_serving_and_t
         before = cpu_s(proc.proc.pid)
         time.sleep(3.0)
         used = cpu_s(proc.proc.pid) - before
-        assert used < 0.6, f"{used:.2f} CPU-seconds in 3 idle seconds: the process spins"
+        assert used < 0.3, f"{used:.2f} CPU-seconds in 3 idle seconds: the process spins"
         assert proc.proc.poll() is None
     finally:
         for sock in socks:
             sock.close()
         proc.stop()
     assert "Traceback" not in proc.log_text()
+
+
+@pytest.mark.slow
+def test_at_emfile_the_http_port_waits_quietly_and_both_ports_serve_once_descriptors_return(tmp_path):
+    nofile = 256
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2 * nofile + 200:
+        pytest.skip(f"this test process may open {soft} descriptors; the flood needs {2 * nofile + 200}")
+    proc = LimitedProcessor(tmp_path, nofile, summary_dir=None)
+    proc.start(wait_readyz=True)
+    socks = []
+    try:
+        # Raw TCP to the gRPC port takes the process's last descriptors (grpcio holds them until its
+        # handshake deadline); then HTTP connections wait in the backlog and accept() fails with EMFILE.
+        for _ in range(nofile + 50):
+            socks.append(socket.create_connection(("127.0.0.1", proc.grpc), timeout=2))
+        assert wait_until(lambda: psutil.Process(proc.proc.pid).num_fds() >= nofile, 10, 0.05)
+        for _ in range(20):
+            socks.append(socket.create_connection(("127.0.0.1", proc.http), timeout=2))
+        time.sleep(1.0)
+        before = cpu_s(proc.proc.pid)
+        time.sleep(3.0)
+        used = cpu_s(proc.proc.pid) - before
+        assert used < 0.3, f"{used:.2f} CPU-seconds in 3 seconds at the descriptor limit: the process spins"
+        for sock in socks:
+            sock.close()
+        socks.clear()
+        # Descriptors back: both ports serve again, with no restart.
+        assert wait_until(lambda: psutil.Process(proc.proc.pid).num_fds() < nofile - 50, 10, 0.1)
+        grpc_export(proc.grpc, "after-emfile")
+        assert wait_until(lambda: http_export(proc.http, "after-emfile", 1) == 200, 10, 0.2)
+        assert count_rows(proc.db, run_id="after-emfile") == 4
+        assert log_lines(proc, "cannot accept (Too many open files)") <= 1  # one line per 10 s, not one per try
+    finally:
+        for sock in socks:
+            sock.close()
+        proc.stop()

@@ -49,6 +49,7 @@ class Names:
     run_exported_ranks: str = metric("traceml.run.exported_ranks")
     records: str = metric("traceml.processor.records")
     requests: str = metric(v.METRIC_PROCESSOR_REQUESTS)
+    http_connection_events: str = metric(v.METRIC_PROCESSOR_HTTP_CONNECTION_EVENTS)
     analysis_duration: str = metric("traceml.processor.analysis.duration")
     run_lag: str = metric("traceml.processor.run.lag")
     runs: str = metric("traceml.processor.runs")
@@ -71,6 +72,7 @@ class Labels:
     signal: str = label(v.ATTR_SIGNAL)
     queue: str = label(v.ATTR_QUEUE)
     reason: str = label(v.ATTR_REASON)
+    connection_event: str = label(v.ATTR_CONNECTION_EVENT)
     step: str = label(v.ATTR_STEP)
 
 

@@ -87,15 +87,30 @@ class OtlpHttpApp:
             "/readyz": self._readyz,
         }
 
+        self.mounts: dict[str, Callable[[RequestHead], Reply | Accept]] = {}  # prefix -> route
+
     def add_get_route(self, path: str, route: Callable[[RequestHead], Reply | Accept]) -> None:
         """Serve GET/HEAD `path` with `route` (on the loop: return `Accept` for work that blocks)."""
         self.get_routes[path] = route
+
+    def mount(self, prefix: str, route: Callable[[RequestHead], Reply | Accept]) -> None:
+        """Serve every request for `prefix` and the paths below it with `route` (the web view's `/ui`)."""
+        self.mounts[prefix.rstrip("/")] = route
+
+    def _mounted(self, path: str) -> Callable[[RequestHead], Reply | Accept] | None:
+        for prefix, route in self.mounts.items():
+            if path == prefix or path.startswith(prefix + "/"):
+                return route
+        return None
 
     def _readyz(self, head: RequestHead) -> Reply:
         ready, detail = self.readiness()
         return Reply(200 if ready else 503, (detail + "\n").encode())
 
     def __call__(self, head: RequestHead) -> Reply | Accept:
+        mounted = self._mounted(head.path)
+        if mounted is not None:
+            return mounted(head)
         if head.method in ("GET", "HEAD"):
             route = self.get_routes.get(head.path)
             return route(head) if route is not None else Reply(404, b"not found\n")
@@ -201,5 +216,6 @@ class HttpReceiver(ServerThread):
         self.front = HttpFront((host, port), self.app, limits=limits, pool_size=max_concurrent_requests,
                                max_body_bytes=MAX_BODY_BYTES,
                                tls_context=tls.server_context() if tls.enabled else None,
-                               reuse_port=reuse_port, retry_after_s=RETRY_AFTER_S, name="traceml-otlp-http")
+                               reuse_port=reuse_port, retry_after_s=RETRY_AFTER_S, name="traceml-otlp-http",
+                               on_event=handler.stats.connection_event)
         super().__init__(self.front, host, "traceml-otlp-http")

@@ -10,7 +10,10 @@ on one counting path, counted once where its fate is decided:
   (records rejected, ignored);
 - the ingest queue counts what the store did with the records (accepted,
   duplicate) and the refusals the queue itself decides (back-pressure,
-  unavailable).
+  unavailable);
+- the OTLP/HTTP front counts what it did to connections below the request
+  level (refused or evicted at the cap, timeouts, framing errors, hang-ups,
+  failed TLS, accept out of descriptors).
 
 Every key is drawn from closed sets in `schema/vocabulary.py`, so the counters
 are one fixed array of int64 (and a bounded set of series on `/metrics`). With
@@ -26,22 +29,23 @@ from traceml.schema import vocabulary as v
 
 RECORDS_METRIC = v.METRIC_PROCESSOR_RECORDS
 REQUESTS_METRIC = v.METRIC_PROCESSOR_REQUESTS
+CONNECTIONS_METRIC = v.METRIC_PROCESSOR_HTTP_CONNECTION_EVENTS
 
 
 @dataclass(frozen=True)
 class CounterKey:
-    """One counter: a metric and the attribute values of its series."""
+    """One counter: a metric and the attribute values of its series (absent ones are None)."""
 
     metric: str
-    outcome: str
-    signal: str
+    outcome: str | None = None
+    signal: str | None = None
     reason: str | None = None
+    connection_event: str | None = None
 
     def attributes(self) -> dict[str, str]:
-        attributes = {v.ATTR_OUTCOME: self.outcome, v.ATTR_SIGNAL: self.signal}
-        if self.reason is not None:
-            attributes[v.ATTR_REASON] = self.reason
-        return attributes
+        pairs = ((v.ATTR_OUTCOME, self.outcome), (v.ATTR_SIGNAL, self.signal), (v.ATTR_REASON, self.reason),
+                 (v.ATTR_CONNECTION_EVENT, self.connection_event))
+        return {key: value for key, value in pairs if value is not None}
 
 
 KEYS: tuple[CounterKey, ...] = (
@@ -49,6 +53,7 @@ KEYS: tuple[CounterKey, ...] = (
     *(CounterKey(REQUESTS_METRIC, v.REQUEST_ACCEPTED, signal) for signal in v.SIGNALS),
     *(CounterKey(REQUESTS_METRIC, v.REQUEST_REFUSED, signal, reason)
       for reason in v.REFUSAL_REASONS for signal in v.SIGNALS),
+    *(CounterKey(CONNECTIONS_METRIC, connection_event=event) for event in v.HTTP_CONNECTION_EVENTS),
 )
 _INDEX = {key: i for i, key in enumerate(KEYS)}
 
@@ -94,6 +99,10 @@ class SelfTelemetry:
     def refused(self, signal: str, reason: str) -> None:
         """One export request was refused, for `reason` (`REFUSAL_REASONS`)."""
         self._add(CounterKey(REQUESTS_METRIC, v.REQUEST_REFUSED, signal, reason), 1)
+
+    def connection_event(self, event: str) -> None:
+        """The OTLP/HTTP front did `event` (`HTTP_CONNECTION_EVENTS`) to one connection."""
+        self._add(CounterKey(CONNECTIONS_METRIC, connection_event=event), 1)
 
     # --- reading ------------------------------------------------------------------------
 

@@ -188,6 +188,12 @@ class ProcessorService:
             self.http = HttpReceiver(self.intake, *cfg.otlp_http, auth=cfg.auth, tls=cfg.tls,
                                      readiness=self.readiness, reuse_port=self.pool is not None,
                                      max_concurrent_requests=cfg.max_concurrent_requests, limits=cfg.http_limits)
+            if self.pool is None:
+                # The web view rides on the OTLP/HTTP port too. Not with ingest workers: they share the
+                # port, and a page landing on a worker would find no run sessions (use --ui there).
+                from traceml.processor.web.server import front_route, web_app_for
+
+                self.http.app.mount("/ui", front_route(web_app_for(self)))
             self.http.start()
         if self.pool is not None:
             # Workers bind the ports the main process resolved (port 0 becomes a real port first).

@@ -50,6 +50,8 @@ from typing import Callable, Union
 
 import h11
 
+from traceml.schema import vocabulary as v
+
 LOG = logging.getLogger(__name__)
 
 SHUTDOWN_POLL_S = 0.05
@@ -175,9 +177,8 @@ def connection_cap(configured: int) -> int:
     return max(1, min(configured, soft - max(64, soft // 4)))
 
 
-EVENTS = ("refused_at_cap", "evicted_idle", "header_timeout", "body_timeout", "write_timeout",
-          "framing_error", "hung_up", "tls_failed", "accept_out_of_descriptors")
-"""Connection events the front counts (`HttpFront.events()`): each costs one debug line."""
+EVENTS = v.HTTP_CONNECTION_EVENTS
+"""Connection events the front counts (`HttpFront.events()`, `on_event`): each costs one debug line."""
 
 
 # --- the connection --------------------------------------------------------------------------
@@ -593,14 +594,16 @@ class HttpFront:
         tls_context: server-side TLS, handshake on the connection (never the accept path).
         reuse_port: SO_REUSEPORT, for ingest workers sharing the port.
         retry_after_s: the `Retry-After` of the 503 at the cap.
+        on_event: also told each connection event (the processor's self-telemetry counts them).
     """
 
     def __init__(self, address: tuple[str, int], app: Application, *, limits: HttpLimits = HttpLimits(),
                  pool_size: int = 8, max_body_bytes: int = 20 * 1024 * 1024,
                  tls_context: ssl.SSLContext | None = None, reuse_port: bool = False, retry_after_s: int = 1,
-                 name: str = "traceml-http"):
+                 name: str = "traceml-http", on_event: Callable[[str], None] | None = None):
         limits.validate()
         self.app = app
+        self.on_event = on_event
         self.limits = limits
         self.max_connections = connection_cap(limits.max_connections)
         if self.max_connections < limits.max_connections:
@@ -703,6 +706,8 @@ class HttpFront:
 
     def _count(self, event: str, conn, detail: str) -> None:
         self._events[event] += 1
+        if self.on_event is not None:
+            self.on_event(event)
         LOG.debug("HTTP %s from %s: %s", event, getattr(conn, "peer", "?"), detail)
 
     def _loop_exception(self, loop, context: dict) -> None:
@@ -710,6 +715,8 @@ class HttpFront:
         if isinstance(exc, OSError) and "accept" in context.get("message", ""):
             # EMFILE/ENFILE/ENOBUFS: asyncio stops accepting for a second and retries; one line per 10 s.
             self._events["accept_out_of_descriptors"] += 1
+            if self.on_event is not None:
+                self.on_event("accept_out_of_descriptors")
             now = time.monotonic()
             if now - self._last_emfile_log >= _EMFILE_LOG_EVERY_S:
                 self._last_emfile_log = now

@@ -310,6 +310,19 @@ REFUSAL_REASONS: tuple[str, ...] = (REFUSED_UNAUTHENTICATED, REFUSED_OVER_LIMIT,
                                     REFUSED_UNAVAILABLE, REFUSED_UNDECODABLE, REFUSED_TOO_LARGE,
                                     REFUSED_UNSUPPORTED)
 
+METRIC_PROCESSOR_HTTP_CONNECTION_EVENTS = "traceml.processor.http.connection.events"
+ATTR_CONNECTION_EVENT = "traceml.connection.event"
+"""What the OTLP/HTTP front did to a connection (one of `HTTP_CONNECTION_EVENTS`)."""
+HTTP_CONNECTION_EVENTS: tuple[str, ...] = (
+    "refused_at_cap",  # the connection cap was reached and nothing idle could be closed: 503, closed
+    "evicted_idle",  # an idle keep-alive connection closed to make room at the cap
+    "header_timeout", "body_timeout", "write_timeout",  # a slow or stalled client, closed
+    "framing_error",  # bad HTTP framing (chunking, Content-Length with Transfer-Encoding): 400, closed
+    "hung_up",  # the client closed the connection mid-request
+    "tls_failed",  # the TLS handshake failed or never came
+    "accept_out_of_descriptors",  # accept() met EMFILE/ENFILE: accepting paused for a second
+)
+
 STATISTICS: tuple[str, ...] = ("median", "worst", "average")
 
 
@@ -383,6 +396,11 @@ PROCESSOR_METRICS: tuple[MetricSpec, ...] = (
                "refused, reason (unauthenticated, over_limit, backpressure, unavailable, undecodable, "
                "too_large, unsupported_media).",
                (ATTR_OUTCOME, ATTR_SIGNAL, ATTR_REASON), kind="counter"),
+    MetricSpec(METRIC_PROCESSOR_HTTP_CONNECTION_EVENTS, "{event}",
+               "What the OTLP/HTTP front did to connections it could not serve as asked, by event "
+               "(refused_at_cap, evicted_idle, header/body/write timeouts, framing_error, hung_up, "
+               "tls_failed, accept_out_of_descriptors).",
+               (ATTR_CONNECTION_EVENT,), kind="counter"),
     MetricSpec("traceml.processor.analysis.duration", "s",
                "Duration of the latest live analysis refresh of a run.", (ATTR_RUN_ID,)),
     MetricSpec("traceml.processor.run.lag", "s",

@@ -1,77 +1,65 @@
-"""`--ui HOST:PORT`: the web view on its own threaded HTTP server (standard library).
+"""The web view over HTTP: mounted under `/ui` on the OTLP/HTTP port, or on its own `--ui HOST:PORT`.
 
-A thin adapter: each request's method, path, query and headers go to
-`WebApp.handle`, its answer goes back as is. TLS comes from the processor's
-`TlsConfig` (the handshake runs on the handler thread, as in the OTLP/HTTP
-receiver); the bearer token is the app's.
+Both go through the processor's bounded HTTP front (`serving.HttpFront`: header,
+body and keep-alive timeouts, a connection cap, framing errors closed), so the
+page faces the same hostile traffic as the receiver with the same defences.
+`WebApp.handle` reads SQLite, so it runs on the front's pool, never on its loop.
+TLS comes from the processor's `TlsConfig`; the bearer token is the app's.
 """
 from __future__ import annotations
 
 import logging
-import socket
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import urlsplit
+from typing import Callable
 
 from traceml.processor.security import TlsConfig
-from traceml.processor.serving import ServerThread
+from traceml.processor.serving import Accept, HttpFront, HttpLimits, Reply, RequestHead, ServerThread
 from traceml.processor.web.app import WebApp
 
 LOG = logging.getLogger(__name__)
 
-REQUEST_TIMEOUT_S = 30.0
-"""A connection idle this long is closed (a browser's keep-alive must not pin a thread)."""
+UI_POOL_THREADS = 4
+"""Pages rendered at once; one tick's answer is shared, so a few threads serve many pages."""
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: "_UiServer"
-    timeout = REQUEST_TIMEOUT_S
+def front_route(app: WebApp) -> Callable[[RequestHead], Accept | Reply]:
+    """`app` as an HTTP-front route: requests under its prefix go to `WebApp.handle` on a pool thread."""
+    prefix = app.prefix
 
-    def log_message(self, fmt, *args):
-        LOG.debug("ui %s " + fmt, self.address_string(), *args)
+    def route(head: RequestHead) -> Accept | Reply:
+        if head.path != prefix and not head.path.startswith(prefix + "/"):
+            return Reply(404, b"not found\n")
 
-    def _serve(self) -> None:
-        target = urlsplit(self.path)
-        response = self.server.app.handle(self.command, target.path, target.query, dict(self.headers.items()))
-        self.send_response(response.status)
-        for name, value in response.headers:
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(response.body)))
-        self.end_headers()
-        if response.body:
-            self.wfile.write(response.body)
+        def answer(_body: bytes) -> Reply:
+            response = app.handle(head.method, head.path, head.query, head.headers)
+            content_type, rest = "application/octet-stream", []
+            for name, value in response.headers:
+                if name.lower() == "content-type":
+                    content_type = value
+                else:
+                    rest.append((name, value))
+            return Reply(response.status, response.body, content_type, tuple(rest))
 
-    do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _serve  # noqa: N815
+        return Accept(handle=answer, error=lambda code, message: Reply(code, (message + "\n").encode()))
 
-
-class _UiServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self, address, app: WebApp):
-        super().__init__(address, _Handler)
-        self.app = app
-
-
-class _UiServer6(_UiServer):
-    address_family = socket.AF_INET6
+    return route
 
 
 class UiServer(ServerThread):
-    """The web view on HOST:PORT; `port` is the bound one (useful with port 0)."""
+    """The web view on HOST:PORT (`--ui`); `port` is the bound one (useful with port 0)."""
 
-    def __init__(self, app: WebApp, host: str, port: int, *, tls: TlsConfig = TlsConfig()):
-        server = (_UiServer6 if ":" in host else _UiServer)((host, port), app)
-        if tls.enabled:
-            server.socket = tls.server_context().wrap_socket(
-                server.socket, server_side=True, do_handshake_on_connect=False)
-        super().__init__(server, host, "traceml-ui")
+    def __init__(self, app: WebApp, host: str, port: int, *, tls: TlsConfig = TlsConfig(),
+                 limits: HttpLimits = HttpLimits()):
+        self.app = app
+        front = HttpFront((host, port), front_route(app), limits=limits, pool_size=UI_POOL_THREADS,
+                          max_body_bytes=64 * 1024, tls_context=tls.server_context() if tls.enabled else None,
+                          name="traceml-ui")
+        super().__init__(front, host, "traceml-ui")
         self.scheme = "https" if tls.enabled else "http"
 
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{self.scheme}://{host}:{self.port}{self.server.app.prefix}/"
+        return f"{self.scheme}://{host}:{self.port}{self.app.prefix}/"
 
 
 def web_app_for(service) -> WebApp:
@@ -104,9 +92,9 @@ def start_ui(service, host: str, port: int) -> UiServer:
     from traceml.processor.security import warn_if_exposed
 
     warn_if_exposed("the web view (--ui)", host, service.config.auth, service.config.tls)
-    ui = UiServer(web_app_for(service), host, port, tls=service.config.tls)
+    ui = UiServer(web_app_for(service), host, port, tls=service.config.tls, limits=service.config.http_limits)
     ui.start()
     return ui
 
 
-__all__ = ["UiServer", "start_ui", "web_app_for"]
+__all__ = ["UiServer", "front_route", "start_ui", "web_app_for"]

@@ -29,7 +29,9 @@ AUTH = (("authorization", f"Bearer {TOKEN}"),)
 SPECS = {s.name: s for s in v.PROCESSOR_METRICS}
 REQUESTS = SPECS[v.METRIC_PROCESSOR_REQUESTS].prometheus_name
 RECORDS = SPECS[v.METRIC_PROCESSOR_RECORDS].prometheus_name
-OUTCOME, SIGNAL, REASON = (v.prometheus_label(k) for k in (v.ATTR_OUTCOME, v.ATTR_SIGNAL, v.ATTR_REASON))
+CONNECTIONS = SPECS[v.METRIC_PROCESSOR_HTTP_CONNECTION_EVENTS].prometheus_name
+OUTCOME, SIGNAL, REASON, EVENT = (v.prometheus_label(k) for k in (v.ATTR_OUTCOME, v.ATTR_SIGNAL, v.ATTR_REASON,
+                                                                  v.ATTR_CONNECTION_EVENT))
 
 
 def _scrape(port: int) -> dict[tuple, float]:
@@ -39,6 +41,8 @@ def _scrape(port: int) -> dict[tuple, float]:
     for name in (REQUESTS, RECORDS):
         for labels, value in prometheus_samples(text, name):
             out[(name, labels.get(OUTCOME), labels.get(SIGNAL), labels.get(REASON) or None)] = value
+    for labels, value in prometheus_samples(text, CONNECTIONS):
+        out[(CONNECTIONS, None, None, labels.get(EVENT))] = value
     return out
 
 
@@ -94,7 +98,27 @@ def test_every_series_is_on_metrics_from_the_start(service):
     seen = _scrape(service.prometheus_port)
     assert len(seen) == len(KEYS)
     assert {key[3] for key in seen if key[1] == v.REQUEST_REFUSED} == set(v.REFUSAL_REASONS)
+    assert {key[3] for key in seen if key[0] == CONNECTIONS} == set(v.HTTP_CONNECTION_EVENTS)
     assert set(seen.values()) == {0.0}
+
+
+def test_the_http_fronts_connection_events_reach_metrics(service):
+    """A framing error and a hang-up below the request level: one count each, on /metrics."""
+    import socket
+
+    counters = Counters(service.prometheus_port)
+    head = (f"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+            f"Authorization: Bearer {TOKEN}\r\n").encode()
+    with socket.create_connection(("127.0.0.1", service.http_port), timeout=10) as sock:
+        sock.sendall(head + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n")
+        assert sock.recv(4096).startswith(b"HTTP/1.1 400")
+    with socket.create_connection(("127.0.0.1", service.http_port), timeout=10) as sock:
+        sock.sendall(head + b"Content-Length: 1000\r\n\r\n0123456789")
+    hung_up = (CONNECTIONS, None, None, "hung_up")
+    assert wait_until(lambda: _scrape(service.prometheus_port)[hung_up] >= 1.0, 10)
+    # The framing error is also the request's refusal (400, undecodable); the hang-up ended no request.
+    assert counters.delta() == {(CONNECTIONS, None, None, "framing_error"): 1.0, hung_up: 1.0,
+                                **refused(v.REFUSED_UNDECODABLE, v.SIGNAL_TRACES)}
 
 
 def test_each_refusal_class_is_counted_once_over_grpc_and_http(service):

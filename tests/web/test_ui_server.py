@@ -72,6 +72,35 @@ def test_the_processor_serves_the_view_of_a_run_it_receives(tmp_path):
         svc.stop()
 
 
+def test_the_otlp_http_port_serves_the_same_view_under_ui(tmp_path):
+    """No --ui needed: the view rides on the OTLP/HTTP port, through the same bounded front."""
+    svc = make_service(tmp_path, prometheus=None)
+    try:
+        assert svc.ui_port is None
+        for rank in (0, 1):
+            post_steps(svc, "port-run", rank, range(25), events=slow_events(rank))
+        assert wait_until(lambda: svc.monitor.state("port-run") is not None
+                          and svc.monitor.state("port-run").session is not None, 10)
+        status, _, body = fetch(svc.http_port, "/ui/")
+        assert status == 200 and b"port-run" in body
+        status, _, body = fetch(svc.http_port, "/ui/api/run?id=port-run")
+        assert status == 200 and json.loads(body)["view"]["hero"]["culprit_rank"] == 1
+        assert fetch(svc.http_port, "/ui/assets/style.css")[0] == 200
+        assert fetch(svc.http_port, "/uix")[0] == 404  # a prefix is a path segment, not a string prefix
+        assert fetch(svc.http_port, "/healthz")[0] == 200  # the receiver's own routes are untouched
+    finally:
+        svc.stop()
+
+
+def test_the_ui_on_the_otlp_port_honours_the_token(tmp_path):
+    svc = make_service(tmp_path, prometheus=None, auth=BearerAuth("tok-2"))
+    try:
+        assert fetch(svc.http_port, "/ui/")[0] == 401
+        assert fetch(svc.http_port, "/ui/", Authorization="Bearer tok-2")[0] == 200
+    finally:
+        svc.stop()
+
+
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tls")

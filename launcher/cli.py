@@ -73,12 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(USAGE, end="")
         return 0 if argv else 2
     if argv[0] == "--version":
-        from importlib.metadata import PackageNotFoundError, version
+        from traceml.schema.distribution import package_version
 
-        try:
-            print(f"traceml {version('traceml-otel')}")
-        except PackageNotFoundError:
-            print("traceml (version unknown)")
+        print(f"traceml {package_version()}")
         return 0
     command = COMMANDS.get(argv[0])
     if command is None:

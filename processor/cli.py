@@ -15,21 +15,11 @@ import threading
 from pathlib import Path
 
 from traceml.schema import environment as env
+from traceml.schema.distribution import package_version
 
 DEFAULT_GRPC = "127.0.0.1:4317"
 DEFAULT_HTTP = "127.0.0.1:4318"
 OFF = ("off", "none", "")
-DISTRIBUTION = "traceml-otel"
-
-
-def package_version() -> str:
-    """The installed distribution's version (what `pip` and the image report)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(DISTRIBUTION)
-    except PackageNotFoundError:
-        return "unknown (not installed)"
 
 
 def _env(name: str, default: str | None = None) -> str | None:

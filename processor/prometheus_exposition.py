@@ -35,6 +35,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from traceml.processor.serving import ServerThread
 from traceml.processor.summary_export import DEFAULT_MAX_SERIES, SPECS, SeriesLimit
 from traceml.schema import vocabulary as v
+from traceml.schema.distribution import package_version
 
 LOG = logging.getLogger(__name__)
 
@@ -46,15 +47,6 @@ so that both formats name it the same and `promtool check metrics` reads both.""
 REQUEST_TIMEOUT_S = 10.0
 """A scrape connection that sends nothing for this long is closed (a stalled client holds
 one thread for at most this long)."""
-
-
-def _package_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("traceml-otel")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def metric_families(families: Mapping[str, Mapping[tuple, object]],
@@ -90,7 +82,7 @@ class SummaryCollector:
     def __init__(self, collect: Callable[[], Sequence], limit: SeriesLimit, version: str | None = None):
         self._collect = collect
         self.limit = limit
-        self.version = _package_version() if version is None else version
+        self.version = package_version() if version is None else version
 
     def collect(self) -> Iterable[Metric]:
         yield from metric_families(self.limit.select(self._collect()))

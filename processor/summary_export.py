@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Sequence
 
 from traceml.schema import vocabulary as v
+from traceml.schema.distribution import package_version
 
 LOG = logging.getLogger(__name__)
 
@@ -191,19 +192,8 @@ def processor_resource(instance_id: str | None = None):
 
     defaults = {v.RES_SERVICE_NAME: SERVICE_NAME_DEFAULT,
                 v.RES_SERVICE_INSTANCE_ID: instance_id or str(uuid.uuid4())}
-    version = _package_version()
-    if version is not None:
-        defaults["service.version"] = version
+    defaults["service.version"] = package_version()
     return Resource.create({**defaults, **OTELResourceDetector().detect().attributes})
-
-
-def _package_version() -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("traceml-otel")
-    except PackageNotFoundError:
-        return None
 
 
 def build_metrics_data(points: Iterable, *, resource, start_time_ns: int, now_ns: int | None = None,
@@ -231,7 +221,7 @@ def build_metrics_data(points: Iterable, *, resource, start_time_ns: int, now_ns
         data = (Sum(data_points=data_points, aggregation_temporality=AggregationTemporality.CUMULATIVE,
                     is_monotonic=True) if spec.kind == "counter" else Gauge(data_points=data_points))
         metrics.append(Metric(name=spec.name, description=spec.description, unit=spec.unit, data=data))
-    scope = InstrumentationScope(SCOPE_NAME, _package_version())
+    scope = InstrumentationScope(SCOPE_NAME, package_version())
     return MetricsData(resource_metrics=[ResourceMetrics(
         resource=resource, schema_url="",
         scope_metrics=[ScopeMetrics(scope=scope, metrics=metrics, schema_url="")])])

@@ -18,14 +18,23 @@ and the scrape of `/metrics` in the text format and in OpenMetrics (best of 3
 wall times, body size, series). The baseline, in the same run and on the same
 database, is the same processor exporting every rank's series
 (`--rank-series-top-k` = ranks, what every processor did before per-rank series
-were bounded); `--no-baseline` skips it. Targets: RSS under 1 GiB, scrape
-under 1 s.
+were bounded); `--no-baseline` skips it. The processor's own
+`traceml_processor_analysis_duration` (its latest live refresh of each run, a
+full read here) is reported as the analysis time per tick. Targets: RSS under
+1 GiB, scrape under 1 s.
+
+Then, in this process, the live cache of run 0 (`LiveStepTimeSession`, what the
+monitor keeps per run): the cold refresh, the median incremental refresh over
+5 more steps from every rank (one refresh per step), the cache's bytes and the RSS it adds, against a baseline
+in the same run: the cache laid out as before slots were allocated on arrival
+(every slot of the 400-step ring allocated up front, no cell cap).
 """
 from __future__ import annotations
 
 import argparse
 import re
 import sqlite3
+import statistics
 import tempfile
 import time
 import urllib.request
@@ -40,10 +49,15 @@ from traceml.processor.step_time.model import (
     StepMemoryIngestRecord,
     StepTimeIngestRecord,
 )
+from traceml.processor.step_time.model import LIVE_WINDOW_STEPS, WINDOW_LOOKBACK
+from traceml.processor.step_time.pipeline import LiveStepTimeSession
+from traceml.processor.step_time.sqlite_reader import LiveTail
 from traceml.schema import vocabulary as v
 
 TARGET_RSS_MIB = 1024
 TARGET_SCRAPE_S = 1.0
+INCREMENTAL_STEPS = 5
+"""Live-cache figures: the median refresh over this many new steps (slot growth amortised as in a run)."""
 OPENMETRICS_ACCEPT = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
 BASE_MS = {v.RAW_DATALOADER_NEXT: 5.0, v.RAW_H2D: 5.0, v.RAW_FORWARD: 30.0, v.RAW_BACKWARD: 45.0,
            v.RAW_OPTIMIZER_STEP: 10.0, v.RAW_STEP_TIME: 95.0}
@@ -54,26 +68,32 @@ def run_id(index: int) -> str:
     return f"load-{index}"
 
 
-def write_first_run(db: Path, ranks: int, steps: int, straggler: int, batch: int = 50_000) -> None:
-    """Run 0 through the writer: steps, per-step memory peaks, one drop report per rank."""
+def write_steps(store: StepTimeStore, run: str, ranks: int, steps: range, straggler: int,
+                batch: int = 50_000) -> None:
+    """`steps` of every rank of `run` through the writer, with per-step memory peaks."""
     now = time.time()
+    records, memory = [], []
+    for step in steps:
+        for rank in range(ranks):
+            wait = 60.0 if rank == straggler else BASE_MS[v.RAW_DATALOADER_NEXT]
+            events = {name: RawEventValue(ms, None, 1) for name, ms in BASE_MS.items()}
+            events[v.RAW_DATALOADER_NEXT] = RawEventValue(wait, None, 1)
+            events[v.RAW_STEP_TIME] = RawEventValue(BASE_MS[v.RAW_STEP_TIME] + wait - 5.0 + 0.001 * rank, None, 1)
+            records.append(StepTimeIngestRecord(run, RankIdentity(rank, world_size=ranks), step,
+                                                now - 1.0, now - 0.9 + step * 1e-3, events, "ddp"))
+            memory.append(StepMemoryIngestRecord(run, rank, step, "cuda:0", (1 << 30) + rank, 2 << 30, now))
+            if len(records) >= batch:
+                store.write(records, memory, receive_time=now)
+                records, memory = [], []
+    if records:
+        store.write(records, memory, receive_time=now)
+
+
+def write_first_run(db: Path, ranks: int, steps: int, straggler: int) -> None:
+    """Run 0 through the writer: steps, per-step memory peaks, one drop report per rank."""
     run = run_id(0)
     with StepTimeStore(db) as store:
-        records, memory = [], []
-        for step in range(steps):
-            for rank in range(ranks):
-                wait = 60.0 if rank == straggler else BASE_MS[v.RAW_DATALOADER_NEXT]
-                events = {name: RawEventValue(ms, None, 1) for name, ms in BASE_MS.items()}
-                events[v.RAW_DATALOADER_NEXT] = RawEventValue(wait, None, 1)
-                events[v.RAW_STEP_TIME] = RawEventValue(BASE_MS[v.RAW_STEP_TIME] + wait - 5.0 + 0.001 * rank, None, 1)
-                records.append(StepTimeIngestRecord(run, RankIdentity(rank, world_size=ranks), step,
-                                                    now - 1.0, now - 0.9 + step * 1e-3, events, "ddp"))
-                memory.append(StepMemoryIngestRecord(run, rank, step, "cuda:0", (1 << 30) + rank, 2 << 30, now))
-                if len(records) >= batch:
-                    store.write(records, memory, receive_time=now)
-                    records, memory = [], []
-        if records:
-            store.write(records, memory, receive_time=now)
+        write_steps(store, run, ranks, range(steps), straggler)
         for rank in range(ranks):
             store.record_drops(run, rank, {"spans": rank % 3})
 
@@ -147,6 +167,10 @@ def measure_processor(folder: Path, db: Path, args, top_k: int, label: str) -> d
             figures[f"{name}_bytes"] = size
             figures[f"{name}_series"] = series_count(body)
         figures["rss_mib"] = proc.rss_bytes() / 2**20
+        durations = [float(x) for x in re.findall(
+            r'^traceml_processor_analysis_duration_seconds\{traceml_run_id="load-\d+"\} (\S+)$', body, re.M)]
+        figures["analysis_per_run_s"] = max(durations) if durations else None
+        figures["analysis_per_tick_s"] = sum(durations) if durations else None
     finally:
         proc.stop()
     return figures
@@ -183,15 +207,32 @@ def measure(args) -> dict:
         figures["bounded"] = measure_processor(folder, db, args, args.top_k, "bounded")
         if not args.no_baseline:
             figures["every_rank"] = measure_processor(folder, db, args, args.ranks, "every-rank")
-    print(f"{'processor':>11} {'RSS MiB':>8} {'analysed s':>10} {'text s':>8} {'text MiB':>9} {'series':>9}"
-          f" {'OM s':>8} {'OM MiB':>8}")
+        figures["live_cache"] = measure_live_cache(db, args)
+    print(f"{'processor':>11} {'RSS MiB':>8} {'analysed s':>10} {'tick s':>7} {'text s':>8} {'text MiB':>9}"
+          f" {'series':>9} {'OM s':>8} {'OM MiB':>8}")
     for label in ("bounded", "every_rank"):
         f = figures.get(label)
         if f is None:
             continue
-        print(f"{label:>11} {f['rss_mib']:8.0f} {f['analysed_s']:10.1f} {f['text_scrape_s']:8.3f}"
+        tick = f"{f['analysis_per_tick_s']:7.2f}" if f["analysis_per_tick_s"] is not None else f"{'-':>7}"
+        print(f"{label:>11} {f['rss_mib']:8.0f} {f['analysed_s']:10.1f} {tick} {f['text_scrape_s']:8.3f}"
               f" {f['text_bytes'] / 2**20:9.2f} {f['text_series']:9d} {f['openmetrics_scrape_s']:8.3f}"
               f" {f['openmetrics_bytes'] / 2**20:8.2f}")
+    print("(tick s: the sum over runs of the processor's latest analysis refresh, a full read of each run)")
+    cache = figures["live_cache"]
+    print(f"\nlive cache of run 0 ({args.ranks} ranks, {args.steps} steps + {INCREMENTAL_STEPS} one by one"
+          f" per layout), in this process:")
+    print(f"{'layout':>12} {'slots':>6} {'cache MiB':>10} {'RSS +MiB':>9} {'cold s':>8} {'step s':>8} {'window':>7}")
+    print("(step s: median refresh after one new step of every rank; RSS +MiB of the second layout is"
+          " understated, it reuses memory the first freed)")
+    for label in ("on_arrival", "preallocated"):
+        c = cache[label]
+        print(f"{label:>12} {c['slots']:6d} {c['cache_mib']:10.1f} {c['rss_added_mib']:9.1f} {c['cold_s']:8.3f}"
+              f" {c['step_s']:8.3f} {c['window_steps']:7d}")
+    cache["cache_ratio"] = cache["on_arrival"]["cache_mib"] / cache["preallocated"]["cache_mib"]
+    cache["step_ratio"] = cache["on_arrival"]["step_s"] / cache["preallocated"]["step_s"]
+    print(f"on arrival / preallocated: cache {cache['cache_ratio']:.3f}x, incremental refresh "
+          f"{cache['step_ratio']:.2f}x")
     bounded = figures["bounded"]
     if "every_rank" in figures:
         base = figures["every_rank"]
@@ -205,6 +246,57 @@ def measure(args) -> dict:
           f"{'met' if bounded['rss_mib'] < TARGET_RSS_MIB else 'NOT met'}), scrape {worst_scrape:.3f} s "
           f"(< {TARGET_SCRAPE_S:g}: {'met' if worst_scrape < TARGET_SCRAPE_S else 'NOT met'})")
     return figures
+
+
+class PreallocatedTail(LiveTail):
+    """The baseline layout: every slot of the `window x lookback` ring allocated at the
+    full read, whatever the run holds, and no cell cap (the cache before this bound)."""
+
+    def __init__(self, run_id: str):
+        super().__init__(run_id, LIVE_WINDOW_STEPS, WINDOW_LOOKBACK, max_cells=1 << 62)
+
+    def _merge(self, rows) -> None:
+        if self.slots < self.capacity:
+            self._grow(self.capacity)
+        super()._merge(rows)
+
+
+def _cache_bytes(tail: LiveTail) -> int:
+    return sum(a.nbytes for a in (tail._slot_step, tail._present, tail._values, tail._row_ids, tail._sample_times))
+
+
+def measure_live_cache(db: Path, args) -> dict:
+    """Run 0's live session in this process: cold refresh, one new step, cache size; both layouts."""
+    import gc
+
+    import psutil
+
+    me = psutil.Process()
+    out: dict = {}
+    next_step = args.steps
+    with StepTimeStore(db) as store:
+        for label in ("on_arrival", "preallocated"):
+            gc.collect()
+            before = me.memory_info().rss
+            session = LiveStepTimeSession(db, run_id(0))
+            if label == "preallocated":
+                session._tail = PreallocatedTail(run_id(0))
+            started = time.perf_counter()
+            session.refresh()
+            cold = time.perf_counter() - started
+            times = []
+            for _ in range(INCREMENTAL_STEPS):
+                write_steps(store, run_id(0), args.ranks, range(next_step, next_step + 1), straggler=args.ranks // 3)
+                next_step += 1
+                started = time.perf_counter()
+                result = session.refresh()
+                times.append(time.perf_counter() - started)
+            step = statistics.median(times)
+            out[label] = {"slots": session._tail.slots, "cache_mib": _cache_bytes(session._tail) / 2**20,
+                          "rss_added_mib": (me.memory_info().rss - before) / 2**20, "cold_s": cold,
+                          "step_s": step, "window_steps": result.analysis.window.step_count}
+            del session, result
+    return out
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@ One `RunMonitor` thread refreshes a `LiveStepTimeSession` per active run on a
 short interval and keeps the latest projected points for `/metrics` and the OTLP
 push. A run ends when every rank of its world sent `traceml.run.end`, or when no
 data arrived for `idle_timeout_s`; its `final_summary.json` and text card are then
-written under `<summary_dir>/<sanitised run id>/`. Data arriving after that
-reopens the run, and the summary is rewritten at its next end.
+written under `<summary_dir>/<sanitised run id>/` and its live session (the cache
+that grows with ranks x steps) is released. Data arriving after that reopens the
+run, and the summary is rewritten at its next end.
 """
 from __future__ import annotations
 
@@ -291,6 +292,10 @@ class RunMonitor:
 
     def _end(self, state: RunState, how: str) -> None:
         state.ended = how
+        # An ended run is not refreshed again: its live cache (ranks x step ids of arrays) and
+        # last window go now, not when the run is forgotten (`retain_ended_s` later); its
+        # points stay for /metrics. Data after the end reopens the run with a new session.
+        state.session = None
         LOG.info("run %r ended (%s): %d rank(s), %d finished", state.run_id, how,
                  len(state.ranks), len(state.finished))
         if self.summary_dir is None:

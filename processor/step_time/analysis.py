@@ -182,6 +182,12 @@ def _finite_or_nan(value: float | None) -> float:
 
 
 def analyze_snapshot(snapshot: StepTimeRepositorySnapshot, max_steps: int) -> StepTimeWindow:
+    if snapshot.tail_steps is not None:  # a run beyond the cell cap kept fewer step ids
+        max_steps = min(max_steps, snapshot.tail_steps)
+    return replace(_analyze(snapshot, max_steps), max_steps=max_steps)
+
+
+def _analyze(snapshot: StepTimeRepositorySnapshot, max_steps: int) -> StepTimeWindow:
     grid = snapshot.grid if snapshot.grid is not None else grid_from_rows(snapshot)
     universe = tuple(sorted(set(snapshot.ranks) | set(grid.ranks)))
     identities = {r: snapshot.ranks.get(r) or RankIdentity(r) for r in universe}

@@ -37,6 +37,33 @@ SUMMARY_WINDOW_STEPS = 10_000
 """The summary profile analyses up to the latest 10,000 common steps."""
 WINDOW_LOOKBACK = 4
 """Step ids read per window step: a rank that lags or skips steps still leaves a full common window."""
+LIVE_TAIL_MAX_CELLS = 1 << 19
+"""Most (rank, step id) cells one run's live tail keeps (524,288): a run of more ranks than
+`LIVE_TAIL_MAX_CELLS // (LIVE_WINDOW_STEPS * WINDOW_LOOKBACK)` (1,310) keeps fewer step ids
+(see `tail_step_ids`). It bounds the live cache and the window analysed from it, so a
+processor with several runs of 16,384 ranks stays within a known memory (docs/processor.md)."""
+SUMMARY_MAX_CELLS = 1 << 24
+"""Most (rank, step id) cells the summary selection reads (16,777,216 = 1,677 ranks x 10,000
+steps): the summary of a run beyond it analyses fewer of the latest steps, by the same rule."""
+MIN_TAIL_STEPS = 2
+"""A tail is never cut below two step ids (fewer cannot make an aligned window worth a diagnosis);
+only a run of more than `max_cells // 2` ranks goes over the cell cap, and then by this floor."""
+
+
+def tail_step_ids(window: int, lookback: int, ranks: int, max_cells: int) -> int:
+    """The step ids a selection keeps for a run of `ranks` ranks: the rule for large runs.
+
+    `window x lookback` (the latest 400 step ids live), cut to `max_cells // ranks` so that
+    ranks x step ids stays within the cap, and never below `MIN_TAIL_STEPS` (nor above
+    `window x lookback`). A cut tail first loses lookback (lagging ranks have less room),
+    then window steps: the window analysed is then shorter than `window`, and
+    `StepTimeWindow.max_steps` says how many it could hold, so no surface claims steps
+    that were not kept.
+    """
+    full = window * lookback
+    if ranks <= 0:
+        return full
+    return min(full, max(max_cells // ranks, MIN_TAIL_STEPS))
 
 
 # --- Ingest side: what receivers hand to storage --------------------------------------
@@ -206,6 +233,7 @@ class StepTimeRepositorySnapshot:
     rows: Sequence[StepTimeSourceRow]
     rejected: Mapping[str, int] = field(default_factory=dict)  # decode reason -> count
     grid: StepTimeSourceGrid | None = None
+    tail_steps: int | None = None  # step ids the selection kept (`tail_step_ids`); None: not bounded
 
 
 # --- Window side -------------------------------------------------------------------------
@@ -287,6 +315,9 @@ class StepTimeWindow:
     coverage: Mapping[str, tuple[int, int]]  # metric -> (measured ranks, expected ranks)
     shares: Mapping[str, float | None]  # metric -> median(metric) / median(step_time)
     training_strategy: str
+    # The most aligned steps this window could hold: the profile's window, cut to the step ids
+    # the selection kept for a run beyond the cell cap (`tail_step_ids`); None: not known.
+    max_steps: int | None = None
 
     @property
     def step_count(self) -> int:

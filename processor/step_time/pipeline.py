@@ -25,7 +25,9 @@ from traceml.processor.step_time.model import (
     FRESHNESS_COLD,
     FRESHNESS_EXPIRED,
     FRESHNESS_LIVE,
+    LIVE_TAIL_MAX_CELLS,
     LIVE_WINDOW_STEPS,
+    SUMMARY_MAX_CELLS,
     SUMMARY_WINDOW_STEPS,
     WINDOW_LOOKBACK,
     LiveStepTimeResult,
@@ -66,6 +68,7 @@ class StepTimeRequest:
     profile: str = PROFILE_LIVE
     max_steps: int | None = None
     lookback: int = WINDOW_LOOKBACK
+    max_cells: int | None = None  # None = the profile's cell cap (LIVE_TAIL_MAX_CELLS, SUMMARY_MAX_CELLS)
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
@@ -77,6 +80,12 @@ class StepTimeRequest:
             return self.max_steps
         return LIVE_WINDOW_STEPS if self.profile == PROFILE_LIVE else SUMMARY_WINDOW_STEPS
 
+    @property
+    def cell_cap(self) -> int:
+        if self.max_cells is not None:
+            return self.max_cells
+        return LIVE_TAIL_MAX_CELLS if self.profile == PROFILE_LIVE else SUMMARY_MAX_CELLS
+
 
 class StepTimePipeline:
     """The shared path: one repository snapshot, the analyzer once, diagnosis once."""
@@ -87,10 +96,10 @@ class StepTimePipeline:
     def run(self, request: StepTimeRequest) -> StepTimeAnalysis:
         if request.profile == PROFILE_SUMMARY:
             snapshot = load_summary_snapshot(request.db_path, request.run_id,
-                                             request.window_steps, request.lookback)
+                                             request.window_steps, request.lookback, request.cell_cap)
         else:
             snapshot = load_live_snapshot(request.db_path, request.run_id,
-                                          request.window_steps, request.lookback)
+                                          request.window_steps, request.lookback, request.cell_cap)
         return self.analyze(snapshot, request.window_steps)
 
     def analyze(self, snapshot: StepTimeRepositorySnapshot, max_steps: int) -> StepTimeAnalysis:
@@ -114,7 +123,8 @@ class LiveStepTimeSession:
     """
 
     def __init__(self, db_path: str | Path, run_id: str, *, window: int = LIVE_WINDOW_STEPS,
-                 lookback: int = WINDOW_LOOKBACK, bridge_ttl_s: float = BRIDGE_TTL_S,
+                 lookback: int = WINDOW_LOOKBACK, max_cells: int = LIVE_TAIL_MAX_CELLS,
+                 bridge_ttl_s: float = BRIDGE_TTL_S,
                  pipeline: StepTimePipeline | None = None, diagnose: Diagnose | None = None,
                  clock: Callable[[], float] | None = None):
         self.db_path = Path(db_path)
@@ -124,7 +134,7 @@ class LiveStepTimeSession:
         self._pipeline = pipeline or StepTimePipeline(diagnose)
         self._clock = clock or time.monotonic  # never wall time: clock corrections must not move expiry
         self._lock = threading.Lock()
-        self._tail = LiveTail(run_id, window, lookback)
+        self._tail = LiveTail(run_id, window, lookback, max_cells)
         self._last_good: StepTimeAnalysis | None = None
         self._last_good_at: float | None = None
         self._current: StepTimeAnalysis | None = None  # analysis of the latest read

@@ -4,7 +4,8 @@ Two selection profiles, both returning `StepTimeRepositorySnapshot` with a colum
 `StepTimeSourceGrid` (no JSON is parsed; values come from the `packed` BLOB the
 writer stores beside the typed columns, one `numpy.frombuffer` per selection):
 
-- live tail (`LiveTail`): index-bounded to the latest `window x lookback` step ids;
+- live tail (`LiveTail`): index-bounded to the latest `window x lookback` step ids
+  (slots allocated as step ids arrive);
   per refresh one read transaction with two statements: the run header (strategy,
   rank-universe version, cursor = latest row id / latest step), then the rows.
   The tail is kept as an incremental ring cache, so after the first read only rows
@@ -13,6 +14,11 @@ writer stores beside the typed columns, one `numpy.frombuffer` per selection):
   version moved.
 - summary (`load_summary_snapshot`): metadata-complete: the whole rank universe with
   identities and every row within the latest `max_steps x lookback` step ids.
+
+Both selections keep `tail_step_ids(...)` step ids (model.py): `window x lookback`,
+fewer for a run whose ranks x step ids would pass the profile's cell cap
+(`LIVE_TAIL_MAX_CELLS`, `SUMMARY_MAX_CELLS`); the snapshot's `tail_steps` says how
+many, and the analysis cuts the window to it (`StepTimeWindow.max_steps`).
 
 Decoding: a row whose `packed` BLOB is missing or malformed is skipped
 (`unreadable_values`); a negative (`negative_value`), infinite (`non_finite_value`)
@@ -33,13 +39,16 @@ from pathlib import Path
 import numpy as np
 
 from traceml.processor.step_time.model import (
+    LIVE_TAIL_MAX_CELLS,
     LIVE_WINDOW_STEPS,
+    SUMMARY_MAX_CELLS,
     SUMMARY_WINDOW_STEPS,
     WINDOW_LOOKBACK,
     RankIdentity,
     StepTimeRepositorySnapshot,
     StepTimeSourceCursor,
     StepTimeSourceGrid,
+    tail_step_ids,
 )
 from traceml.processor.decode import ABSURD, MAX_EVENT_MS, NEGATIVE, NON_FINITE
 from traceml.processor.sqlite_guard import note_database_error
@@ -195,17 +204,19 @@ def _compact_steps(steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def load_summary_snapshot(path: str | Path, run_id: str, max_steps: int = SUMMARY_WINDOW_STEPS,
-                          lookback: int = WINDOW_LOOKBACK) -> StepTimeRepositorySnapshot:
-    """Metadata-complete selection: every rank with identity, rows of the latest steps."""
+                          lookback: int = WINDOW_LOOKBACK,
+                          max_cells: int = SUMMARY_MAX_CELLS) -> StepTimeRepositorySnapshot:
+    """Metadata-complete selection: every rank with identity, rows of the latest steps
+    (`tail_step_ids` of them: `max_steps x lookback`, fewer for a run beyond `max_cells`)."""
     conn = connect_reader(path)
     try:
         conn.execute("BEGIN")
         header = read_header(conn, run_id)
         identities = read_rank_universe(conn, run_id)
         rows: list[tuple] = []
+        span = tail_step_ids(max_steps, lookback, len(identities), max_cells)
         if header.cursor.latest_step is not None:
-            lower = header.cursor.latest_step - max_steps * lookback
-            rows = conn.execute(_TAIL_SQL, (run_id, lower)).fetchall()
+            rows = conn.execute(_TAIL_SQL, (run_id, header.cursor.latest_step - span)).fetchall()
         conn.execute("COMMIT")
     except sqlite3.DatabaseError as exc:
         note_database_error(path, exc)  # a damaged page: /readyz and the log say so
@@ -214,10 +225,17 @@ def load_summary_snapshot(path: str | Path, run_id: str, max_steps: int = SUMMAR
         conn.close()
     rejected: Counter = Counter()
     decoded = decode_rows(rows, rejected)
+    del rows
     _log_rejections(run_id, rejected)
     for rank in np.unique(decoded.ranks).tolist():
         identities.setdefault(rank, RankIdentity(rank))
     universe = tuple(sorted(identities))
+    if len(universe) > 0 and tail_step_ids(max_steps, lookback, len(universe), max_cells) < span:
+        span = tail_step_ids(max_steps, lookback, len(universe), max_cells)  # rows named more ranks
+        decoded = _select(decoded, decoded.steps > header.cursor.latest_step - span)
+    if span < max_steps * lookback:
+        LOG.info("run %s: %d ranks, so the summary reads the latest %d step ids, not %d (cell cap %d)",
+                 run_id, len(universe), span, max_steps * lookback, max_cells)
     step_ids, step_index = _compact_steps(decoded.steps)
     rank_index = np.searchsorted(np.asarray(universe, dtype=np.int64), decoded.ranks)
     shape = (len(step_ids), len(universe))
@@ -236,7 +254,7 @@ def load_summary_snapshot(path: str | Path, run_id: str, max_steps: int = SUMMAR
     return StepTimeRepositorySnapshot(
         run_id=run_id, training_strategy=resolve_strategy(header.stored_strategy, len(universe)),
         ranks={r: identities[r] for r in universe}, cursor=header.cursor, rows=grid.rows(),
-        rejected=dict(rejected), grid=grid)
+        rejected=dict(rejected), grid=grid, tail_steps=span)
 
 
 # --- live profile ---------------------------------------------------------------------
@@ -258,16 +276,22 @@ class LiveTail:
     """Incremental columnar cache of one run's live tail (not thread-safe: the live
     session serialises refreshes with its lock).
 
-    The cache is a ring of `window x lookback` step slots (slot = step % capacity) by
-    the rank universe; a refresh merges only the rows newer than the cached cursor.
+    The tail is the latest `capacity` step ids (`tail_step_ids`: `window x lookback`,
+    cut for a run beyond `max_cells`) by the rank universe; a refresh merges only the
+    rows newer than the cached cursor. Slots are allocated as step ids arrive (a run
+    of 20 steps holds 20 slots, not 400) and reused once their step falls out of the
+    tail, so the cache never holds more than `capacity x ranks` cells.
     """
 
     def __init__(self, run_id: str, window: int = LIVE_WINDOW_STEPS,
-                 lookback: int = WINDOW_LOOKBACK):
-        if window < 1 or lookback < 1:
-            raise ValueError("window and lookback must be >= 1")
+                 lookback: int = WINDOW_LOOKBACK, max_cells: int = LIVE_TAIL_MAX_CELLS):
+        if window < 1 or lookback < 1 or max_cells < 1:
+            raise ValueError("window, lookback and max_cells must be >= 1")
         self.run_id = run_id
-        self.capacity = window * lookback
+        self.window = window
+        self.lookback = lookback
+        self.max_cells = max_cells
+        self.capacity = window * lookback  # step ids kept; set again from the rank count on a full read
         self._header: RunHeader | None = None
         self._identities: dict[int, RankIdentity] = {}
         self._ranks: tuple[int, ...] = ()
@@ -276,16 +300,37 @@ class LiveTail:
         self._allocate(0)
 
     def _allocate(self, n_ranks: int) -> None:
-        cap = self.capacity
-        self._slot_step = np.full(cap, -1, dtype=np.int64)
-        self._present = np.zeros((cap, n_ranks), dtype=bool)
-        self._values = np.full((cap, n_ranks, _N_VALUES), np.nan)
-        self._row_ids = np.zeros((cap, n_ranks), dtype=np.int64)
-        self._sample_times = np.full((cap, n_ranks), np.nan)
+        self._slot_of: dict[int, int] = {}  # step id -> slot
+        self._slot_step = np.full(0, -1, dtype=np.int64)
+        self._present = np.zeros((0, n_ranks), dtype=bool)
+        self._values = np.full((0, n_ranks, _N_VALUES), np.nan)
+        self._row_ids = np.zeros((0, n_ranks), dtype=np.int64)
+        self._sample_times = np.full((0, n_ranks), np.nan)
+
+    @property
+    def slots(self) -> int:
+        """Slots allocated now (at most `capacity`)."""
+        return int(self._slot_step.size)
+
+    def _grow(self, needed: int) -> None:
+        """At least `needed` slots, and a quarter more than now once some exist (so a run adding
+        one step per refresh copies its cache every n/4 steps, not every step); never above capacity."""
+        n = self.slots
+        target = min(self.capacity, max(needed, n + n // 4))
+        extra = target - n
+        n_ranks = len(self._ranks)
+        self._slot_step = np.concatenate([self._slot_step, np.full(extra, -1, dtype=np.int64)])
+        self._present = np.concatenate([self._present, np.zeros((extra, n_ranks), dtype=bool)])
+        self._values = np.concatenate([self._values, np.full((extra, n_ranks, _N_VALUES), np.nan)])
+        self._row_ids = np.concatenate([self._row_ids, np.zeros((extra, n_ranks), dtype=np.int64)])
+        self._sample_times = np.concatenate([self._sample_times, np.full((extra, n_ranks), np.nan)])
 
     def reset(self) -> None:
         """Forget the cache: the next read is a full tail read."""
         self._header = None
+
+    def _capacity_for(self, n_ranks: int) -> int:
+        return tail_step_ids(self.window, self.lookback, n_ranks, self.max_cells)
 
     def read(self, path: str | Path) -> LiveRead:
         """Read what changed since the previous read, in one snapshot; raises on SQLite errors."""
@@ -305,7 +350,8 @@ class LiveTail:
                     or header.cursor.latest_row_id < previous.cursor.latest_row_id
                     or tuple(sorted(identities)) != self._ranks)
             latest = header.cursor.latest_step
-            lower = -1 if latest is None else latest - self.capacity
+            capacity = self._capacity_for(len(identities)) if full else self.capacity
+            lower = -1 if latest is None else latest - capacity
             if latest is None:
                 rows = []
             elif full:
@@ -315,6 +361,7 @@ class LiveTail:
                     _NEW_ROWS_SQL, (self.run_id, previous.cursor.latest_row_id, lower)).fetchall()
             rejected: Counter = Counter()
             decoded = decode_rows(rows, rejected)
+            del rows
             if not full and decoded.ranks.size and not np.isin(decoded.ranks, self._rank_array).all():
                 full = True  # rows of a rank outside the stored universe
                 rejected = Counter()
@@ -336,13 +383,20 @@ class LiveTail:
             self._ranks = tuple(sorted(identities))
             self._rank_array = np.asarray(self._ranks, dtype=np.int64)
             self._allocate(len(self._ranks))
+            self.capacity = self._capacity_for(len(self._ranks))  # rows may name ranks outside the universe
+            if latest is not None and latest - self.capacity > lower:
+                lower = latest - self.capacity
+                decoded = _select(decoded, decoded.steps > lower)
+            if self.capacity < self.window * self.lookback:
+                LOG.info("run %s: %d ranks, so the live tail keeps the latest %d step ids, not %d"
+                         " (cell cap %d)", self.run_id, len(self._ranks), self.capacity,
+                         self.window * self.lookback, self.max_cells)
         self._identities = identities
+        self._evict(lower)
         self._merge(decoded)
         self._header = header
 
-        steps = self._slot_step.copy()
-        steps[steps <= lower] = -1  # slots that fell out of the tail
-        grid = StepTimeSourceGrid(metrics=PACKED_METRICS, ranks=self._ranks, steps=steps,
+        grid = StepTimeSourceGrid(metrics=PACKED_METRICS, ranks=self._ranks, steps=self._slot_step.copy(),
                                   present=self._present, values=self._values,
                                   row_ids=self._row_ids, sample_times=self._sample_times,
                                   shared=True)
@@ -350,21 +404,34 @@ class LiveTail:
             run_id=self.run_id,
             training_strategy=resolve_strategy(header.stored_strategy, len(self._ranks)),
             ranks=dict(self._identities), cursor=header.cursor, rows=grid.rows(),
-            rejected=dict(self._rejected), grid=grid)
+            rejected=dict(self._rejected), grid=grid, tail_steps=self.capacity)
         return LiveRead(header, snapshot)
+
+    def _evict(self, lower: int) -> None:
+        """Free the slots whose step fell out of the tail (step <= lower)."""
+        stale = np.flatnonzero((self._slot_step >= 0) & (self._slot_step <= lower))
+        for slot in stale.tolist():
+            del self._slot_of[int(self._slot_step[slot])]
+        self._slot_step[stale] = -1
 
     def _merge(self, rows: DecodedRows) -> None:
         if rows.ids.size == 0:
             return
-        slots = rows.steps % self.capacity
-        unique_slots, first = np.unique(slots, return_index=True)
-        incoming = rows.steps[first]
-        moved = self._slot_step[unique_slots] != incoming
-        if moved.any():
-            reset = unique_slots[moved]
+        step_ids, inverse = np.unique(rows.steps, return_inverse=True)
+        slot_of = self._slot_of
+        new_steps = [step for step in step_ids.tolist() if step not in slot_of]
+        if new_steps:
+            free = np.flatnonzero(self._slot_step < 0)
+            if free.size < len(new_steps):
+                self._grow(self.slots + len(new_steps) - free.size)
+                free = np.flatnonzero(self._slot_step < 0)
+            reset = free[:len(new_steps)]
             self._present[reset] = False
             self._values[reset] = np.nan
-            self._slot_step[reset] = incoming[moved]
+            self._slot_step[reset] = new_steps
+            slot_of.update(zip(new_steps, reset.tolist()))
+        slots = np.fromiter((slot_of[step] for step in step_ids.tolist()), dtype=np.int64,
+                            count=step_ids.size)[inverse]
         cols = np.searchsorted(self._rank_array, rows.ranks)
         self._present[slots, cols] = True
         self._values[slots, cols] = rows.values
@@ -372,10 +439,16 @@ class LiveTail:
         self._sample_times[slots, cols] = rows.sample_times
 
 
+def _select(rows: DecodedRows, keep: np.ndarray) -> DecodedRows:
+    return DecodedRows(rows.ids[keep], rows.ranks[keep], rows.steps[keep], rows.values[keep],
+                       rows.sample_times[keep])
+
+
 def load_live_snapshot(path: str | Path, run_id: str, window: int = LIVE_WINDOW_STEPS,
-                       lookback: int = WINDOW_LOOKBACK) -> StepTimeRepositorySnapshot:
+                       lookback: int = WINDOW_LOOKBACK,
+                       max_cells: int = LIVE_TAIL_MAX_CELLS) -> StepTimeRepositorySnapshot:
     """A one-off live-tail read (no cache kept)."""
-    snapshot = LiveTail(run_id, window, lookback).read(path).snapshot
+    snapshot = LiveTail(run_id, window, lookback, max_cells).read(path).snapshot
     assert snapshot is not None
     return snapshot
 

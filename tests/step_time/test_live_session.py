@@ -6,6 +6,8 @@ import sqlite3
 import threading
 import time
 
+import pytest
+
 from tests.step_time.scenarios import build_scenario, scenario_records
 from traceml.processor.diagnosis import diagnose
 from traceml.processor.sqlite_writer import StepTimeStore
@@ -141,12 +143,15 @@ def test_an_empty_read_after_a_good_one_bridges(tmp_path):
     store.close()
 
 
-def test_incremental_ring_cache_matches_a_fresh_full_read(tmp_path):
-    """Random arrivals, gaps, replacements and ring wrap-around (capacity 5 x 2 = 10 steps)."""
+@pytest.mark.parametrize("max_cells", [None, 9, 24])
+def test_incremental_ring_cache_matches_a_fresh_full_read(tmp_path, max_cells):
+    """Random arrivals, gaps, replacements and ring wrap-around (capacity 5 x 2 = 10 steps;
+    with a cell cap of 9 or 24 cells for the 3 ranks, 3 or 8 step ids)."""
     rng = random.Random(11)
     db = tmp_path / "s.db"
     store = StepTimeStore(db)
-    session = LiveStepTimeSession(db, "r", window=5, lookback=2)
+    cap = {} if max_cells is None else {"max_cells": max_cells}
+    session = LiveStepTimeSession(db, "r", window=5, lookback=2, **cap)
     pipeline = StepTimePipeline()
     step = 0
     for _ in range(40):
@@ -163,9 +168,14 @@ def test_incremental_ring_cache_matches_a_fresh_full_read(tmp_path):
             records.append(_record(rng.randrange(3), step + rng.randint(1, 15), forward=7.0))
         if records:
             store.write(records)
-        live = session.refresh().analysis.window
-        full = pipeline.run(StepTimeRequest(db, "r", max_steps=5, lookback=2)).window
+        result = session.refresh()
+        full = pipeline.run(StepTimeRequest(db, "r", max_steps=5, lookback=2, max_cells=max_cells)).window
+        # An empty window (no common step kept) shows the last good one, bridged.
+        assert result.freshness == ("bridged" if full.is_empty else "live")
+        live = session._current.window  # the analysis of this read
         assert live.steps == full.steps and live.expected_ranks == full.expected_ranks
+        assert live.max_steps == full.max_steps == min(5, session._tail.capacity)
+        assert session._tail.slots <= session._tail.capacity
         assert {r: f.average for r, f in live.rank_facts.items()} == \
                {r: f.average for r, f in full.rank_facts.items()}
         assert [s for s in live.metrics["forward"].series] == list(full.metrics["forward"].series)

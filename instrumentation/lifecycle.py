@@ -17,6 +17,7 @@ import threading
 
 from . import forward as _forward
 from . import settings as _settings
+from . import step_boundary
 from . import step_events as _se
 from . import timing as _timing
 from .process_state import session as _session
@@ -70,6 +71,7 @@ def init(mode: str | None = None, *, endpoint: str | None = None, protocol: str 
                 from . import patches
 
                 patches.install()
+                step_boundary.arm()  # an unmarked loop's steps: one per optimizer update
             except Exception:  # e.g. no torch in this process: manual regions still work
                 _log.exception("TraceML: automatic patches could not be installed; "
                                "continuing in manual mode")
@@ -133,8 +135,10 @@ def _start_exporter(**kwargs):
 def shutdown(timeout_s: float = 5.0) -> None:
     """Stop recording, drain both samplers, then flush and close the exporter (idempotent).
 
-    The exporter sink gets `on_run_end(steps_completed, dropped_counts)` (when it has
-    that method) after the samplers drained, then `shutdown(timeout_s)`.
+    The exporter sink gets `on_run_end(steps_completed, dropped_counts, step_boundary=...)`
+    (when it has that method; `step_boundary.boundary_kind()`) after the samplers
+    drained, then `shutdown(timeout_s)`. An auto-mode process that completed no step
+    and saw no optimizer update warns once first (`step_boundary.warn_if_no_boundary`).
     """
     global _time_sampler, _memory_sampler, _exporter_sink
     session = _session
@@ -142,6 +146,7 @@ def shutdown(timeout_s: float = 5.0) -> None:
         if not session.initialized:
             return
         _se.set_recording(False)
+        step_boundary.warn_if_no_boundary()
         for sampler in (_time_sampler, _memory_sampler):
             if sampler is not None:
                 try:
@@ -154,12 +159,14 @@ def shutdown(timeout_s: float = 5.0) -> None:
             try:
                 on_run_end = getattr(sink, "on_run_end", None)
                 if on_run_end is not None:
-                    on_run_end(_se.steps_completed(), _se.dropped_counts())
+                    on_run_end(_se.steps_completed(), _se.dropped_counts(),
+                               step_boundary=step_boundary.boundary_kind())
                 close = getattr(sink, "shutdown", None)
                 if close is not None:
                     close(timeout_s)
             except Exception:
                 _log.exception("TraceML: exporter shutdown failed")
+        step_boundary.disarm()
         if session.mode == _settings.MODE_AUTO:
             from . import patches
 
@@ -195,6 +202,7 @@ def _reset_for_tests() -> None:
     _forward._reset_for_tests()
     _se._reset_for_tests()
     _timing._reset_for_tests()
+    step_boundary._reset_for_tests()
     reset_tracker_cache()
     _session.disabled = _settings.kill_switch()
     _session.open_step = None

@@ -3,9 +3,9 @@
 Each holder has one writer and is read on the hot path:
 
 - `session`: whether TraceML is disabled or initialised, its mode, the default
-  device and the open `trace_step`. Written by `lifecycle` (init, shutdown, fork)
-  and by `trace_step` itself (`open_step`); read by `trace_step` and the manual
-  wrappers.
+  device, the open `trace_step` and whether steps are inferred. Written by
+  `lifecycle` (init, shutdown, fork), by `trace_step` itself (`open_step`) and by
+  `step_boundary` (`inferring`); read by `trace_step` and the manual wrappers.
 - `recording`: whether recording is on, which thread records, and the active
   capture. Written only by `step_events`' helpers; read by every timed region,
   hook and patch.
@@ -28,7 +28,7 @@ from .settings import kill_switch
 class SessionState:
     """What `init()`/`shutdown()` decided, as `trace_step` reads it on every step."""
 
-    __slots__ = ("disabled", "initialized", "mode", "default_device", "open_step")
+    __slots__ = ("disabled", "initialized", "mode", "default_device", "open_step", "inferring")
 
     def __init__(self) -> None:
         self.disabled = kill_switch()
@@ -36,6 +36,9 @@ class SessionState:
         self.mode: str | None = None  # `auto` or `manual` while initialised
         self.default_device = None  # torch.device("cuda") when CUDA is available, else None
         self.open_step = None  # the trace_step currently open (never nested)
+        # True while steps are inferred from optimizer updates (auto mode, no explicit
+        # boundary yet): the first trace_step then claims the boundaries (step_boundary).
+        self.inferring = False
 
 
 class RecordingState:

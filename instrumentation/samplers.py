@@ -30,6 +30,7 @@ from operator import itemgetter
 from . import step_events as _se
 from . import timing as _timing
 from .records import EventTotals, PhaseInterval, ResolvedStepTime, StepMemorySnapshot
+from .step_boundary import INFERRED_STEP, resolve_inferred
 
 _log = logging.getLogger("traceml")
 
@@ -149,6 +150,8 @@ def resolve_batch(batch, wall_offset_ns: int, *, gpu_available: bool = True,
         totals = _sum_occurrences(ordered, gpu_available, pool)
     phases = tuple([new_tuple(PhaseInterval, (e[0], e[1] + wall_offset_ns, e[2] + wall_offset_ns))
                     for e in ordered])
+    if INFERRED_STEP in totals:  # a step inferred from an optimizer update (step_boundary)
+        phases = resolve_inferred(totals, phases)
     return new_tuple(ResolvedStepTime, (batch.step, ordered[0][1] + wall_offset_ns,
                                         max(map(_end, ordered)) + wall_offset_ns, totals, phases,
                                         getattr(batch, "parent", None)))

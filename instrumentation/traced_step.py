@@ -120,6 +120,10 @@ class trace_step:
             _se.warn_once("trace_step_without_init", "trace_step() was called before "
                           "traceml.init(); the step runs untraced")
             return self
+        if session.inferring:  # the first explicit step: inferred boundaries stop for good
+            from .step_boundary import claim_explicit
+
+            claim_explicit()
         se = _se
         rec = _rec
         outer = session.open_step

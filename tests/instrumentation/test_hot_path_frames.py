@@ -171,3 +171,33 @@ def test_the_counter_sees_an_added_frame(job_without_otel):
             pass
 
     assert _steady(step_with_helper)[1] == _steady(step)[1] + 1
+
+
+INFERRED_UPDATE_FRAMES = {"update": 8, "update_at_boundary": 8}
+"""TraceML frames of one `optimizer.step()` in an unmarked auto-mode loop, where every update
+ends an inferred step (`step_boundary`): the timer's pre/post hooks (2), `current_capture`
+(the step's capture is new), the boundary hook, `_end_step`, `complete_step_capture` and
+its two queue `put`s. A marked loop spends `trace_step` (7) + `optimizer_step` (2) on the
+same step. Once a `trace_step` was entered the hook is gone and `optimizer_step` above holds."""
+
+
+def test_frames_of_an_update_that_ends_an_inferred_step(job_without_otel):
+    traceml.init(mode="auto")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss = model(torch.randn(2, 4)).sum()
+    loss.backward(retain_graph=True)
+    optimizer.step()  # the first update: adopts the boundary, searches the model (not the hot path)
+
+    def update():
+        loss.backward(retain_graph=True)
+        optimizer.step()
+
+    backward_frames = _steady(lambda: loss.backward(retain_graph=True))[0]
+    got = {"update": _steady(update)[0] - backward_frames}
+    got["update_at_boundary"] = _frames(optimizer.step)[0]
+    steps = traceml.steps_completed()
+    traceml.shutdown()
+    assert steps >= 4  # every update above ended a step
+    assert got == INFERRED_UPDATE_FRAMES, f"measured {got}. " + HOW_TO_UPDATE.format(file=__file__)

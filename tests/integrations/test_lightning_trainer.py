@@ -567,6 +567,11 @@ def test_callback_goes_before_checkpoint_callbacks(traced, tmp_path):
 
 def test_disabled_launch_installs_nothing(traced, monkeypatch):
     monkeypatch.setenv(TRACEML_DISABLE, "1")
+    # As a disabled launch starts: init() is a no-op (without this the auto-mode session the
+    # fixture started would still infer steps from the optimizer updates).
+    traceml._reset_for_tests()
+    traceml.init()
+    assert not traceml.is_initialized()
     tl.remove_auto_attach()
     assert tl.auto_attach() is False
     model = modules("lightning.pytorch")["Regression"]()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from traceml import timing
+from traceml import step_boundary, timing
 
 from . import collection
 from .attempt import Attempt, attempts, close_step, discard_pending, tracing
@@ -20,6 +20,9 @@ from .reporting import report
 
 
 def begin_attempt(trainer: Any) -> Attempt:
+    # The Trainer marks its own steps (one per optimizer-update group): no step is
+    # inferred from optimizer updates in this process from now on.
+    step_boundary.claim_explicit()
     attempt = Attempt(trainer)
     kind = callback_type()
     handler = trainer.callback_handler

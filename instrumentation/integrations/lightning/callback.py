@@ -84,6 +84,10 @@ class TraceMLCallback:
         if kill_switch():
             return
         _ensure_recording()
+        # Lightning's steps come from this callback: none is inferred from optimizer updates.
+        from traceml.step_boundary import claim_explicit
+
+        claim_explicit()
         if self._scope is None:
             from traceml.timing import dataloader_timing_scope
 

@@ -1,0 +1,277 @@
+"""Inferred step boundaries (`traceml.step_boundary`): one step per optimizer update in auto mode.
+
+Real torch loops in this process, the real samplers drained by hand: the step count
+follows the updates (accumulation, several optimizers, none at all), an explicit
+`trace_step` or an integration's claim switches inference off for good, and the
+step's traced time leaves its input wait out (Step Time = Input Wait + Traced).
+"""
+from __future__ import annotations
+
+import time
+import warnings
+
+import pytest
+import torch
+from tests.instrumentation.instr_fakes import flush_samplers
+
+import traceml
+from traceml import forward, step_boundary
+from traceml.schema.vocabulary import (
+    RAW_BACKWARD,
+    RAW_DATALOADER_NEXT,
+    RAW_FORWARD,
+    RAW_OPTIMIZER_STEP,
+    RAW_STEP_TIME,
+    STEP_BOUNDARY_EXPLICIT,
+    STEP_BOUNDARY_NONE,
+    STEP_BOUNDARY_OPTIMIZER,
+)
+
+
+def _model(width: int = 4):
+    return torch.nn.Sequential(torch.nn.Linear(width, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+
+
+def _loader(batches: int, width: int = 4, sleep_s: float = 0.0):
+    data = torch.utils.data.TensorDataset(torch.randn(batches * 2, width), torch.randn(batches * 2, 1))
+
+    def collate(items):
+        if sleep_s:
+            time.sleep(sleep_s)
+        return torch.utils.data.default_collate(items)
+
+    return torch.utils.data.DataLoader(data, batch_size=2, collate_fn=collate)
+
+
+def _counts(record, name):
+    totals = record.events.get(name)
+    return 0 if totals is None else totals.count
+
+
+def _records(sink):
+    traceml.shutdown()
+    flush_samplers()
+    return sorted(sink.steps, key=lambda r: r.step)
+
+
+def _loss(model, x, y):
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+def test_one_step_per_update_with_input_wait_outside_the_traced_time(sink):
+    traceml.init(mode="auto")
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    time.sleep(0.05)  # "model build" after init, before the first timed event: in no step
+    for x, y in _loader(5, sleep_s=0.01):
+        _loss(model, x, y).backward()
+        opt.step()
+        opt.zero_grad()
+    assert step_boundary.boundary_kind() == STEP_BOUNDARY_OPTIMIZER
+    records = _records(sink)
+    assert [r.step for r in records] == [0, 1, 2, 3, 4]
+    for r in records:
+        assert _counts(r, RAW_OPTIMIZER_STEP) == 1 and _counts(r, RAW_BACKWARD) == 1
+        assert _counts(r, RAW_DATALOADER_NEXT) == 1 and _counts(r, RAW_STEP_TIME) == 1
+        wait, traced = r.events[RAW_DATALOADER_NEXT].cpu_ms, r.events[RAW_STEP_TIME].cpu_ms
+        assert wait >= 9.0  # the loader's sleep
+        span_ms = (r.end_time_ns - r.start_time_ns) / 1e6
+        # the step is the whole interval, and wait + traced is exactly that interval
+        assert wait + traced == pytest.approx(span_ms, abs=0.01)
+        assert all(p.raw_event != step_boundary.INFERRED_STEP for p in r.phases)
+    first = records[0]
+    assert (first.end_time_ns - first.start_time_ns) / 1e6 < 45  # the 50 ms before the loop is not in it
+    # the model was found at the first update: forward is timed from the second step on
+    assert _counts(records[0], RAW_FORWARD) == 0
+    assert all(_counts(r, RAW_FORWARD) == 1 for r in records[1:])
+    # consecutive steps touch: one ends where the next begins
+    for a, b in zip(records[1:], records[2:]):
+        assert b.start_time_ns == a.end_time_ns
+
+
+def test_gradient_accumulation_gives_one_step_per_update(sink):
+    traceml.init(mode="auto")
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i, (x, y) in enumerate(_loader(14)):
+        _loss(model, x, y).backward()
+        if (i + 1) % 4 == 0 or i == 13:
+            opt.step()
+            opt.zero_grad()
+    records = _records(sink)
+    assert [_counts(r, RAW_BACKWARD) for r in records] == [4, 4, 4, 2]
+    assert [_counts(r, RAW_OPTIMIZER_STEP) for r in records] == [1, 1, 1, 1]
+
+
+def test_two_optimizers_in_one_round_end_the_step_at_the_last_of_them(sink):
+    traceml.init(mode="auto")
+    model = _model()
+    head, body = list(model.parameters())[:2], list(model.parameters())[2:]
+    opt_a, opt_b = torch.optim.SGD(head, lr=0.1), torch.optim.Adam(body, lr=0.1)
+    for x, y in _loader(6):
+        _loss(model, x, y).backward()
+        opt_a.step()
+        opt_b.step()
+        opt_a.zero_grad()
+        opt_b.zero_grad()
+    records = _records(sink)
+    # the first round ends at opt_a (not known yet), every later one at opt_b
+    assert len(records) == 6
+    assert [_counts(r, RAW_OPTIMIZER_STEP) for r in records] == [1, 3, 2, 2, 2, 2]
+    assert [_counts(r, RAW_BACKWARD) for r in records] == [1, 1, 1, 1, 1, 1]
+
+
+def test_a_gan_round_is_one_step_ending_at_the_first_optimizer(sink):
+    traceml.init(mode="auto")
+    gen, disc = _model(), _model()
+    opt_g, opt_d = torch.optim.SGD(gen.parameters(), lr=0.1), torch.optim.SGD(disc.parameters(), lr=0.1)
+    for x, y in _loader(5):
+        _loss(disc, x, y).backward()
+        opt_d.step()
+        opt_d.zero_grad()
+        _loss(gen, x, y).backward()
+        opt_g.step()
+        opt_g.zero_grad()
+    # both models were found (one search per optimizer) and time their forward
+    assert forward.forward_timer(gen) is not None and forward.forward_timer(disc) is not None
+    records = _records(sink)
+    assert len(records) == 5  # one per iteration, each ending at the discriminator's update
+    assert [_counts(r, RAW_BACKWARD) for r in records] == [1, 2, 2, 2, 2]
+    assert [_counts(r, RAW_FORWARD) for r in records] == [0, 1, 2, 2, 2]
+
+
+def test_a_loop_without_an_optimizer_gets_no_step_and_one_warning(sink):
+    traceml.init(mode="auto")
+    model = _model()
+    with torch.no_grad():
+        for x, _ in _loader(4):
+            model(x)
+    with pytest.warns(RuntimeWarning, match="no optimizer.step"):
+        traceml.shutdown()
+    assert step_boundary.boundary_kind() == STEP_BOUNDARY_NONE
+    flush_samplers()
+    assert sink.steps == []
+    traceml.init(mode="auto")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        traceml.shutdown()  # said once per process
+
+
+def test_an_explicit_trace_step_switches_inference_off_without_double_counting(sink):
+    traceml.init(mode="auto")
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = list(_loader(6))
+    for x, y in batches[:2]:  # an unmarked warm-up: two inferred steps
+        _loss(model, x, y).backward()
+        opt.step()
+        opt.zero_grad()
+    assert traceml.steps_completed() == 2
+    for x, y in batches[2:]:
+        with traceml.trace_step(model):
+            _loss(model, x, y).backward()
+            opt.step()
+            opt.zero_grad()
+    assert not step_boundary.is_inferring()
+    opt.step()  # after the claim an update outside any trace_step makes no step
+    assert traceml.steps_completed() == 6
+    assert step_boundary.boundary_kind() == STEP_BOUNDARY_EXPLICIT
+    records = _records(sink)
+    assert [_counts(r, RAW_OPTIMIZER_STEP) for r in records] == [1, 1, 1, 1, 1, 1]
+    assert [_counts(r, RAW_STEP_TIME) for r in records] == [1] * 6
+    # and it stays off across a shutdown/init cycle
+    traceml.init(mode="auto")
+    assert not step_boundary.is_inferring()
+
+
+def test_a_marked_loop_never_infers_a_step(sink):
+    traceml.init(mode="auto")
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in _loader(4):
+        with traceml.trace_step(model):
+            _loss(model, x, y).backward()
+            opt.step()
+            opt.zero_grad()
+    records = _records(sink)
+    assert len(records) == 4
+    assert step_boundary._state.inferred_steps == 0
+
+
+def test_an_integration_claim_keeps_its_own_boundaries(sink):
+    traceml.init(mode="auto")
+    step_boundary.claim_explicit()
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in _loader(3):
+        _loss(model, x, y).backward()
+        opt.step()
+    assert traceml.steps_completed() == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        traceml.shutdown()  # no "no step" warning: someone else owns the boundaries
+    assert step_boundary.boundary_kind() == STEP_BOUNDARY_EXPLICIT  # claimed, none completed (yet)
+
+
+def test_manual_mode_and_recording_off_infer_nothing(sink):
+    traceml.init(mode="manual")
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    _loss(model, torch.randn(2, 4), torch.randn(2, 1)).backward()
+    opt.step()
+    assert traceml.steps_completed() == 0
+    traceml.shutdown()
+    traceml.init(mode="auto")
+    traceml.set_recording(False)
+    opt.step()
+    traceml.set_recording(True)
+    assert traceml.steps_completed() == 0
+    with pytest.warns(RuntimeWarning, match="no step was recorded"):
+        traceml.shutdown()
+
+
+def test_the_model_search_finds_the_outermost_wrapper():
+    from traceml import model_search
+
+    inner = _model()
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+        def forward(self, x):
+            return self.module(x)
+
+    outer = Wrapper(inner)
+    param = next(inner.parameters())
+    assert model_search.outermost_module_holding(param) is outer
+    assert model_search.outermost_module_holding(torch.nn.Parameter(torch.zeros(1))) is None
+
+
+def test_an_integration_can_name_the_model_so_step_0_has_its_forward(sink):
+    traceml.init(mode="auto")
+    model = _model()
+    step_boundary.note_model(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in _loader(2):
+        _loss(model, x, y).backward()
+        opt.step()
+        opt.zero_grad()
+    records = _records(sink)
+    assert [_counts(r, RAW_FORWARD) for r in records] == [1, 1]
+
+
+def test_the_gpu_traced_time_is_the_interval_minus_the_gpu_input_wait():
+    from traceml.records import EventTotals, PhaseInterval
+
+    totals = {step_boundary.INFERRED_STEP: EventTotals(10.0, 8.0, 1),
+              RAW_DATALOADER_NEXT: EventTotals(3.0, 2.5, 2), RAW_BACKWARD: EventTotals(4.0, 4.0, 1)}
+    phases = (PhaseInterval(step_boundary.INFERRED_STEP, 0, 10), PhaseInterval(RAW_BACKWARD, 5, 9))
+    phases = step_boundary.resolve_inferred(totals, phases)
+    assert totals[RAW_STEP_TIME] == EventTotals(7.0, 5.5, 1)
+    assert step_boundary.INFERRED_STEP not in totals
+    assert [p.raw_event for p in phases] == [RAW_STEP_TIME, RAW_BACKWARD]
+    totals = {step_boundary.INFERRED_STEP: EventTotals(10.0, None, 1), RAW_DATALOADER_NEXT: EventTotals(3.0, 2.5, 1)}
+    step_boundary.resolve_inferred(totals, ())
+    assert totals[RAW_STEP_TIME] == EventTotals(7.0, None, 1)  # no GPU start event: unavailable, not 0

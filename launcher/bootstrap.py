@@ -7,7 +7,9 @@ It turns TraceML on without any change to the user's script: `traceml.init()`
 in automatic mode, the Hugging Face / Lightning integrations when those
 libraries are installed, then the script runs as `__main__` exactly as
 `python script.py` would run it (same `sys.argv`, `sys.path[0]`), and
-`traceml.shutdown()` flushes at the end, also after an exception. The
+`traceml.shutdown()` flushes at the end, also after an exception, with how the
+script ended (finished, interrupted, failed with its exit code) noted for the
+rank's end marker (`traceml.exporter.process_ending`). The
 script's exit status and exception propagate unchanged. TraceML's own
 failures are reported on stderr and never stop training.
 """
@@ -17,7 +19,10 @@ import atexit
 import importlib.util
 import os
 import runpy
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 from typing import Sequence
 
 from traceml.schema.environment import TRACEML_EXIT_AFTER_FLUSH, env_flag
@@ -47,6 +52,7 @@ def _attach_integrations() -> None:
         ("transformers", "traceml.integrations.huggingface"),
         ("lightning", "traceml.integrations.lightning"),
         ("pytorch_lightning", "traceml.integrations.lightning"),
+        ("accelerate", "traceml.integrations.accelerate"),
     )
     attached: set[str] = set()
     for library, module_name in candidates:
@@ -72,6 +78,33 @@ def _shutdown() -> None:
         traceml.shutdown()
     except Exception as exc:
         _warn(f"shutdown did not complete: {type(exc).__name__}: {exc}")
+
+
+def _note_ending(exc: BaseException | None) -> None:
+    """Tell the run-end marker how the script ended (finished, interrupted, failed with code N)."""
+    try:
+        from traceml.exporter.process_ending import ending_of, note_ending
+
+        note_ending(ending_of(exc))
+    except Exception as error:  # the marker then says nothing about the ending
+        _warn(f"could not note how the script ended: {type(error).__name__}: {error}")
+
+
+@contextmanager
+def _second_interrupt_ignored(exc: BaseException):
+    """After a KeyboardInterrupt, a second SIGINT (torch's agent forwards the one it got too)
+    must not cut the bounded telemetry flush short; the script's own interrupt still propagates."""
+    previous = None
+    if isinstance(exc, KeyboardInterrupt) and threading.current_thread() is threading.main_thread():
+        try:
+            previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        except (ValueError, OSError):
+            previous = None
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 def _run_target(argv: Sequence[str]) -> None:
@@ -100,8 +133,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     _enable_instrumentation()
     try:
         _run_target(argv)
-    finally:
-        _shutdown()
+    except BaseException as exc:
+        _note_ending(exc)
+        with _second_interrupt_ignored(exc):
+            _shutdown()
+        raise
+    _note_ending(None)
+    _shutdown()
     if env_flag(os.environ.get(TRACEML_EXIT_AFTER_FLUSH)):
         _exit_now()
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from traceml.launcher import run_dir as rd
+from traceml.schema.diagnosis import NO_STEPS
 
 
 @dataclass(frozen=True)
@@ -31,12 +32,14 @@ class FinalReport:
         return diagnosis if isinstance(diagnosis, dict) else None
 
 
-def write_report(db_path: Path, run_id: str, folder: Path) -> FinalReport:
-    """Build the summary from the database into `folder` and load what was written."""
+def write_report(db_path: Path, run_id: str, folder: Path, launcher=None) -> FinalReport:
+    """Build the summary from the database into `folder` and load what was written.
+
+    `launcher`: the ranks' exit codes as `traceml run` saw them (`endings.LauncherEnding`)."""
     from traceml.processor.summary_section import write_final_summary
 
     folder.mkdir(parents=True, exist_ok=True)
-    written = [Path(p) for p in write_final_summary(Path(db_path), run_id, Path(folder))]
+    written = [Path(p) for p in write_final_summary(Path(db_path), run_id, Path(folder), launcher=launcher)]
     summary_path = next((p for p in written if p.suffix == ".json"), folder / rd.SUMMARY_FILENAME)
     card_path = next((p for p in written if p.suffix == ".txt"), None)
     summary = json.loads(summary_path.read_text())
@@ -45,14 +48,14 @@ def write_report(db_path: Path, run_id: str, folder: Path) -> FinalReport:
 
 
 def finalize_run(run_path: Path, run_id: str, *, out: TextIO, print_card: bool = True,
-                 exit_code: int = 0) -> FinalReport | None:
+                 exit_code: int = 0, launcher=None) -> FinalReport | None:
     """Write and print the run's summary; a failure here is reported, never raised."""
     db_path = run_path / rd.DB_FILENAME
     if not db_path.exists():
         print(f"[traceml] no telemetry database at {db_path}; no summary written", file=out, flush=True)
         return None
     try:
-        report = write_report(db_path, run_id, run_path)
+        report = write_report(db_path, run_id, run_path, launcher)
     except Exception as exc:  # the training outcome matters more than our summary
         from traceml.processor.presenters.terminal_text import printable
 
@@ -68,6 +71,7 @@ def finalize_run(run_path: Path, run_id: str, *, out: TextIO, print_card: bool =
     print(f"\n[traceml] final summary: {report.summary_path}{note}", file=out)
     if report.card_path is not None:
         print(f"[traceml] text card:     {report.card_path}", file=out)
-    print(f"[traceml] compare runs:  traceml compare {report.summary_path} <other run>/"
-          f"{rd.SUMMARY_FILENAME}", file=out, flush=True)
+    if (report.diagnosis or {}).get("kind") != NO_STEPS:  # nothing to compare without a step
+        print(f"[traceml] compare runs:  traceml compare {report.summary_path} <other run>/"
+              f"{rd.SUMMARY_FILENAME}", file=out, flush=True)
     return report

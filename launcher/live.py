@@ -3,7 +3,9 @@
 One `LiveStepTimeSession` per view, refreshed on a background thread; every
 frame is drawn by the pure presenter from the `LiveStepTimeResult` it returns
 plus the progress this module measures (latest step and steps per second over
-wall-clock time, which the session does not know). On a terminal the frame
+wall-clock time, which the session does not know) and the run's status from the
+store (`ended` once every rank's end marker is stored, else how long ago the last
+step ended). On a terminal the frame
 is a Rich `Live` display; otherwise one plain line per refresh in which the
 step or the diagnosis changed, so logs stay short. Strings from the wire are
 made printable by the presenter (`presenters.terminal_text`); an error message,
@@ -53,6 +55,55 @@ class ProgressMeter:
         return Progress(latest_step, rate)
 
 
+@dataclass(frozen=True, slots=True)
+class RunStatus:
+    """What the store says of the run beyond the window: over, and when its last step ended."""
+
+    ended: bool
+    last_step_time: float | None  # wall clock (the newest stored step's end)
+
+    def last_step_age(self, now: float | None = None) -> str | None:
+        if self.last_step_time is None:
+            return None
+        return format_age(max(0.0, (time.time() if now is None else now) - self.last_step_time))
+
+    def label(self, now: float | None = None) -> str | None:
+        """`ended`, or `last step 12.3s ago`; None when nothing is known yet."""
+        if self.ended:
+            return "ended"
+        age = self.last_step_age(now)
+        return None if age is None else f"last step {age} ago"
+
+
+def format_age(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)}m {int(seconds % 60):02d}s"
+    return f"{int(seconds // 3600)}h {int(seconds % 3600 // 60):02d}m"
+
+
+def read_run_status(db_path: Path, run_id: str) -> RunStatus:
+    """The run is over when every rank of it sent its end marker (`runs.stored_run_is_over`, the
+    processor's own rule); the last step time is the store's. Unknown (not ended) on any error."""
+    import sqlite3
+
+    from traceml.processor.runs import stored_run_is_over
+    from traceml.processor.sqlite_layout import connect_readonly
+
+    try:
+        conn = connect_readonly(db_path)
+    except (sqlite3.Error, OSError):
+        return RunStatus(False, None)
+    try:
+        row = conn.execute("SELECT last_sample_time FROM step_time_runs WHERE run_id = ?", (run_id,)).fetchone()
+        return RunStatus(stored_run_is_over(conn, run_id), None if row is None else row[0])
+    except sqlite3.Error:
+        return RunStatus(False, None)
+    finally:
+        conn.close()
+
+
 def latest_step_of(result: LiveStepTimeResult) -> int | None:
     analysis = result.analysis
     if analysis.cursor is not None and analysis.cursor.latest_step is not None:
@@ -61,21 +112,24 @@ def latest_step_of(result: LiveStepTimeResult) -> int | None:
     return steps[-1] if steps else None
 
 
-def plain_line(result: LiveStepTimeResult, progress: Progress) -> str:
+def plain_line(result: LiveStepTimeResult, progress: Progress, status: RunStatus | None = None) -> str:
     """One log line: the presenter's line, prefixed with the progress."""
     from traceml.processor.presenters.live import format_live_line
 
     step = "" if progress.latest_step is None else f" step {progress.latest_step}"
-    return f"[traceml]{step} " + format_live_line(result, steps_per_s=progress.steps_per_s)
+    return f"[traceml]{step} " + format_live_line(
+        result, steps_per_s=progress.steps_per_s, ended=status is not None and status.ended,
+        last_step_age=None if status is None else status.last_step_age())
 
 
-def render_frame(result: LiveStepTimeResult, progress: Progress, title: str):
+def render_frame(result: LiveStepTimeResult, progress: Progress, title: str, status: RunStatus | None = None):
     """The Rich renderable for one frame (the presenter draws; we only pass data)."""
     from traceml.processor.presenters.live import render_live
 
     if progress.latest_step is not None:
         title = f"{title} · step {progress.latest_step}"
-    return render_live(result, steps_per_s=progress.steps_per_s, title=title)
+    return render_live(result, steps_per_s=None if status is not None and status.ended else progress.steps_per_s,
+                       title=title, run_state=None if status is None else status.label())
 
 
 class LiveMonitor:
@@ -91,6 +145,7 @@ class LiveMonitor:
         self.title = title or f"TraceML · {run_id or 'latest run'}"
         self.last_result: LiveStepTimeResult | None = None
         self.last_line: str | None = None
+        self.last_status: RunStatus | None = None
         self.frames = 0
         self._session = None
         self._meter = ProgressMeter()
@@ -143,7 +198,8 @@ class LiveMonitor:
         result = session.refresh()
         self.last_result = result
         progress = self._meter.observe(latest_step_of(result))
-        self._show(result, progress)
+        self.last_status = read_run_status(self.db_path, self.run_id)
+        self._show(result, progress, self.last_status)
         return result
 
     def _loop(self) -> None:
@@ -178,22 +234,23 @@ class LiveMonitor:
         self._session = LiveStepTimeSession(self.db_path, run_id)
         return self._session
 
-    def _show(self, result: LiveStepTimeResult, progress: Progress) -> None:
+    def _show(self, result: LiveStepTimeResult, progress: Progress, status: RunStatus | None = None) -> None:
         self.frames += 1
         if self._live is not None:
-            self._live.update(render_frame(result, progress, self.title), refresh=True)
+            self._live.update(render_frame(result, progress, self.title, status), refresh=True)
             return
         if self.tty:  # one frame without a running Live display (`traceml top --once`)
             from rich.console import Console
 
-            Console(file=self.out).print(render_frame(result, progress, self.title))
+            Console(file=self.out).print(render_frame(result, progress, self.title, status))
             return
         primary = result.analysis.diagnosis.primary
-        key = (progress.latest_step, primary.kind, primary.severity, primary.culprit_rank, result.freshness)
+        key = (progress.latest_step, primary.kind, primary.severity, primary.culprit_rank, result.freshness,
+               status is not None and status.ended)
         if key == self._last_plain_key:
             return
         self._last_plain_key = key
-        self.last_line = plain_line(result, progress)
+        self.last_line = plain_line(result, progress, status)
         print(self.last_line, file=self.out, flush=True)
 
     def _show_error(self, exc: Exception) -> None:

@@ -29,6 +29,7 @@ from traceml.schema import environment as env
 
 if TYPE_CHECKING:
     from traceml.launcher.finalize import FinalReport
+    from traceml.processor.endings import LauncherEnding
 
 BOOTSTRAP_MODULE = "traceml.launcher.bootstrap"
 
@@ -138,6 +139,39 @@ def wrap_with_bootstrap(args: argparse.Namespace) -> bool:
     return True
 
 
+def launcher_ending_of(args: argparse.Namespace, exc: BaseException | None) -> "LauncherEnding":
+    """What this launcher saw of its ranks' exit, for the summary's per-rank endings.
+
+    torch's elastic agent reports exit codes only for failed ranks (`ChildFailedError`,
+    keyed by global rank) and then stops the others with SIGTERM; when the job succeeded,
+    every rank of this node exited 0; when the agent itself got a signal, it forwarded it.
+    """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from traceml.processor.endings import LauncherEnding
+
+    if _is_multi_node(args.nnodes):
+        # Which global ranks ran here is the rendezvous' choice (c10d ignores --node-rank):
+        # only the failed ranks' codes, keyed by global rank, are sure.
+        if isinstance(exc, ChildFailedError):
+            return LauncherEnding(exit_codes={int(r): int(f.exitcode) for r, f in exc.failures.items()})
+        return LauncherEnding()
+    node_rank = None  # one node: every rank ran under this launcher
+    if exc is None:
+        return LauncherEnding(node_rank, others_exit_code=0)
+    if isinstance(exc, ChildFailedError):
+        codes = {int(rank): int(failure.exitcode) for rank, failure in exc.failures.items()}
+        return LauncherEnding(node_rank, exit_codes=codes, signal=int(signal.SIGTERM))
+    if isinstance(exc, SignalException):
+        return LauncherEnding(node_rank, signal=int(exc.sigval))
+    if isinstance(exc, KeyboardInterrupt):
+        return LauncherEnding(node_rank, signal=int(signal.SIGINT))
+    if isinstance(exc, _TerminatedBeforeLaunch):
+        return LauncherEnding(node_rank, signal=exc.signum)
+    return LauncherEnding(node_rank)
+
+
 def exit_code_of(exc: BaseException) -> int:
     """Map what torch's launcher raised to the exit status a shell expects."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -238,6 +272,7 @@ def launch(args: argparse.Namespace, options: RunOptions, *, out: TextIO | None 
     monitor = None
     report = None
     exit_code = 0
+    failure: BaseException | None = None
     with _sigterm_raises():
         try:
             if endpoint:
@@ -251,8 +286,10 @@ def launch(args: argparse.Namespace, options: RunOptions, *, out: TextIO | None 
                 torch_run(args)
         except _TerminatedBeforeLaunch as exc:
             exit_code = 128 + exc.signum
+            failure = exc
         except BaseException as exc:  # noqa: BLE001 - every failure still gets a summary
             exit_code = exit_code_of(exc)
+            failure = exc
             _report_failure(out, exc, args)
         finally:
             if monitor is not None:
@@ -263,10 +300,18 @@ def launch(args: argparse.Namespace, options: RunOptions, *, out: TextIO | None 
                     from traceml.launcher.finalize import finalize_run
 
                     report = finalize_run(run_path, resolved.run_id, out=out,
-                                          print_card=options.print_summary, exit_code=exit_code)
+                                          print_card=options.print_summary, exit_code=exit_code,
+                                          launcher=_launcher_ending(args, failure))
                     if options.html_report and report is not None:
                         _write_html_report(run_path, resolved.run_id, out)
     return LaunchResult(exit_code, resolved.run_id, run_path, report)
+
+
+def _launcher_ending(args: argparse.Namespace, failure: BaseException | None):
+    try:
+        return launcher_ending_of(args, failure)
+    except Exception:  # the summary then goes by the end markers alone
+        return None
 
 
 def _write_html_report(run_path: Path, run_id: str, out: TextIO) -> None:

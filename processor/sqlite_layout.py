@@ -20,8 +20,12 @@ from urllib.parse import quote
 
 from traceml.schema.vocabulary import CANONICAL_METRICS
 
-SCHEMA_USER_VERSION = 1
-"""`PRAGMA user_version` of a database laid out as below."""
+SCHEMA_USER_VERSION = 2
+"""`PRAGMA user_version` of a database laid out as below.
+
+2: `step_time_ranks.outcome` / `exit_code` (how a rank said its process ended). A
+version-1 file is brought up to date by the writer (`ADDED_COLUMNS`); readers of
+an older file find those columns absent and treat them as unknown."""
 
 BUSY_TIMEOUT_S = 5.0
 """How long any connection, reader or writer, waits on another's lock before SQLITE_BUSY."""
@@ -133,6 +137,8 @@ CREATE TABLE IF NOT EXISTS step_time_ranks (
     first_receive_time REAL NOT NULL,
     finished_time REAL,
     final_counts TEXT,
+    outcome TEXT,
+    exit_code INTEGER,
     PRIMARY KEY (run_id, global_rank)
 );
 
@@ -145,6 +151,13 @@ CREATE TABLE IF NOT EXISTS step_time_drops (
     PRIMARY KEY (run_id, global_rank, queue)
 );
 """
+
+ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("step_time_ranks", "outcome", "TEXT"),
+    ("step_time_ranks", "exit_code", "INTEGER"),
+)
+"""(table, column, type) added to `DDL` after version 1: a database written before has
+none of them, and the writer adds them (`ALTER TABLE ... ADD COLUMN`, no rewrite)."""
 
 SCHEMA_OBJECTS: frozenset[str] = frozenset(re.findall(r"CREATE (?:TABLE|INDEX) IF NOT EXISTS (\w+)", DDL))
 """Names of the tables and indexes `DDL` creates: a file holding any other (bar SQLite's own
@@ -171,7 +184,7 @@ def connect_readonly(path: str | Path) -> sqlite3.Connection:
 
 
 __all__ = [
-    "BUSY_TIMEOUT_S", "DDL", "MEMORY_COLUMNS", "METRIC_VALUE_COLUMNS", "PACKED_FIELDS",
+    "ADDED_COLUMNS", "BUSY_TIMEOUT_S", "DDL", "MEMORY_COLUMNS", "METRIC_VALUE_COLUMNS", "PACKED_FIELDS",
     "PACKED_FORMAT", "PACKED_METRICS", "PACKED_RANK", "PACKED_SAMPLE_TIME", "PACKED_STEP",
     "PACKED_VALUES", "SAMPLE_COLUMNS", "SCHEMA_OBJECTS", "SCHEMA_USER_VERSION", "connect_readonly", "metric_columns",
 ]

@@ -39,6 +39,7 @@ from typing import Iterable, Mapping, Sequence
 from traceml.processor.normalise import normalise_memory_record, normalise_step_record
 from traceml.processor.sqlite_guard import DatabaseUnusable, check_database, note_database_error
 from traceml.processor.sqlite_layout import (
+    ADDED_COLUMNS,
     BUSY_TIMEOUT_S,
     DDL,
     MEMORY_COLUMNS,
@@ -72,9 +73,13 @@ class WriteResult:
 
 
 def ensure_schema(conn: sqlite3.Connection) -> None:
-    """Create tables and indexes (idempotent) and switch the file to WAL."""
+    """Create tables and indexes (idempotent), add the columns an older file lacks, switch to WAL."""
     conn.execute("PRAGMA journal_mode = WAL")
     conn.executescript(DDL)
+    for table, column, kind in ADDED_COLUMNS:
+        present = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+        if column not in present:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
     conn.execute(f"PRAGMA user_version = {SCHEMA_USER_VERSION}")
     conn.commit()
 
@@ -261,8 +266,10 @@ class StepTimeStore:
                 "UPDATE step_time_runs SET ranks_version = ranks_version + 1 WHERE run_id = ?",
                 [(run_id,) for run_id in changed_runs])
 
-    def mark_rank_finished(self, run_id: str, rank: int, final_counts: Mapping[str, int]) -> None:
-        """Record a rank's clean end (the `traceml.run.end` marker) with its final counts."""
+    def mark_rank_finished(self, run_id: str, rank: int, final_counts: Mapping[str, int], *,
+                           outcome: str | None = None, exit_code: int | None = None) -> None:
+        """Record a rank's end marker (`traceml.run.end`): final counts and, when the rank said,
+        how its process ended (`outcome`, `exit_code`)."""
         now = time.time()
         with self._lock, self._noting_damage():
             self._check_open()
@@ -281,9 +288,9 @@ class StepTimeStore:
                         "UPDATE step_time_runs SET ranks_version = ranks_version + 1"
                         " WHERE run_id = ?", (run_id,))
                 self._conn.execute(
-                    "UPDATE step_time_ranks SET finished_time = ?, final_counts = ?"
-                    " WHERE run_id = ? AND global_rank = ?",
-                    (now, json.dumps(dict(final_counts), sort_keys=True), run_id, rank),
+                    "UPDATE step_time_ranks SET finished_time = ?, final_counts = ?, outcome = ?,"
+                    " exit_code = ? WHERE run_id = ? AND global_rank = ?",
+                    (now, json.dumps(dict(final_counts), sort_keys=True), outcome, exit_code, run_id, rank),
                 )
 
     def record_drops(self, run_id: str, rank: int, counts: Mapping[str, int]) -> None:

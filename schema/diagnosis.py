@@ -19,13 +19,14 @@ H2D_STRAGGLER = "H2D_STRAGGLER"
 COMPUTE_STRAGGLER = "COMPUTE_STRAGGLER"
 STRAGGLER = "STRAGGLER"
 WARMUP = "WARMUP"
+NO_STEPS = "NO_STEPS"
 INCOMPLETE_DATA = "INCOMPLETE_DATA"
 BALANCED = "BALANCED"
 
 STRAGGLER_KINDS: tuple[str, ...] = (INPUT_STRAGGLER, H2D_STRAGGLER, COMPUTE_STRAGGLER, STRAGGLER)
 SHARE_KINDS: tuple[str, ...] = (INPUT_BOUND, H2D_BOUND, RESIDUAL_HEAVY)
 DIAGNOSIS_KINDS: tuple[str, ...] = (
-    *STRAGGLER_KINDS, *SHARE_KINDS, COMPUTE_BOUND, INCOMPLETE_DATA, WARMUP, BALANCED,
+    *STRAGGLER_KINDS, *SHARE_KINDS, COMPUTE_BOUND, INCOMPLETE_DATA, NO_STEPS, WARMUP, BALANCED,
 )
 
 # --- Severities (ascending) -----------------------------------------------------------
@@ -46,8 +47,21 @@ STATUS_INCOMPLETE = "incomplete"
 """A required signal is measured by no rank: the rules that need it could not run."""
 STATUS_BALANCED = "balanced"
 """Rules ran and none fired."""
+STATUS_EMPTY = "empty"
+"""The run ended with no step stored for any rank: nothing could be analysed (NO_STEPS)."""
 DIAGNOSIS_STATUSES: tuple[str, ...] = (
-    STATUS_CONFIRMED, STATUS_PROVISIONAL, STATUS_WARMUP, STATUS_INCOMPLETE, STATUS_BALANCED,
+    STATUS_CONFIRMED, STATUS_PROVISIONAL, STATUS_WARMUP, STATUS_INCOMPLETE, STATUS_BALANCED, STATUS_EMPTY,
+)
+
+# --- Why a run has no steps (NO_STEPS evidence `reason`), in the order they are tested --
+NO_STEPS_FAILED = "script_failed"
+NO_STEPS_INTERRUPTED = "interrupted"
+NO_STEPS_TELEMETRY_LOST = "telemetry_lost"
+NO_STEPS_NONE_MARKED = "no_step_marked"
+NO_STEPS_NOTHING_RECEIVED = "nothing_received"
+NO_STEPS_REASONS: tuple[str, ...] = (
+    NO_STEPS_FAILED, NO_STEPS_INTERRUPTED, NO_STEPS_TELEMETRY_LOST, NO_STEPS_NONE_MARKED,
+    NO_STEPS_NOTHING_RECEIVED,
 )
 
 # --- Straggler components (which excess explains the gap) -----------------------------

@@ -19,9 +19,11 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from traceml.processor.presenters.terminal_text import printable
+from traceml.processor.endings import RankEnding
 from traceml.processor.reporting.inputs import RankMemory, RankTelemetry, RunMetadata, RunTelemetry
 from traceml.processor.step_time.model import DiagnosisIssue, StepTimeAnalysis, StepTimeWindow
 from traceml.schema.summary import SCHEMA_VERSION
+from traceml.schema.endings import OUTCOME_FAILED, OUTCOME_FINISHED, OUTCOME_INTERRUPTED, OUTCOME_LOST, OUTCOMES
 from traceml.schema.vocabulary import QUEUE_NAMES
 
 FINAL_SUMMARY_FILE = "final_summary.json"
@@ -154,8 +156,13 @@ def _dropped(counts: Mapping[str, int] | None) -> dict:
     return out
 
 
+def _ending(ending: RankEnding | None) -> dict:
+    return {"outcome": None if ending is None else ending.outcome,
+            "exit_code": None if ending is None else ending.exit_code}
+
+
 def _groups(window: StepTimeWindow, memory: Mapping[int, RankMemory],
-            telemetry: Mapping[int, RankTelemetry]) -> list[dict]:
+            telemetry: Mapping[int, RankTelemetry], endings: Mapping[int, RankEnding]) -> list[dict]:
     groups = []
     for rank in window.expected_ranks:
         facts = window.rank_facts.get(rank)
@@ -179,6 +186,7 @@ def _groups(window: StepTimeWindow, memory: Mapping[int, RankMemory],
             "telemetry": {
                 "finished": None if tel is None else bool(tel.finished),
                 "dropped": _dropped(None if tel is None else tel.dropped),
+                "ending": _ending(endings.get(rank)),
             },
         })
     return groups
@@ -206,7 +214,8 @@ def _memory_section(window: StepTimeWindow, memory: Mapping[int, RankMemory]) ->
     }
 
 
-def _telemetry_section(window: StepTimeWindow, telemetry: RunTelemetry) -> dict:
+def _telemetry_section(window: StepTimeWindow, telemetry: RunTelemetry,
+                       endings: Mapping[int, RankEnding]) -> dict:
     by_rank = {t.global_rank: t for t in telemetry.ranks}
     totals = {q: 0 for q in QUEUE_NAMES}
     for t in by_rank.values():
@@ -230,6 +239,9 @@ def _telemetry_section(window: StepTimeWindow, telemetry: RunTelemetry) -> dict:
         # that received the run after a rebalance) says from which step it is covered.
         "first_step_stored": telemetry.first_step_stored,
         "started_part_way": telemetry.started_part_way,
+        # How each rank ended: its end marker joined with the launcher's exit codes.
+        "rank_endings": {str(r): {**_ending(e), "end_marker": e.end_marker} for r, e in endings.items()},
+        "endings": {outcome: sum(1 for e in endings.values() if e.outcome == outcome) for outcome in OUTCOMES},
     }
 
 
@@ -244,6 +256,7 @@ def project_final_summary(
     window = analysis.window
     mem = {m.global_rank: m for m in memory}
     tel = {t.global_rank: t for t in telemetry.ranks}
+    endings = telemetry.rank_endings(window.expected_ranks)
     issues = [project_issue(i) for i in analysis.diagnosis.issues]
     summary = {
         "schema_version": SCHEMA_VERSION,
@@ -259,9 +272,9 @@ def project_final_summary(
         "diagnosis": issues[0],
         "issues": issues,
         "global": _global(window, metadata),
-        "groups": _groups(window, mem, tel),
+        "groups": _groups(window, mem, tel, endings),
         "memory": _memory_section(window, mem),
-        "telemetry": _telemetry_section(window, telemetry),
+        "telemetry": _telemetry_section(window, telemetry, endings),
         "units": dict(UNITS),
     }
     summary["card"] = render_card(summary)
@@ -328,7 +341,7 @@ def render_card(summary: Mapping) -> str:
     tel = summary["telemetry"]
     dropped = {q: n for q, n in tel["dropped"].items() if n}
     lines.append(
-        f"Telemetry: {len(tel['ranks_finished'])}/{tel['ranks_expected']} rank(s) finished cleanly; "
+        f"Telemetry: {_endings_text(tel['rank_endings'])}; "
         + ("dropped " + ", ".join(f"{q} {n}" for q, n in dropped.items()) if dropped else "nothing dropped")
         + ("; rejected rows " + ", ".join(f"{k} {v}" for k, v in tel["rejected_rows"].items())
            if tel["rejected_rows"] else "")
@@ -348,6 +361,35 @@ def render_card(summary: Mapping) -> str:
         )
     # Run id, strategy, issue texts and queue names came from the wire: the card is printed.
     return printable("\n".join(lines) + "\n", keep_newlines=True)
+
+
+_RANKS_NAMED = 8
+
+
+def _endings_text(rank_endings: Mapping[str, Mapping]) -> str:
+    """`2/2 rank(s) finished cleanly`, or per outcome (and exit code) with the ranks named:
+    `1/2 rank(s) finished; 1 failed with exit code 3 (r1)`."""
+    total = len(rank_endings)
+    if total == 0:
+        return "no rank reported"
+    groups: dict[tuple[str, int | None], list[str]] = {}
+    for rank, ending in rank_endings.items():
+        code = ending["exit_code"] if ending["outcome"] == OUTCOME_FAILED else None
+        groups.setdefault((ending["outcome"], code), []).append(rank)
+    finished = len(groups.get((OUTCOME_FINISHED, None), ()))
+    if finished == total:
+        return f"{total}/{total} rank(s) finished cleanly"
+    parts = [f"{finished}/{total} rank(s) finished"]
+    order = {o: i for i, o in enumerate(OUTCOMES)}
+    for (outcome, code), ranks in sorted(groups.items(), key=lambda g: (order.get(g[0][0], 99), g[0][1] or 0)):
+        if outcome == OUTCOME_FINISHED:
+            continue
+        named = ", ".join(f"r{r}" for r in ranks[:_RANKS_NAMED]) + (", ..." if len(ranks) > _RANKS_NAMED else "")
+        what = {OUTCOME_FAILED: "failed" if code is None else f"failed with exit code {code}",
+                OUTCOME_INTERRUPTED: "interrupted",
+                OUTCOME_LOST: "lost (no end marker, no exit code)"}.get(outcome, str(outcome))
+        parts.append(f"{len(ranks)} {what} ({named})")
+    return "; ".join(parts)
 
 
 def _rank(rank: int | None) -> str:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from traceml.processor.endings import LauncherEnding, RankEndFacts, RankEnding, rank_endings
+
 
 @dataclass(frozen=True, slots=True)
 class RunMetadata:
@@ -48,6 +50,11 @@ class RankTelemetry:
     export_failures: int | None = None
     steps_completed: int | None = None
     steps_stored: int = 0
+    # How its process ended, as its end marker said (None: not said, or no marker), and
+    # its node (to match the launcher's exit codes, which cover one node's ranks).
+    outcome: str | None = None
+    exit_code: int | None = None
+    node_rank: int | None = None
 
 
 FIRST_STEP = 0
@@ -73,7 +80,13 @@ class RunTelemetry:
     ranks: Sequence[RankTelemetry] = ()
     rejected_rows: Mapping[str, int] = field(default_factory=dict)  # reason -> count
     first_step_stored: int | None = None  # lowest step stored for any rank; None: none (or not read)
+    launcher: LauncherEnding | None = None  # the launcher's exit codes (`traceml run`), when it passed them
 
     @property
     def started_part_way(self) -> bool | None:
         return started_part_way(self.first_step_stored)
+
+    def rank_endings(self, expected_ranks: Sequence[int] = ()) -> dict[int, RankEnding]:
+        """How each rank ended (`processor.endings`: end markers joined with the launcher's codes)."""
+        return rank_endings((RankEndFacts(t.global_rank, t.finished, t.outcome, t.exit_code, t.node_rank)
+                             for t in self.ranks), expected_ranks, self.launcher)

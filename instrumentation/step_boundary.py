@@ -31,13 +31,15 @@ whole interval minus the step's input wait, so that Step Time = Input Wait +
 Traced Step Time holds as for a `trace_step` around everything after `next()`.
 
 Forward timing (auto mode times only the outermost module, which `trace_step(model)`
-names): the first update of each optimizer finds the outermost module holding its
-first parameter (`model_search`), or one noted by an integration
-(`note_model`, e.g. from `Accelerator.prepare`), and instruments it, outside the
-step's measured interval.
+names): when an optimizer is built (`Optimizer.__init__`, patched while armed), the
+outermost module holding its first parameter (`model_search`) gets forward timing,
+unless an integration already named it (`note_model`, e.g. `Accelerator.prepare`).
+An optimizer built before `init()` is looked at on its first update instead (then
+the first step has no forward), outside the step's measured interval.
 """
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import warnings
@@ -72,18 +74,19 @@ def _nothing() -> None:
 class BoundaryState:
     """The inferred-boundary state of the process (training thread only, except `arm`/`disarm`)."""
 
-    __slots__ = ("handle", "explicit", "boundary", "fixed", "start_ns", "g0", "tracker",
-                 "seen", "models", "updates", "inferred_steps", "warned")
+    __slots__ = ("handle", "init_patch", "explicit", "boundary", "fixed", "start_ns", "g0",
+                 "tracker", "seen", "models", "updates", "inferred_steps", "warned")
 
     def __init__(self) -> None:
         self.handle = None  # the global post-hook's RemovableHandle while armed
+        self.init_patch = None  # (Optimizer, its own __init__, ours) while armed
         self.explicit = False  # a trace_step or an integration owns the boundaries (for good)
         self.boundary = _nothing  # weakref to the boundary optimizer
         self.fixed = False  # the boundary optimizer can no longer change
         self.start_ns: int | None = None  # the current inferred step's start (None: first step)
         self.g0 = None  # CUDA event recorded at the last boundary (the next step's GPU start)
         self.tracker = None  # StepMemoryTracker of the boundary optimizer's device
-        self.seen: set = set()  # id()s of optimizers whose first update was handled
+        self.seen = weakref.WeakSet()  # optimizers whose model was looked for
         self.models: list = []  # weak references to modules noted by integrations
         self.updates = 0  # optimizer updates seen while armed
         self.inferred_steps = 0  # steps this module published
@@ -103,11 +106,37 @@ def arm() -> bool:
         st = _state
         if st.explicit or st.handle is not None:
             return st.handle is not None
-        from torch.optim.optimizer import register_optimizer_step_post_hook
+        from torch.optim.optimizer import Optimizer, register_optimizer_step_post_hook
 
         st.handle = register_optimizer_step_post_hook(_on_update)
+        _patch_optimizer_init(Optimizer)
         _session.inferring = True
         return True
+
+
+def _patch_optimizer_init(optimizer_type) -> None:
+    """Find each new optimizer's model when it is built: forward is then timed from step 0."""
+    original = optimizer_type.__dict__["__init__"]
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if _session.inferring:
+            try:
+                _model_for(self)
+            except Exception:  # telemetry never breaks the job's optimizer
+                pass
+
+    optimizer_type.__init__ = __init__
+    _state.init_patch = (optimizer_type, original, __init__)
+
+
+def _unpatch_optimizer_init() -> None:
+    patch, _state.init_patch = _state.init_patch, None
+    if patch is not None:
+        owner, original, ours = patch
+        if owner.__dict__.get("__init__") is ours:  # someone patched over us since: theirs stays
+            owner.__init__ = original
 
 
 def disarm() -> None:
@@ -118,6 +147,7 @@ def disarm() -> None:
         handle, st.handle = st.handle, None
         if handle is not None:
             handle.remove()
+        _unpatch_optimizer_init()
         st.g0 = None
 
 
@@ -170,10 +200,13 @@ def warn_if_no_boundary() -> None:
     if st.warned or st.explicit or st.handle is None or st.updates or _se.steps_completed():
         return
     st.warned = True
-    warnings.warn("TraceML: no step was recorded in this process: no optimizer.step() ran and no "
-                  "traceml.trace_step() marked a step (an inference or evaluation loop?). Steps are "
-                  "inferred from optimizer updates only; mark steps with `with traceml.trace_step(model):`.",
-                  RuntimeWarning, stacklevel=2)
+    # Raised at shutdown (often at interpreter exit): no line of the job's code caused
+    # it, so the warning names TraceML rather than a source line.
+    warnings.warn_explicit(
+        "TraceML: no step was recorded in this process: no optimizer.step() ran and no "
+        "traceml.trace_step() marked a step (an inference or evaluation loop?). Steps are "
+        "inferred from optimizer updates only; mark steps with `with traceml.trace_step(model):`.",
+        RuntimeWarning, filename="traceml", lineno=0, module="traceml")
 
 
 # --- the hook (training thread) ----------------------------------------------------------
@@ -195,22 +228,20 @@ def _on_update(optimizer, _args, _kwargs) -> None:
 
 def _other_update(st: BoundaryState, optimizer) -> None:
     """An update of an optimizer that is not (yet) the boundary: learn the round."""
-    first_seen = id(optimizer) not in st.seen
-    if first_seen:
-        st.seen.add(id(optimizer))
     if st.boundary() is None:  # the first update of the process
         _adopt(st, optimizer)
         _end_step(st)
-        _instrument_model_of(optimizer)
-        st.start_ns = _perf_ns()  # the search is not part of the next step
+        if optimizer not in st.seen:  # built before init(): look for its model now
+            _model_for(optimizer)
+            st.start_ns = _perf_ns()  # the search is not part of the next step
         return
     if not st.fixed:
         if _backward_since_boundary():
             st.fixed = True  # a new round began with this optimizer: the boundary stays
         else:
             _adopt(st, optimizer)  # a later optimizer of the same round ends it
-    if first_seen:
-        _instrument_model_of(optimizer)
+    if optimizer not in st.seen:
+        _model_for(optimizer)
 
 
 def _adopt(st: BoundaryState, optimizer) -> None:
@@ -250,9 +281,14 @@ def _choose_tracker(st: BoundaryState, optimizer) -> None:
     _timing.configure_gpu_timing(tracker.is_cuda, device_index=tracker.cuda_index)
 
 
-def _instrument_model_of(optimizer) -> None:
+def _model_for(optimizer) -> None:
+    """Time the forward of the outermost module holding `optimizer`'s first parameter (once)."""
     from . import model_search
 
+    try:
+        _state.seen.add(optimizer)
+    except TypeError:
+        pass
     try:
         param = optimizer.param_groups[0]["params"][0]
     except Exception:

@@ -81,9 +81,8 @@ def test_one_step_per_update_with_input_wait_outside_the_traced_time(sink):
         assert all(p.raw_event != step_boundary.INFERRED_STEP for p in r.phases)
     first = records[0]
     assert (first.end_time_ns - first.start_time_ns) / 1e6 < 45  # the 50 ms before the loop is not in it
-    # the model was found at the first update: forward is timed from the second step on
-    assert _counts(records[0], RAW_FORWARD) == 0
-    assert all(_counts(r, RAW_FORWARD) == 1 for r in records[1:])
+    # the model was found when its optimizer was built: forward is timed from the first step
+    assert all(_counts(r, RAW_FORWARD) == 1 for r in records)
     # consecutive steps touch: one ends where the next begins
     for a, b in zip(records[1:], records[2:]):
         assert b.start_time_ns == a.end_time_ns
@@ -137,7 +136,28 @@ def test_a_gan_round_is_one_step_ending_at_the_first_optimizer(sink):
     records = _records(sink)
     assert len(records) == 5  # one per iteration, each ending at the discriminator's update
     assert [_counts(r, RAW_BACKWARD) for r in records] == [1, 2, 2, 2, 2]
-    assert [_counts(r, RAW_FORWARD) for r in records] == [0, 1, 2, 2, 2]
+    assert [_counts(r, RAW_FORWARD) for r in records] == [1, 2, 2, 2, 2]
+
+
+def test_an_optimizer_built_before_init_has_its_model_found_at_its_first_update(sink):
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    traceml.init(mode="auto")
+    for x, y in _loader(3):
+        _loss(model, x, y).backward()
+        opt.step()
+        opt.zero_grad()
+    records = _records(sink)
+    assert [_counts(r, RAW_FORWARD) for r in records] == [0, 1, 1]
+
+
+def test_the_optimizer_constructor_is_restored_at_shutdown():
+    init = torch.optim.Optimizer.__init__
+    traceml.init(mode="auto")
+    assert torch.optim.Optimizer.__init__ is not init
+    with pytest.warns(RuntimeWarning, match="no step was recorded"):
+        traceml.shutdown()
+    assert torch.optim.Optimizer.__init__ is init
 
 
 def test_a_loop_without_an_optimizer_gets_no_step_and_one_warning(sink):

@@ -37,11 +37,11 @@ SUMMARY_WINDOW_STEPS = 10_000
 """The summary profile analyses up to the latest 10,000 common steps."""
 WINDOW_LOOKBACK = 4
 """Step ids read per window step: a rank that lags or skips steps still leaves a full common window."""
-LIVE_TAIL_MAX_CELLS = 1 << 19
-"""Most (rank, step id) cells one run's live tail keeps (524,288): a run of more ranks than
-`LIVE_TAIL_MAX_CELLS // (LIVE_WINDOW_STEPS * WINDOW_LOOKBACK)` (1,310) keeps fewer step ids
-(see `tail_step_ids`). It bounds the live cache and the window analysed from it, so a
-processor with several runs of 16,384 ranks stays within a known memory (docs/processor.md)."""
+LIVE_TAIL_MAX_CELLS = 1_024 * LIVE_WINDOW_STEPS * WINDOW_LOOKBACK
+"""Most (rank, step id) cells one run's live tail keeps (409,600): a run of up to 1,024 ranks
+keeps all 400 step ids, a larger one fewer (see `tail_step_ids`; 16,384 ranks: 25, still over
+the 20 steps a crit finding needs). It bounds the live cache and the window analysed from it:
+6 runs of 16,384 ranks at the cap measured under 1 GiB (benchmarks/bench_load.py, docs/processor.md)."""
 SUMMARY_MAX_CELLS = 1 << 24
 """Most (rank, step id) cells the summary selection reads (16,777,216 = 1,677 ranks x 10,000
 steps): the summary of a run beyond it analyses fewer of the latest steps, by the same rule."""

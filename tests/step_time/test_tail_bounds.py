@@ -34,15 +34,16 @@ def test_the_rule_full_lookback_then_fewer_step_ids_then_the_floor():
     full = LIVE_WINDOW_STEPS * WINDOW_LOOKBACK
     assert tail_step_ids(LIVE_WINDOW_STEPS, WINDOW_LOOKBACK, 1, LIVE_TAIL_MAX_CELLS) == full
     assert tail_step_ids(LIVE_WINDOW_STEPS, WINDOW_LOOKBACK, 1_024, LIVE_TAIL_MAX_CELLS) == full
-    assert tail_step_ids(LIVE_WINDOW_STEPS, WINDOW_LOOKBACK, 1_310, LIVE_TAIL_MAX_CELLS) == full
-    assert tail_step_ids(LIVE_WINDOW_STEPS, WINDOW_LOOKBACK, 1_311, LIVE_TAIL_MAX_CELLS) == 399
-    assert tail_step_ids(LIVE_WINDOW_STEPS, WINDOW_LOOKBACK, 5_242, LIVE_TAIL_MAX_CELLS) == 100
-    assert tail_step_ids(LIVE_WINDOW_STEPS, WINDOW_LOOKBACK, 16_384, LIVE_TAIL_MAX_CELLS) == 32
+    assert tail_step_ids(LIVE_WINDOW_STEPS, WINDOW_LOOKBACK, 1_025, LIVE_TAIL_MAX_CELLS) == 399
+    assert tail_step_ids(LIVE_WINDOW_STEPS, WINDOW_LOOKBACK, 4_096, LIVE_TAIL_MAX_CELLS) == 100
+    assert tail_step_ids(LIVE_WINDOW_STEPS, WINDOW_LOOKBACK, 4_097, LIVE_TAIL_MAX_CELLS) == 99
+    # The largest run --max-ranks-per-run allows still keeps the 20 steps a crit finding needs.
+    assert tail_step_ids(LIVE_WINDOW_STEPS, WINDOW_LOOKBACK, 16_384, LIVE_TAIL_MAX_CELLS) == 25
     assert tail_step_ids(LIVE_WINDOW_STEPS, WINDOW_LOOKBACK, 10**9, LIVE_TAIL_MAX_CELLS) == MIN_TAIL_STEPS
     assert tail_step_ids(1, 1, 10**9, LIVE_TAIL_MAX_CELLS) == 1  # never above window x lookback
     # The summary of a 1,024-rank run keeps 16,384 step ids: a full 10,000-step window.
     assert tail_step_ids(SUMMARY_WINDOW_STEPS, WINDOW_LOOKBACK, 1_024, SUMMARY_MAX_CELLS) == 16_384
-    for ranks in (1, 7, 1_311, 16_384, 100_000):  # within the cap wherever the floor allows
+    for ranks in (1, 7, 1_025, 16_384, 100_000):  # within the cap wherever the floor allows
         kept = tail_step_ids(LIVE_WINDOW_STEPS, WINDOW_LOOKBACK, ranks, LIVE_TAIL_MAX_CELLS)
         assert kept * ranks <= LIVE_TAIL_MAX_CELLS or kept == MIN_TAIL_STEPS
 

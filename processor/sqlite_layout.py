@@ -23,9 +23,10 @@ from traceml.schema.vocabulary import CANONICAL_METRICS
 SCHEMA_USER_VERSION = 2
 """`PRAGMA user_version` of a database laid out as below.
 
-2: `step_time_ranks.outcome` / `exit_code` (how a rank said its process ended). A
-version-1 file is brought up to date by the writer (`ADDED_COLUMNS`); readers of
-an older file find those columns absent and treat them as unknown."""
+2: `step_time_ranks.outcome` / `exit_code` (how a rank said its process ended),
+`step_time_runs.attempt` and the `*_attempt_samples` tables (elastic restarts). A
+version-1 file is brought up to date by the writer (`ADDED_COLUMNS`, new tables);
+readers of an older file find those absent and treat them as unknown / attempt 0."""
 
 BUSY_TIMEOUT_S = 5.0
 """How long any connection, reader or writer, waits on another's lock before SQLITE_BUSY."""
@@ -73,6 +74,30 @@ MEMORY_COLUMNS: tuple[str, ...] = (
 _METRIC_DDL = ",\n    ".join(
     f"{c} {'INTEGER' if c.endswith('_count') else 'REAL'}" for c in METRIC_VALUE_COLUMNS
 )
+_SAMPLE_COLUMNS_DDL = f"""run_id TEXT NOT NULL,
+    global_rank INTEGER NOT NULL,
+    local_rank INTEGER,
+    node_rank INTEGER,
+    world_size INTEGER,
+    local_world_size INTEGER,
+    hostname TEXT,
+    step INTEGER NOT NULL,
+    start_time REAL,
+    sample_time REAL,
+    receive_time REAL NOT NULL,
+    training_strategy TEXT,
+    {_METRIC_DDL},
+    payload TEXT NOT NULL,
+    packed BLOB,
+    digest TEXT NOT NULL"""
+_MEMORY_COLUMNS_DDL = """run_id TEXT NOT NULL,
+    global_rank INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    device TEXT NOT NULL,
+    peak_allocated_bytes INTEGER,
+    peak_reserved_bytes INTEGER,
+    sample_time REAL,
+    receive_time REAL NOT NULL"""
 
 DDL = f"""
 CREATE TABLE IF NOT EXISTS step_time_samples (
@@ -122,7 +147,8 @@ CREATE TABLE IF NOT EXISTS step_time_runs (
     latest_step INTEGER,
     first_receive_time REAL NOT NULL,
     last_receive_time REAL NOT NULL,
-    last_sample_time REAL
+    last_sample_time REAL,
+    attempt INTEGER NOT NULL DEFAULT 0
 );
 
 -- The persisted rank universe of a run, with identity and end-of-run facts.
@@ -142,6 +168,21 @@ CREATE TABLE IF NOT EXISTS step_time_ranks (
     PRIMARY KEY (run_id, global_rank)
 );
 
+-- Elastic restarts: `step_time_samples` / `step_memory_samples` hold the run's current
+-- attempt (`step_time_runs.attempt`) only, so no reader mixes attempts into a window.
+-- When a later attempt's first row arrives, the earlier attempt's rows move here with
+-- their attempt number (nothing is overwritten), as do rows arriving late from it.
+CREATE TABLE IF NOT EXISTS step_time_attempt_samples (
+    attempt INTEGER NOT NULL,
+    {_SAMPLE_COLUMNS_DDL},
+    UNIQUE (run_id, attempt, global_rank, step)
+);
+CREATE TABLE IF NOT EXISTS step_memory_attempt_samples (
+    attempt INTEGER NOT NULL,
+    {_MEMORY_COLUMNS_DDL},
+    UNIQUE (run_id, attempt, global_rank, step, device)
+);
+
 -- Telemetry a rank reported dropped (cumulative per queue; the largest report is kept).
 CREATE TABLE IF NOT EXISTS step_time_drops (
     run_id TEXT NOT NULL,
@@ -155,6 +196,7 @@ CREATE TABLE IF NOT EXISTS step_time_drops (
 ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("step_time_ranks", "outcome", "TEXT"),
     ("step_time_ranks", "exit_code", "INTEGER"),
+    ("step_time_runs", "attempt", "INTEGER NOT NULL DEFAULT 0"),
 )
 """(table, column, type) added to `DDL` after version 1: a database written before has
 none of them, and the writer adds them (`ALTER TABLE ... ADD COLUMN`, no rewrite)."""

@@ -54,6 +54,14 @@ _INSERT_SAMPLE = (
     f"INSERT OR IGNORE INTO step_time_samples ({','.join(SAMPLE_COLUMNS)})"
     f" VALUES ({','.join('?' * len(SAMPLE_COLUMNS))})"
 )
+_INSERT_OLD_SAMPLE = (
+    f"INSERT OR IGNORE INTO step_time_attempt_samples (attempt, {','.join(SAMPLE_COLUMNS)})"
+    f" VALUES ({','.join('?' * (len(SAMPLE_COLUMNS) + 1))})"
+)
+_INSERT_OLD_MEMORY = (
+    f"INSERT OR IGNORE INTO step_memory_attempt_samples (attempt, {', '.join(MEMORY_COLUMNS)})"
+    f" VALUES ({', '.join('?' * (len(MEMORY_COLUMNS) + 1))})"
+)
 _INSERT_MEMORY = (
     f"INSERT OR IGNORE INTO step_memory_samples ({', '.join(MEMORY_COLUMNS)})"
     f" VALUES ({', '.join('?' * len(MEMORY_COLUMNS))})"
@@ -115,6 +123,7 @@ class StepTimeStore:
                                    " free disk space, or point --db at a new file") from None
         self._unknown_logged = False
         self._closed = False
+        self._restarted = self._has_restarts()  # any run past attempt 0: check every batch
 
     # --- writing ---------------------------------------------------------------------
 
@@ -128,14 +137,14 @@ class StepTimeStore:
         """Normalise, deduplicate and commit decoded records of both kinds; returns after commit."""
         now = time.time() if receive_time is None else receive_time
 
-        step_rows: dict[tuple[str, int, int], tuple] = {}
+        step_rows: dict[tuple[str, int, int, int], tuple] = {}  # (run, attempt, rank, step) -> row
         duplicates = 0
         superseded = 0  # a different row for the same key later in this batch (latest wins)
         unknown_events = 0
         for record in step_records:
             row, unknown = normalise_step_record(record, now)
             unknown_events += unknown
-            key = (row[0], row[1], row[7])
+            key = (row[0], record.attempt, row[1], row[7])
             previous = step_rows.get(key)
             if previous is not None:
                 if previous[-1] == row[-1]:
@@ -144,10 +153,10 @@ class StepTimeStore:
                     superseded += 1
             step_rows[key] = row
 
-        memory_rows: dict[tuple[str, int, int, str], tuple] = {}
+        memory_rows: dict[tuple[str, int, int, int, str], tuple] = {}  # (run, attempt, rank, step, device)
         for record in memory_records:
             row = normalise_memory_record(record, now)
-            key = (row[0], row[1], row[2], row[3])
+            key = (row[0], record.attempt, row[1], row[2], row[3])
             previous = memory_rows.get(key)
             if previous is not None:
                 if previous[:7] == row[:7]:
@@ -163,6 +172,12 @@ class StepTimeStore:
             conn = self._conn
             try:
                 conn.execute("BEGIN IMMEDIATE")
+                if any(key[1] for key in step_rows) or any(key[1] for key in memory_rows) or self._restarted:
+                    # Elastic restarts: rows of an earlier attempt than the run's go to the
+                    # attempt tables; a later attempt moves the run's rows there first.
+                    n_accepted, n_duplicates = self._separate_attempts(conn, step_rows, memory_rows)
+                    accepted += n_accepted
+                    duplicates += n_duplicates
                 if step_rows:
                     rows = list(step_rows.values())
                     # Insert first: when every key is new (the common case) nothing else
@@ -266,14 +281,80 @@ class StepTimeStore:
                 "UPDATE step_time_runs SET ranks_version = ranks_version + 1 WHERE run_id = ?",
                 [(run_id,) for run_id in changed_runs])
 
+    def _has_restarts(self) -> bool:
+        return bool(self._conn.execute("SELECT 1 FROM step_time_runs WHERE attempt > 0 LIMIT 1").fetchone())
+
+    def _separate_attempts(self, conn: sqlite3.Connection, step_rows: dict, memory_rows: dict) -> tuple[int, int]:
+        """Keep attempts apart (inside the write transaction); returns (stored, duplicates) of the
+        rows it sent to the attempt tables, which it takes out of `step_rows` / `memory_rows`.
+
+        The current-attempt tables hold one attempt per run: a row of a later attempt than the
+        run's moves every stored row of the run to the attempt tables (keyed by attempt, so
+        nothing is overwritten), resets the run's latest step and end markers (they were the
+        earlier attempt's) and bumps its rank-universe version so live readers reload; a row of
+        an earlier attempt (sent late) is kept there too, never in the current tables."""
+        runs = {key[0] for key in step_rows} | {key[0] for key in memory_rows}
+        newest: dict[str, int] = {}
+        for key in (*step_rows, *memory_rows):
+            newest[key[0]] = max(newest.get(key[0], 0), key[1])
+        current: dict[str, int] = {}
+        for run_id in runs:
+            row = conn.execute("SELECT attempt FROM step_time_runs WHERE run_id = ?", (run_id,)).fetchone()
+            stored = None if row is None else int(row[0])
+            if stored is None:
+                current[run_id] = newest[run_id]
+                continue
+            if newest[run_id] > stored:
+                self._archive_run(conn, run_id, stored, newest[run_id])
+                stored = newest[run_id]
+            current[run_id] = stored
+        for run_id, attempt in current.items():
+            if attempt:
+                self._restarted = True
+            conn.execute(
+                "INSERT INTO step_time_runs (run_id, first_receive_time, last_receive_time, attempt)"
+                " VALUES (?, ?, ?, ?) ON CONFLICT (run_id) DO UPDATE SET attempt = excluded.attempt",
+                (run_id, time.time(), time.time(), attempt))
+        old_steps = [(k, r) for k, r in step_rows.items() if k[1] < current[k[0]]]
+        old_memory = [(k, r) for k, r in memory_rows.items() if k[1] < current[k[0]]]
+        for k, _ in old_steps:
+            del step_rows[k]
+        for k, _ in old_memory:
+            del memory_rows[k]
+        before = conn.total_changes
+        conn.executemany(_INSERT_OLD_SAMPLE, [(k[1], *r) for k, r in old_steps])
+        conn.executemany(_INSERT_OLD_MEMORY, [(k[1], *r) for k, r in old_memory])
+        stored = conn.total_changes - before
+        return stored, len(old_steps) + len(old_memory) - stored
+
+    @staticmethod
+    def _archive_run(conn: sqlite3.Connection, run_id: str, attempt: int, new_attempt: int) -> None:
+        LOG.info("run %r: attempt %d started; attempt %d's rows kept apart", run_id, new_attempt, attempt)
+        conn.execute(f"INSERT OR IGNORE INTO step_time_attempt_samples (attempt, {','.join(SAMPLE_COLUMNS)})"
+                     f" SELECT ?, {','.join(SAMPLE_COLUMNS)} FROM step_time_samples WHERE run_id = ?",
+                     (attempt, run_id))
+        conn.execute("DELETE FROM step_time_samples WHERE run_id = ?", (run_id,))
+        conn.execute(f"INSERT OR IGNORE INTO step_memory_attempt_samples (attempt, {','.join(MEMORY_COLUMNS)})"
+                     f" SELECT ?, {','.join(MEMORY_COLUMNS)} FROM step_memory_samples WHERE run_id = ?",
+                     (attempt, run_id))
+        conn.execute("DELETE FROM step_memory_samples WHERE run_id = ?", (run_id,))
+        conn.execute("UPDATE step_time_runs SET attempt = ?, latest_step = NULL, ranks_version = ranks_version + 1"
+                     " WHERE run_id = ?", (new_attempt, run_id))
+        conn.execute("UPDATE step_time_ranks SET finished_time = NULL, final_counts = NULL, outcome = NULL,"
+                     " exit_code = NULL WHERE run_id = ?", (run_id,))
+
     def mark_rank_finished(self, run_id: str, rank: int, final_counts: Mapping[str, int], *,
-                           outcome: str | None = None, exit_code: int | None = None) -> None:
+                           outcome: str | None = None, exit_code: int | None = None, attempt: int = 0) -> None:
         """Record a rank's end marker (`traceml.run.end`): final counts and, when the rank said,
-        how its process ended (`outcome`, `exit_code`)."""
+        how its process ended (`outcome`, `exit_code`). A marker of an earlier attempt than the
+        run's current one is not the current attempt's end: it is ignored."""
         now = time.time()
         with self._lock, self._noting_damage():
             self._check_open()
             with self._conn:
+                row = self._conn.execute("SELECT attempt FROM step_time_runs WHERE run_id = ?", (run_id,)).fetchone()
+                if row is not None and attempt < int(row[0]):
+                    return
                 self._conn.execute(
                     "INSERT INTO step_time_runs (run_id, first_receive_time, last_receive_time)"
                     " VALUES (?, ?, ?) ON CONFLICT (run_id) DO UPDATE SET"

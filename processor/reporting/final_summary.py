@@ -242,6 +242,10 @@ def _telemetry_section(window: StepTimeWindow, telemetry: RunTelemetry,
         # How each rank ended: its end marker joined with the launcher's exit codes.
         "rank_endings": {str(r): {**_ending(e), "end_marker": e.end_marker} for r, e in endings.items()},
         "endings": {outcome: sum(1 for e in endings.values() if e.outcome == outcome) for outcome in OUTCOMES},
+        # Elastic restarts: the window holds the latest attempt only; each attempt's stored steps.
+        "attempt": telemetry.attempt,
+        "attempts": [{"attempt": a.attempt, "steps": {str(r): int(n) for r, n in sorted(a.steps.items())}}
+                     for a in telemetry.attempts],
     }
 
 
@@ -346,6 +350,12 @@ def render_card(summary: Mapping) -> str:
         + ("; rejected rows " + ", ".join(f"{k} {v}" for k, v in tel["rejected_rows"].items())
            if tel["rejected_rows"] else "")
     )
+    if len(tel["attempts"]) > 1:
+        lines.append(f"Attempts: {len(tel['attempts'])} (elastic restarts); figures cover attempt {tel['attempt']} only; "
+                     + "; ".join(f"attempt {a['attempt']}: "
+                                 + ", ".join(f"r{r} {n}" for r, n in list(a["steps"].items())[:_RANKS_NAMED])
+                                 + (", ..." if len(a["steps"]) > _RANKS_NAMED else "") + " step(s)"
+                                 for a in tel["attempts"]))
     if tel["started_part_way"]:
         lines.append(f"Coverage: from step {tel['first_step_stored']} only: the processor first saw this run "
                      "part-way (it started after the job, or received the run after a rebalance); "

@@ -57,6 +57,14 @@ class RankTelemetry:
     node_rank: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class AttemptSteps:
+    """One elastic restart attempt of the run and the steps stored for each rank in it."""
+
+    attempt: int
+    steps: Mapping[int, int]  # global rank -> steps stored
+
+
 FIRST_STEP = 0
 """The step number every rank process gives its first step (the training side counts from 0)."""
 
@@ -81,6 +89,8 @@ class RunTelemetry:
     rejected_rows: Mapping[str, int] = field(default_factory=dict)  # reason -> count
     first_step_stored: int | None = None  # lowest step stored for any rank; None: none (or not read)
     launcher: LauncherEnding | None = None  # the launcher's exit codes (`traceml run`), when it passed them
+    attempt: int | None = None  # the attempt the window analyses (the run's latest); None: not read
+    attempts: Sequence[AttemptSteps] = ()  # every attempt stored, oldest first
 
     @property
     def started_part_way(self) -> bool | None:

@@ -295,3 +295,43 @@ def test_the_gpu_traced_time_is_the_interval_minus_the_gpu_input_wait():
     totals = {step_boundary.INFERRED_STEP: EventTotals(10.0, None, 1), RAW_DATALOADER_NEXT: EventTotals(3.0, 2.5, 1)}
     step_boundary.resolve_inferred(totals, ())
     assert totals[RAW_STEP_TIME] == EventTotals(7.0, None, 1)  # no GPU start event: unavailable, not 0
+
+
+def test_on_cuda_each_update_records_the_next_steps_gpu_start(sink, fake_gpu):
+    """The CUDA branch with a fake device: the event recorded at one update is the GPU start of
+    the next step, so GPU traced time exists from the second inferred step on."""
+    from traceml import timing
+
+    class FakeTracker:
+        _cuda = is_cuda = True
+        device = "cuda:0"
+
+        def __init__(self):
+            self.reads = self.resets = 0
+
+        def read(self):
+            self.reads += 1
+
+        def reset(self):
+            self.resets += 1
+
+    traceml.init(mode="auto")
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = list(_loader(4))
+    x, y = batches[0]
+    _loss(model, x, y).backward()
+    opt.step()  # step 0 (CPU tracker chosen from the model)
+    tracker = FakeTracker()
+    step_boundary._state.tracker = tracker
+    timing.configure_gpu_timing(True, pool=timing.event_pool())
+    for x, y in batches[1:]:
+        fake_gpu.now_ms += 10.0
+        _loss(model, x, y).backward()
+        fake_gpu.now_ms += 5.0
+        opt.step()
+    fake_gpu.complete_all()
+    records = _records(sink)
+    assert len(records) == 4 and tracker.reads == 3 and tracker.resets == 3
+    assert records[1].events[RAW_STEP_TIME].gpu_ms is None  # no GPU start before its first update
+    assert [r.events[RAW_STEP_TIME].gpu_ms for r in records[2:]] == [15.0, 15.0]

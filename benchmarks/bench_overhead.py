@@ -57,8 +57,10 @@ installed), forward, backward, optimizer step, inside `trace_step`. Three
 variants: "manual" (the explicit wrappers: `wrap_dataloader` and a `with
 traceml.timed_*()` block per region), "manual_hooks" (the same, but forward and
 optimizer step through `wrap_forward` (the class-wide call wrapper of
-`traceml.forward`) and `wrap_optimizer` (optimizer step hooks)) and "auto" (the
-automatic patches).
+`traceml.forward`) and `wrap_optimizer` (optimizer step hooks)), "auto" (the
+automatic patches) and "auto_unmarked" (the automatic patches on the same loop
+without `trace_step`: its steps are inferred from the optimizer updates,
+`traceml.step_boundary`; everything but the step's own region is timed the same).
 
     .venv/bin/python -m benchmarks.bench_overhead [--quick] [--json]
 """
@@ -81,7 +83,7 @@ import torch  # noqa: E402
 from benchmarks import traceml_checkout  # noqa: E402,F401  (imports the checkout when not installed)
 from benchmarks.json_output import add_json_flag, print_json, table_output  # noqa: E402
 import traceml  # noqa: E402
-from traceml import forward, hooks, patches, samplers  # noqa: E402
+from traceml import forward, hooks, patches, samplers, step_boundary  # noqa: E402
 from traceml.schema.vocabulary import RAW_DATALOADER_NEXT  # noqa: E402
 
 torch.set_num_threads(1)
@@ -149,10 +151,11 @@ def _block_traced(job: _Job, steps: int, clock, out: list, mode: str) -> None:
     - "manual": the explicit wrappers: the timed loader and a `with` block per region;
     - "manual_hooks": the timed loader, `timed_h2d`/`timed_backward`, and the model and
       optimizer instrumented once with `wrap_forward`/`wrap_optimizer`;
-    - "auto": the automatic patches (plus `timed_h2d`: on CPU no copy goes to a device).
+    - "auto": the automatic patches (plus `timed_h2d`: on CPU no copy goes to a device);
+    - "auto_unmarked": as "auto" without `trace_step` (steps inferred from `opt.step()`).
     """
     model, opt = job.model, job.opt
-    next_batch = job.plain_batches.next if mode == "auto" else job.timed_batches.next
+    next_batch = job.plain_batches.next if mode.startswith("auto") else job.timed_batches.next
     if mode == "manual":
         forward, optimizer_step = traceml.timed_forward, traceml.timed_optimizer_step
         for _ in range(steps):
@@ -169,6 +172,20 @@ def _block_traced(job: _Job, steps: int, clock, out: list, mode: str) -> None:
                 with optimizer_step():
                     opt.step()
                 opt.zero_grad(set_to_none=True)
+            out.append(clock() - t0)
+        return
+    if mode == "auto_unmarked":
+        # The same loop without trace_step: steps inferred from the optimizer updates.
+        for _ in range(steps):
+            t0 = clock()
+            x, y = next_batch()
+            with traceml.timed_h2d():
+                x = x.to("cpu")
+            out_ = model(x)
+            loss = torch.nn.functional.mse_loss(out_, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
             out.append(clock() - t0)
         return
     hooked = mode == "manual_hooks"
@@ -191,7 +208,7 @@ def _block_traced(job: _Job, steps: int, clock, out: list, mode: str) -> None:
 
 
 def _variant(job: _Job, mode: str | None):
-    """A runner of `steps` steps: uninstrumented (mode None), "manual", "manual_hooks" or "auto".
+    """A runner of `steps` steps: uninstrumented (mode None), or one of MODES.
 
     TraceML stays initialised for the whole run; only what touches the step is added
     before the steps and removed after them: the forward and optimizer timing, or the
@@ -210,6 +227,10 @@ def _variant(job: _Job, mode: str | None):
         elif mode == "auto":
             patches.install()
             patches.instrument_model(job.model)
+        elif mode == "auto_unmarked":
+            patches.install()
+            patches.instrument_model(job.model)  # what the optimizer's model search does once
+            step_boundary.arm()
         try:
             if warmup:
                 _block_traced(job, warmup, clock, [], mode)
@@ -219,6 +240,9 @@ def _variant(job: _Job, mode: str | None):
                 forward.remove_forward_instrumentation(job.model)
                 hooks.remove_optimizer_instrumentation(job.opt)
             elif mode == "auto":
+                patches.uninstall()
+            elif mode == "auto_unmarked":
+                step_boundary.disarm()
                 patches.uninstall()
     return run
 
@@ -376,7 +400,7 @@ def _steady_allocator() -> bool:
         return False
 
 
-MODES = ("manual", "manual_hooks", "auto")
+MODES = ("manual", "manual_hooks", "auto", "auto_unmarked")
 LABELS = {**{mode: mode for mode in MODES}, "control": "control (plain vs plain)"}
 
 

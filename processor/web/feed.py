@@ -173,7 +173,7 @@ class RunFeed:
             step_memory = self._step_memory(window.run_id, drawn_ranks(analysis), tail[0], tail[-1])
         return build_run_view(analysis, ViewInputs(
             freshness=result.freshness, age_s=result.age_s, error=result.error, profile="live",
-            max_steps=self._window_steps(), generated_at=time.time(), memory=memory, telemetry=telemetry,
+            max_steps=window.max_steps or self._window_steps(), generated_at=time.time(), memory=memory, telemetry=telemetry,
             step_memory=step_memory))
 
     @staticmethod

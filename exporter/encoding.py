@@ -116,6 +116,7 @@ def resource_attributes(identity: RunIdentity, settings: ExporterSettings,
     attrs[v.ATTR_WORLD_SIZE] = identity.world_size
     attrs[v.ATTR_LOCAL_WORLD_SIZE] = identity.local_world_size
     attrs[v.ATTR_TRAINING_STRATEGY] = identity.strategy
+    attrs[v.ATTR_RUN_ATTEMPT] = identity.attempt
     attrs.update(telemetry_attributes())
     return attrs
 
@@ -268,7 +269,9 @@ class OtlpEncoder:
             attrs.append(KV(key=v.ATTR_MEMORY_PEAK_RESERVED, value=AV(int_value=int(reserved))))
 
     def run_end_span(self, start_ns: int, end_ns: int, steps_completed: int, last_step: int | None,
-                     dropped: Mapping[str, int], failures: int, retries: int) -> trace_pb2.Span:
+                     dropped: Mapping[str, int], failures: int, retries: int,
+                     ending=None) -> trace_pb2.Span:
+        """`ending`: how the script ended (`process_ending.ProcessEnding`), when it was noted."""
         run_id, rank = self.identity.run_id, self.identity.rank
         attrs: dict[str, object] = {v.ATTR_RUN_ID: run_id, v.ATTR_RANK: rank,
                                     v.ATTR_STEPS_COMPLETED: int(steps_completed)}
@@ -278,6 +281,10 @@ class OtlpEncoder:
             attrs[v.run_end_dropped_attribute(queue)] = int(dropped.get(queue, 0))
         attrs[v.ATTR_RUN_END_EXPORT_FAILURES] = int(failures)
         attrs[v.ATTR_RUN_END_EXPORT_RETRIES] = int(retries)
+        if ending is not None:
+            attrs[v.ATTR_RUN_END_OUTCOME] = str(ending.outcome)
+            if ending.exit_code is not None:
+                attrs[v.ATTR_RUN_END_EXIT_CODE] = int(ending.exit_code)
         return trace_pb2.Span(
             trace_id=_id(16, run_id, "run.end"), span_id=_id(8, run_id, rank, "run.end"),
             name=v.SPAN_RUN_END, kind=_SPAN_KIND_INTERNAL,

@@ -67,6 +67,7 @@ class RunIdentity:
     hostname: str
     strategy: str
     run_id_source: str = SOURCE_GENERATED
+    attempt: int = 0  # elastic restart attempt (TORCHELASTIC_RESTART_COUNT): earlier attempts' steps stay apart
 
     @property
     def service_instance_id(self) -> str:
@@ -101,6 +102,7 @@ def resolve_identity(
         hostname=socket.gethostname(),
         strategy=_resolve_strategy(strategy, env, world_size),
         run_id_source=source,
+        attempt=_int_env(env, env_names.TORCHELASTIC_RESTART_COUNT, None, default=0, minimum=0),
     )
 
 

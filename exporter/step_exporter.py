@@ -27,6 +27,7 @@ from traceml.records import ResolvedStepTime, StepMemorySnapshot
 from traceml.schema import vocabulary as v
 
 from .encoding import OtlpEncoder
+from .process_ending import noted_ending
 from .settings import DEFAULT_SHUTDOWN_TIMEOUT_S, ExporterSettings
 from .transport import ExportOutcome, make_transport
 
@@ -103,6 +104,7 @@ class OtlpStepExporter:
         self._last_counters: tuple | None = None
         self._run_end_sent = False
         self._final_steps: int | None = None
+        self._final_step_boundary: str | None = None
         self._final_instrumentation_drops: Mapping[str, int] | None = None
         self._thread = threading.Thread(target=self._run, name="traceml-otlp-exporter", daemon=True)
         self._thread.start()
@@ -126,8 +128,14 @@ class OtlpStepExporter:
         if len(self._memory) >= self._wake_at:
             self._wake.set()
 
-    def on_run_end(self, steps_completed: int, dropped_counts: Mapping[str, int]) -> None:
-        """Final counts from the instrumentation (called by `traceml.shutdown()` before `shutdown`)."""
+    def on_run_end(self, steps_completed: int, dropped_counts: Mapping[str, int],
+                   step_boundary: str | None = None) -> None:
+        """Final counts from the instrumentation (called by `traceml.shutdown()` before `shutdown`).
+
+        `step_boundary`: how the steps were delimited (`vocabulary.STEP_BOUNDARIES`), sent
+        on the run-end marker as `traceml.steps.boundary`."""
+        if step_boundary in v.STEP_BOUNDARIES:
+            self._final_step_boundary = step_boundary
         try:
             self._final_steps = int(steps_completed)
             self._final_instrumentation_drops = {k: int(n) for k, n in dict(dropped_counts).items()}
@@ -338,7 +346,9 @@ class OtlpStepExporter:
             self._start_ns, time.time_ns(),
             self._steps_received if self._final_steps is None else self._final_steps,
             self._last_step, self._all_drops(),
-            sum(self._failures.values()), sum(self._retries.values()))
+            sum(self._failures.values()), sum(self._retries.values()), noted_ending())
+        if self._final_step_boundary is not None:
+            span.attributes.add(key=v.ATTR_STEP_BOUNDARY).value.string_value = self._final_step_boundary
         outcome = self._export(v.SIGNAL_TRACES, self._encoder.trace_request([span]), 1)
         self._run_end_sent = outcome.delivered
 

@@ -33,6 +33,7 @@ from traceml.processor.step_time.model import (
     StepTimeIngestRecord,
 )
 from traceml.schema import vocabulary as v
+from traceml.schema.endings import MARKER_OUTCOMES
 
 MAX_EVENT_MS = 86_400_000.0
 """One day, per summed event and step: a longer phase is a broken clock, not a measurement.
@@ -81,7 +82,7 @@ class DecodeLimits:
 
 @dataclass(frozen=True, slots=True)
 class RunEndMarker:
-    """A rank said it finished cleanly (`traceml.run.end`)."""
+    """A rank's TraceML shut down (`traceml.run.end`), with how its process ended when it said."""
 
     run_id: str
     global_rank: int
@@ -90,6 +91,9 @@ class RunEndMarker:
     sample_time: float
     final_counts: Mapping[str, int] = field(default_factory=dict)  # attribute key -> count
     dropped: Mapping[str, int] = field(default_factory=dict)  # queue -> final dropped count
+    outcome: str | None = None  # schema.endings.MARKER_OUTCOMES; None: not said (or not one of them)
+    exit_code: int | None = None  # the status that ending gives the process, when said
+    attempt: int = 0  # the sender's elastic restart attempt (`traceml.run.attempt`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,6 +294,7 @@ class _Resource:
     identity: RankIdentity | None
     strategy: str | None
     error: _Reject | None
+    attempt: int = 0  # `traceml.run.attempt` (elastic restart); absent: 0
 
 
 def _resource_identity(kvs, limits: DecodeLimits) -> _Resource:
@@ -325,7 +330,8 @@ def _resource_identity(kvs, limits: DecodeLimits) -> _Resource:
         strategy = attrs.get(v.ATTR_TRAINING_STRATEGY)
         if strategy is not None and not isinstance(strategy, str):
             raise _Reject(WRONG_TYPE, f"{v.ATTR_TRAINING_STRATEGY} must be a string, got {strategy!r}")
-        return _Resource(run_id, identity, strategy, None)
+        attempt = _int_attr(attrs, v.ATTR_RUN_ATTEMPT, allow_string=True, minimum=0, maximum=1_000_000)
+        return _Resource(run_id, identity, strategy, None, attempt or 0)
     except _Reject as exc:
         return _Resource(None, None, None, exc)
 
@@ -521,7 +527,7 @@ class Decoder:
                                      f"(or legacy {v.LEGACY_EVENT_ATTR_PREFIX}*_ms) timing attributes")
         memory = None
         if v.ATTR_MEMORY_PEAK_ALLOCATED in ident or v.ATTR_MEMORY_PEAK_RESERVED in ident:
-            memory = self._span_memory(ident, run_id, identity.global_rank, step, end_ns / 1e9)
+            memory = self._span_memory(ident, run_id, identity.global_rank, step, end_ns / 1e9, res.attempt)
         return StepTimeIngestRecord(
             run_id=run_id,
             identity=identity,
@@ -530,10 +536,11 @@ class Decoder:
             sample_time=end_ns / 1e9,
             events=events,
             training_strategy=res.strategy,
+            attempt=res.attempt,
         ), memory
 
     def _span_memory(self, attrs: Mapping, run_id: str, rank: int, step: int,
-                     when: float) -> StepMemoryIngestRecord:
+                     when: float, attempt: int = 0) -> StepMemoryIngestRecord:
         """The step span's peak memory (bytes, per device); an absent peak stays None."""
         cap = self.limits.max_memory_bytes
         allocated, reserved = (_int_attr(attrs, key, allow_string=False, minimum=0, maximum=cap)
@@ -543,7 +550,7 @@ class Decoder:
             raise _Reject(WRONG_TYPE, f"{v.ATTR_DEVICE} must be a string, got {device!r}")
         return StepMemoryIngestRecord(run_id=run_id, global_rank=rank, step=step, device=device,
                                       peak_allocated_bytes=allocated, peak_reserved_bytes=reserved,
-                                      sample_time=when)
+                                      sample_time=when, attempt=attempt)
 
     def _run_end_span(self, span, res: _Resource) -> RunEndMarker:
         attrs = _attributes(span.attributes, self.limits)
@@ -562,8 +569,15 @@ class Decoder:
                 if key.startswith(v.RUN_END_DROPPED_PREFIX) and queue in v.QUEUE_NAMES:
                     dropped[queue] = value
         when = (span.end_time_unix_nano or span.start_time_unix_nano) / 1e9
+        # How the process ended is advisory: an unknown outcome or a bad exit code is left
+        # out (the marker's counts are kept), never a reason to refuse the marker.
+        outcome = attrs.get(v.ATTR_RUN_END_OUTCOME)
+        exit_code = attrs.get(v.ATTR_RUN_END_EXIT_CODE)
         return RunEndMarker(run_id, identity.global_rank, completed, identity.world_size, when,
-                            counts, dropped)
+                            counts, dropped,
+                            outcome=outcome if outcome in MARKER_OUTCOMES else None,
+                            exit_code=exit_code if exit_code.__class__ is int and 0 <= exit_code <= 255 else None,
+                            attempt=res.attempt)
 
     # --- metrics --------------------------------------------------------------------------
 

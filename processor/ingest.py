@@ -177,7 +177,9 @@ class IngestQueue:
         result = self._store.write(steps, memory)
         for t in tickets:
             for marker in t.batch.run_ends:
-                self._store.mark_rank_finished(marker.run_id, marker.global_rank, dict(marker.final_counts))
+                self._store.mark_rank_finished(marker.run_id, marker.global_rank, dict(marker.final_counts),
+                                               outcome=marker.outcome, exit_code=marker.exit_code,
+                                               attempt=marker.attempt)
         drops: dict[tuple[str, int], dict[str, int]] = {}
         for t in tickets:
             for m in t.batch.run_ends:

@@ -64,6 +64,7 @@ class RunState:
     ranks: set[int] = field(default_factory=set)
     world_size: int | None = None
     finished: set[int] = field(default_factory=set)
+    attempt: int = 0  # elastic restart attempt of the newest data (end markers of earlier ones do not count)
     dirty: bool = True  # new data since the last refresh
     ended: str | None = None  # END_BY_* once summarised
     summary_files: list[Path] = field(default_factory=list)
@@ -109,6 +110,9 @@ class RunMonitor:
             for batch in batches:
                 for record in batch.step_records:
                     state = self._state(record.run_id, now)
+                    if record.attempt > state.attempt:  # a restart: the earlier attempt's ends are not this one's
+                        state.attempt = record.attempt
+                        state.finished.clear()
                     state.ranks.add(record.identity.global_rank)
                     if record.identity.world_size:
                         state.world_size = max(state.world_size or 0, record.identity.world_size)
@@ -121,6 +125,8 @@ class RunMonitor:
                 for marker in batch.run_ends:
                     state = self._state(marker.run_id, now)
                     state.ranks.add(marker.global_rank)
+                    if marker.attempt < state.attempt:
+                        continue
                     state.finished.add(marker.global_rank)
                     if marker.world_size:
                         state.world_size = max(state.world_size or 0, marker.world_size)

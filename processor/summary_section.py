@@ -13,12 +13,21 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
-from traceml.processor.reporting.inputs import RankMemory, RankTelemetry, RunMetadata, RunTelemetry
+from traceml.processor.endings import LauncherEnding
+from traceml.processor.reporting.inputs import (
+    AttemptSteps,
+    RankMemory,
+    RankTelemetry,
+    RunMetadata,
+    RunTelemetry,
+)
 from traceml.processor.sqlite_layout import connect_readonly
 from traceml.schema import vocabulary as v
+from traceml.schema.distribution import package_version
 
 
 def read_rank_memory(conn: sqlite3.Connection, run_id: str, *, latest: bool) -> list[RankMemory]:
@@ -51,9 +60,15 @@ def read_rank_telemetry(conn: sqlite3.Connection, run_id: str, *, count_stored: 
     """
     finished: dict[int, bool] = {}
     final: dict[int, dict] = {}
-    for rank, finished_time, counts in conn.execute(
-            "SELECT global_rank, finished_time, final_counts FROM step_time_ranks WHERE run_id = ?", (run_id,)):
+    said: dict[int, tuple] = {}  # rank -> (outcome, exit code, node rank)
+    # `outcome` / `exit_code` came with schema version 2: an older file read as is has neither.
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(step_time_ranks)")}
+    ending = "outcome, exit_code" if "exit_code" in columns else "NULL, NULL"
+    for rank, finished_time, counts, outcome, exit_code, node_rank in conn.execute(
+            f"SELECT global_rank, finished_time, final_counts, {ending}, node_rank FROM step_time_ranks"
+            " WHERE run_id = ?", (run_id,)):
         finished[rank] = finished_time is not None
+        said[rank] = (outcome, exit_code, node_rank)
         if finished_time is not None:
             try:
                 final[rank] = json.loads(counts or "{}")
@@ -70,8 +85,31 @@ def read_rank_telemetry(conn: sqlite3.Connection, run_id: str, *, count_stored: 
     return [RankTelemetry(rank, finished.get(rank, False), drops.get(rank, {}),
                           export_failures=_count(final.get(rank), v.ATTR_RUN_END_EXPORT_FAILURES),
                           steps_completed=_count(final.get(rank), v.ATTR_STEPS_COMPLETED),
-                          steps_stored=int(stored.get(rank, 0)))
+                          steps_stored=int(stored.get(rank, 0)),
+                          outcome=said.get(rank, (None,))[0], exit_code=said.get(rank, (None, None))[1],
+                          node_rank=said.get(rank, (None, None, None))[2])
             for rank in ranks]
+
+
+def read_attempts(conn: sqlite3.Connection, run_id: str) -> tuple[int | None, list[AttemptSteps]]:
+    """The run's current attempt (the one its window analyses) and the steps stored per rank of
+    every attempt, earlier ones from the attempt tables (schema 2; an older file: attempt 0 only)."""
+    tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    per: dict[int, dict[int, int]] = {}
+    current = None
+    if "step_time_attempt_samples" in tables:
+        row = conn.execute("SELECT attempt FROM step_time_runs WHERE run_id = ?", (run_id,)).fetchone()
+        current = None if row is None else int(row[0])
+        for attempt, rank, count in conn.execute(
+                "SELECT attempt, global_rank, COUNT(*) FROM step_time_attempt_samples WHERE run_id = ?"
+                " GROUP BY attempt, global_rank", (run_id,)):
+            per.setdefault(int(attempt), {})[int(rank)] = int(count)
+    for rank, count in conn.execute(
+            "SELECT global_rank, COUNT(*) FROM step_time_samples WHERE run_id = ? GROUP BY global_rank", (run_id,)):
+        per.setdefault(current or 0, {})[int(rank)] = int(count)
+    if current is None and per:
+        current = 0
+    return current, [AttemptSteps(a, dict(sorted(ranks.items()))) for a, ranks in sorted(per.items())]
 
 
 def read_first_step_stored(conn: sqlite3.Connection, run_id: str) -> int | None:
@@ -93,43 +131,52 @@ def read_run_facts(db_path: Path, run_id: str, *, latest_memory: bool,
         return [], RunTelemetry()
     conn = connect_readonly(db_path)
     try:
+        attempt, attempts = read_attempts(conn, run_id) if count_stored else (None, [])
         return (read_rank_memory(conn, run_id, latest=latest_memory),
                 RunTelemetry(ranks=read_rank_telemetry(conn, run_id, count_stored=count_stored),
-                             first_step_stored=read_first_step_stored(conn, run_id)))
+                             first_step_stored=read_first_step_stored(conn, run_id),
+                             attempt=attempt, attempts=attempts))
     except sqlite3.OperationalError:
         return [], RunTelemetry()
     finally:
         conn.close()
 
 
-def _version() -> str | None:
-    try:
-        from importlib.metadata import version
 
-        return version("traceml-otel")
-    except Exception:
-        return None
+def build_final_summary(db_path: Path, run_id: str, *, generated_at: float | None = None,
+                        launcher: LauncherEnding | None = None) -> dict:
+    """The public final-summary object of one run, from the complete database.
 
-
-def build_final_summary(db_path: Path, run_id: str, *, generated_at: float | None = None) -> dict:
-    """The public final-summary object of one run, from the complete database."""
+    `launcher`: the exit codes `traceml run` saw (how each rank ended joins them with
+    the end markers). A run with no stored step gets NO_STEPS, saying why, instead of
+    the window's WARMUP gate."""
     from traceml.processor.reporting.final_summary import project_final_summary
     from traceml.processor.step_time.model import SUMMARY_WINDOW_STEPS
     from traceml.processor.step_time.pipeline import PROFILE_SUMMARY, StepTimePipeline, StepTimeRequest
 
     analysis = StepTimePipeline().run(StepTimeRequest(db_path, run_id, profile=PROFILE_SUMMARY))
     memory, telemetry = read_run_facts(db_path, run_id, latest_memory=False)
+    if launcher is not None:
+        telemetry = replace(telemetry, launcher=launcher)
+    if telemetry.first_step_stored is None:
+        from traceml.processor.diagnosis.no_steps import no_steps_issue, with_no_steps
+
+        issue = no_steps_issue(telemetry.rank_endings(analysis.window.expected_ranks),
+                               {t.global_rank: t.steps_completed for t in telemetry.ranks},
+                               {t.global_rank: t.export_failures for t in telemetry.ranks})
+        analysis = with_no_steps(analysis, issue)
     metadata = RunMetadata(run_id=run_id, generated_at=time.time() if generated_at is None else generated_at,
-                           traceml_version=_version(), profile=PROFILE_SUMMARY,
-                           max_steps=SUMMARY_WINDOW_STEPS)
+                           traceml_version=package_version(), profile=PROFILE_SUMMARY,
+                           max_steps=analysis.window.max_steps or SUMMARY_WINDOW_STEPS)  # cut beyond the cell cap
     return project_final_summary(analysis, metadata, memory=memory, telemetry=telemetry)
 
 
-def write_final_summary(db_path: Path, run_id: str, folder: Path) -> tuple[Path, Path]:
+def write_final_summary(db_path: Path, run_id: str, folder: Path, *,
+                        launcher: LauncherEnding | None = None) -> tuple[Path, Path]:
     """Build and write `final_summary.json` + the text card into `folder` (atomic writes)."""
     from traceml.processor.reporting.final_summary import write_final_summary as write_files
 
-    return write_files(folder, build_final_summary(Path(db_path), run_id))
+    return write_files(folder, build_final_summary(Path(db_path), run_id, launcher=launcher))
 
 
 def live_points(result, db_path: Path, *, top_k: int | None = None) -> Sequence:

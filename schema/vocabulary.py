@@ -108,6 +108,8 @@ ATTR_NODE_RANK = "traceml.node_rank"
 ATTR_WORLD_SIZE = "traceml.world_size"
 ATTR_LOCAL_WORLD_SIZE = "traceml.local_world_size"
 ATTR_TRAINING_STRATEGY = "traceml.training.strategy"
+ATTR_RUN_ATTEMPT = "traceml.run.attempt"
+"""Elastic restart attempt of the rank process (`TORCHELASTIC_RESTART_COUNT`, 0 first)."""
 
 # Accepted by the processor where TraceML's own keys are absent (NeMo/Megatron).
 RESOURCE_ALIASES: Mapping[str, str] = {
@@ -152,7 +154,8 @@ trace viewers only. Older exporters named them by the raw event key
 (`traceml.phase.forward_time`); the processor ignores every span with this prefix."""
 
 SPAN_RUN_END = "traceml.run.end"
-"""End-of-run marker: the rank finished cleanly (attributes carry final counts)."""
+"""End-of-run marker: the rank's TraceML shut down (attributes carry final counts and, when
+known, how the process ended: `ATTR_RUN_END_OUTCOME`)."""
 
 ATTR_STEP = "traceml.step"
 ATTR_DEVICE = "traceml.device"
@@ -162,6 +165,17 @@ namespace of the step span's attributes: a name should not also be a namespace."
 LEGACY_ATTR_PHASE = "traceml.phase"
 """What older exporters put on phase children: the raw event name (never read back)."""
 ATTR_STEPS_COMPLETED = "traceml.steps.completed"
+ATTR_STEP_BOUNDARY = "traceml.steps.boundary"
+"""On `traceml.run.end`: how the rank's steps were delimited (one of `STEP_BOUNDARIES`)."""
+STEP_BOUNDARY_EXPLICIT = "explicit"
+"""A `trace_step` was entered, or a framework integration (HF Trainer, Lightning) claimed the
+steps (whether or not one completed: 0 completed then means training stopped before its first)."""
+STEP_BOUNDARY_OPTIMIZER = "optimizer"
+"""Auto mode, unmarked loop: one step per optimizer update (`instrumentation/step_boundary.py`)."""
+STEP_BOUNDARY_NONE = "none"
+"""No boundary at all: no `trace_step`, no integration and (auto mode) no optimizer update,
+e.g. an inference or evaluation loop; the process completed no step."""
+STEP_BOUNDARIES = (STEP_BOUNDARY_EXPLICIT, STEP_BOUNDARY_OPTIMIZER, STEP_BOUNDARY_NONE)
 
 # Peak memory of the step, on the `traceml.step` span (int, bytes: unit `By`), with
 # ATTR_DEVICE naming the tracked device. Present only when measured (CUDA); a
@@ -265,6 +279,10 @@ SIGNALS: tuple[Signal, ...] = (SIGNAL_TRACES, SIGNAL_METRICS)
 RUN_END_DROPPED_PREFIX = "traceml.telemetry.dropped."
 ATTR_RUN_END_EXPORT_FAILURES = "traceml.telemetry.export.failures"
 ATTR_RUN_END_EXPORT_RETRIES = "traceml.telemetry.export.retries"
+# How the rank process ended, on the `traceml.run.end` span when known (values:
+# `schema.endings.MARKER_OUTCOMES`); the exit status the script's ending implies.
+ATTR_RUN_END_OUTCOME = "traceml.run.outcome"
+ATTR_RUN_END_EXIT_CODE = "traceml.run.exit_code"
 
 
 def run_end_dropped_attribute(queue: str) -> str:

@@ -108,8 +108,12 @@ def render_live(
     steps_per_s: float | None = None,
     samples_per_s: float | None = None,
     title: str | None = None,
+    run_state: str | None = None,
 ) -> RenderableType:
-    """Diagnosis line(s), the per-metric table and a freshness footer, in one panel."""
+    """Diagnosis line(s), the per-metric table and a freshness footer, in one panel.
+
+    `run_state`: what the caller knows of the run beyond the window (`ended`, or how long
+    ago the last step arrived), shown first in the footer."""
     window = result.analysis.window
     rows = issue_rows(result)
     header = Text()
@@ -147,7 +151,8 @@ def render_live(
         table.add_row(label, _ms(None if m is None else m.median), _worst(m), _skew(m),
                       "—" if share is None or name == "step_time" else f"{share:.0%}")
 
-    footer = Text(f"freshness: {freshness_text(result)}", style=_FRESHNESS_STYLE.get(result.freshness, ""))
+    state = "" if run_state is None else f"run {printable(run_state)} · "
+    footer = Text(f"{state}freshness: {freshness_text(result)}", style=_FRESHNESS_STYLE.get(result.freshness, ""))
     return Panel(Group(header, diagnosis, table, footer), title=printable_text(title or "TraceML Step Time"),
                  expand=False)
 
@@ -157,11 +162,16 @@ def format_live_line(
     *,
     steps_per_s: float | None = None,
     samples_per_s: float | None = None,
+    ended: bool = False,
+    last_step_age: str | None = None,
 ) -> str:
-    """One plain line for logs and non-terminal output."""
+    """One plain line for logs and non-terminal output: `[ended]` in place of the freshness for a
+    run whose end was seen, else the freshness and, when given, how long ago the last step came."""
     window = result.analysis.window
-    parts = [f"[{result.freshness}] run {printable(window.run_id)}", f"{window.step_count} steps",
-             f"clock {printable(window.clock or 'none')}"]
+    parts = [f"[{'ended' if ended else result.freshness}] run {printable(window.run_id)}"]
+    if last_step_age is not None and not ended:
+        parts.append(f"last step {last_step_age} ago")
+    parts += [f"{window.step_count} steps", f"clock {printable(window.clock or 'none')}"]
     rows: Sequence[IssueRow] = issue_rows(result)
     issues = "; ".join(
         f"{r.kind} {r.severity}" + (f" {r.score}" if r.score else "") + (f" {r.rank}" if r.rank else "")

@@ -101,6 +101,7 @@ class StepTimeIngestRecord:
     sample_time: float  # unix seconds, step end
     events: Mapping[str, RawEventValue]  # raw event name -> values
     training_strategy: str | None = None
+    attempt: int = 0  # elastic restart attempt of the sending process (`traceml.run.attempt`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +115,7 @@ class StepMemoryIngestRecord:
     peak_allocated_bytes: int | None
     peak_reserved_bytes: int | None
     sample_time: float
+    attempt: int = 0  # elastic restart attempt of the sending process (`traceml.run.attempt`)
 
 
 # --- Repository side -------------------------------------------------------------------

@@ -347,6 +347,7 @@ class LiveTail:
             else:
                 identities = self._identities
             full = (previous is None
+                    or previous.ranks_version != header.ranks_version  # e.g. an elastic restart's new attempt
                     or header.cursor.latest_row_id < previous.cursor.latest_row_id
                     or tuple(sorted(identities)) != self._ranks)
             latest = header.cursor.latest_step

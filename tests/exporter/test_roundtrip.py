@@ -229,7 +229,7 @@ def test_emitted_names_are_exactly_the_schema_vocabulary(receiver):
     assert seen == set(specs)
     resource_keys = {v.RES_SERVICE_NAME, v.RES_SERVICE_INSTANCE_ID, v.RES_HOST_NAME, v.ATTR_RUN_ID, v.ATTR_RANK,
                      v.ATTR_LOCAL_RANK, v.ATTR_NODE_RANK, v.ATTR_WORLD_SIZE, v.ATTR_LOCAL_WORLD_SIZE,
-                     v.ATTR_TRAINING_STRATEGY, v.RES_TELEMETRY_SDK_NAME, v.RES_TELEMETRY_SDK_LANGUAGE,
+                     v.ATTR_TRAINING_STRATEGY, v.ATTR_RUN_ATTEMPT, v.RES_TELEMETRY_SDK_NAME, v.RES_TELEMETRY_SDK_LANGUAGE,
                      v.RES_TELEMETRY_SDK_VERSION, v.RES_TELEMETRY_DISTRO_NAME, v.RES_TELEMETRY_DISTRO_VERSION}
     for res, span in receiver.spans():
         if res.get(v.ATTR_RUN_ID) == run_id:
@@ -237,7 +237,8 @@ def test_emitted_names_are_exactly_the_schema_vocabulary(receiver):
             for kv in span.attributes:
                 assert (kv.key in {v.ATTR_RUN_ID, v.ATTR_RANK, v.ATTR_STEP, v.ATTR_PHASE, v.ATTR_STEPS_COMPLETED,
                                    v.ATTR_RUN_END_EXPORT_FAILURES, v.ATTR_RUN_END_EXPORT_RETRIES,
-                                   v.ATTR_DEVICE, v.ATTR_MEMORY_PEAK_ALLOCATED, v.ATTR_MEMORY_PEAK_RESERVED}
+                                   v.ATTR_DEVICE, v.ATTR_MEMORY_PEAK_ALLOCATED, v.ATTR_MEMORY_PEAK_RESERVED,
+                                   v.ATTR_STEP_BOUNDARY, v.ATTR_RUN_END_OUTCOME, v.ATTR_RUN_END_EXIT_CODE}
                         or v.parse_event_attribute(kv.key) is not None
                         or kv.key.startswith(v.RUN_END_DROPPED_PREFIX)), kv.key
 

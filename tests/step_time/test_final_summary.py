@@ -118,8 +118,10 @@ def test_memory_and_telemetry_parts():
     assert tel["dropped"] == {"timing": 1, "memory": 0, "spans": 3, "metrics": 0}
     assert tel["rejected_rows"] == {"negative_duration": 3}
     assert summary["groups"][1]["telemetry"] == {"finished": False,
-                                                 "dropped": {"timing": 1, "memory": 0, "spans": 1, "metrics": 0}}
+                                                 "dropped": {"timing": 1, "memory": 0, "spans": 1, "metrics": 0},
+                                                 "ending": {"outcome": "lost", "exit_code": None}}
     assert "5.0 GiB (r1)" in summary["card"] and "1/2 rank(s) finished" in summary["card"]
+    assert "1 lost (no end marker, no exit code) (r1)" in summary["card"]
     jsonschema.validate(summary, SCHEMA)
 
 

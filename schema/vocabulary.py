@@ -25,6 +25,10 @@ RAW_FORWARD = "_traceml_internal:forward_time"
 RAW_BACKWARD = "_traceml_internal:backward_time"
 RAW_OPTIMIZER_STEP = "_traceml_internal:optimizer_step"
 RAW_STEP_TIME = "_traceml_internal:step_time"
+RAW_COLLECTIVE_WAIT = "_traceml_internal:collective_wait"
+"""Time the training thread spent inside blocking torch.distributed collectives in the step
+(DDP's gradient-bucket all-reduces included). Its canonical metric is `METRIC_COLLECTIVE_WAIT`;
+issue 19 wires it through RAW_EVENTS, the decoder, SQLite and the summary."""
 
 RAW_EVENTS: tuple[str, ...] = (
     RAW_DATALOADER_NEXT,
@@ -43,6 +47,7 @@ METRIC_FORWARD = "forward"
 METRIC_BACKWARD = "backward"
 METRIC_OPTIMIZER_STEP = "optimizer_step"
 METRIC_TRACED_STEP_TIME = "traced_step_time"
+METRIC_COLLECTIVE_WAIT = "collective_wait"
 
 RAW_EVENT_TO_METRIC: Mapping[str, str] = {
     RAW_DATALOADER_NEXT: METRIC_INPUT_WAIT,

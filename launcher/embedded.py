@@ -1,5 +1,9 @@
 """The embedded `traceml-processor`: a child process on free loopback ports.
 
+On the host node of a multi-node job (`launcher/multinode.py`) its OTLP gRPC
+receiver listens on the rendezvous host's address and a fixed port instead, so
+every node's ranks reach it; OTLP/HTTP (and `/readyz`) stay on loopback.
+
 A child process rather than a thread keeps the processor's GIL time (OTLP
 decoding, SQLite commits, analysis) away from the launcher's elastic agent, and
 lets `traceml run` stop it with the same SIGTERM path a container would get.
@@ -37,10 +41,17 @@ class ProcessorEndpoints:
     grpc_port: int
     http_port: int
     ui: tuple[str, int] | None = None  # the web view's address (`traceml run --ui`)
+    grpc_host: str = "127.0.0.1"  # where OTLP gRPC listens
+    advertised_host: str | None = None  # the name the ranks use, when not grpc_host (a 0.0.0.0 bind)
+
+    @property
+    def grpc_address(self) -> str:
+        host = self.advertised_host or self.grpc_host
+        return f"[{host}]:{self.grpc_port}" if ":" in host else f"{host}:{self.grpc_port}"
 
     @property
     def otlp_grpc_endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.grpc_port}"
+        return f"http://{self.grpc_address}"
 
     @property
     def ready_url(self) -> str:
@@ -61,11 +72,15 @@ class EmbeddedProcessor:
     """Start with `start()`, point ranks at `endpoints`, `stop()` when they are done."""
 
     def __init__(self, db_path: Path, summary_dir: Path, log_path: Path,
-                 ui: tuple[str, int] | None = None) -> None:
+                 ui: tuple[str, int] | None = None, grpc_bind: tuple[str, int] | None = None,
+                 advertised_host: str | None = None, auth_token_file: Path | None = None) -> None:
         self.db_path = Path(db_path)
         self.summary_dir = Path(summary_dir)
         self.log_path = Path(log_path)
         self.ui = ui  # serve the web view here; port 0 = a free loopback port
+        self.grpc_bind = grpc_bind  # (host, port) for OTLP gRPC; None = a free loopback port
+        self.advertised_host = advertised_host
+        self.auth_token_file = auth_token_file  # --auth-token-file for the processor
         self.endpoints: ProcessorEndpoints | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_file = None
@@ -74,25 +89,31 @@ class EmbeddedProcessor:
         command = [
             sys.executable, "-m", "traceml.processor.cli",
             "--db", str(self.db_path),
-            "--otlp-grpc", f"127.0.0.1:{endpoints.grpc_port}",
+            "--otlp-grpc", (f"[{endpoints.grpc_host}]:{endpoints.grpc_port}" if ":" in endpoints.grpc_host
+                            else f"{endpoints.grpc_host}:{endpoints.grpc_port}"),
             "--otlp-http", f"127.0.0.1:{endpoints.http_port}",
             "--summary-dir", str(self.summary_dir),
         ]
         if endpoints.ui is not None:
             host, port = endpoints.ui
             command += ["--ui", f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+        if self.auth_token_file is not None:
+            command += ["--auth-token-file", str(self.auth_token_file)]
         return command
 
     def start(self, ready_timeout_s: float = READY_TIMEOUT_S) -> ProcessorEndpoints:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        endpoints = ProcessorEndpoints(free_loopback_port(), free_loopback_port())
-        while endpoints.http_port == endpoints.grpc_port:
-            endpoints = ProcessorEndpoints(endpoints.grpc_port, free_loopback_port())
+        grpc_host, grpc_port = self.grpc_bind or ("127.0.0.1", free_loopback_port())
+        http_port = free_loopback_port()
+        while http_port == grpc_port:
+            http_port = free_loopback_port()
+        ui = None
         if self.ui is not None:
             host, port = self.ui
-            while not port or port in (endpoints.grpc_port, endpoints.http_port):
+            while not port or port in (grpc_port, http_port):
                 port = free_loopback_port()
-            endpoints = ProcessorEndpoints(endpoints.grpc_port, endpoints.http_port, (host, port))
+            ui = (host, port)
+        endpoints = ProcessorEndpoints(grpc_port, http_port, ui, grpc_host, self.advertised_host)
         self._log_file = open(self.log_path, "ab")
         child_env = dict(os.environ)
         # The processor must not export its own summary metrics to the endpoint the

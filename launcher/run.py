@@ -10,7 +10,9 @@ Without an OTLP endpoint (`--endpoint` or `OTEL_EXPORTER_OTLP_ENDPOINT`) an
 embedded `traceml-processor` receives the ranks' telemetry on loopback and the
 run ends with `final_summary.json` and the text card under
 `./traceml_runs/<run id>/`, also when the script fails. With an endpoint the
-ranks only export.
+ranks only export. On several nodes the embedded processor runs once, on the
+node hosting the rendezvous store, and every node's ranks export to it
+(`launcher/multinode.py`); the other nodes start none.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Mapping, Sequence, TextIO
 
+from traceml.launcher import multinode
 from traceml.launcher import run_dir as rd
 from traceml.launcher.embedded import EmbeddedProcessor, EmbeddedProcessorError
 from traceml.schema import environment as env
@@ -47,6 +50,8 @@ class RunOptions:
     print_summary: bool = True
     ui: tuple[str, int] | None = None  # serve the live web view here (port 0: a free one)
     html_report: bool = False  # write <run dir>/report.html at the end
+    processor_port: int = multinode.DEFAULT_PROCESSOR_PORT  # the job's processor on several nodes
+    processor_token_file: str | None = None  # bearer token of that processor, one file per node
 
 
 def build_parser(prog: str = "traceml run") -> argparse.ArgumentParser:
@@ -90,6 +95,15 @@ def add_traceml_options(parser: argparse.ArgumentParser) -> None:
                        help="where --ui serves (implies --ui; default 127.0.0.1:<free port>)")
     group.add_argument("--html-report", dest="traceml_html_report", action="store_true",
                        help="also write a one-file HTML report, <run dir>/report.html, at the end")
+    group.add_argument("--processor-port", dest="traceml_processor_port", type=int,
+                       default=multinode.DEFAULT_PROCESSOR_PORT, metavar="PORT",
+                       help="several nodes without --endpoint: the OTLP gRPC port of the job's one "
+                            "processor, on the rendezvous host (default %(default)s; same on every node)")
+    group.add_argument("--processor-token-file", dest="traceml_processor_token_file", default=None,
+                       metavar="FILE",
+                       help="several nodes without --endpoint: the bearer token the job's processor "
+                            "requires and every node's ranks send (a file holding the same token on "
+                            "every node)")
 
 
 def parse(argv: Sequence[str], prog: str = "traceml run") -> tuple[argparse.Namespace, RunOptions]:
@@ -97,6 +111,8 @@ def parse(argv: Sequence[str], prog: str = "traceml run") -> tuple[argparse.Name
     args = parser.parse_args(list(argv))
     if args.traceml_refresh <= 0:
         parser.error("--refresh must be positive")
+    if not 0 < args.traceml_processor_port < 65536:
+        parser.error("--processor-port must be between 1 and 65535")
     ui = None
     if args.traceml_ui or args.traceml_ui_address:
         from traceml.processor.security import parse_host_port
@@ -115,10 +131,13 @@ def parse(argv: Sequence[str], prog: str = "traceml run") -> tuple[argparse.Name
         print_summary=args.traceml_print_summary,
         ui=ui,
         html_report=args.traceml_html_report,
+        processor_port=args.traceml_processor_port,
+        processor_token_file=args.traceml_processor_token_file,
     )
     for name in ("live", "traceml_refresh", "traceml_endpoint", "traceml_protocol",
                  "traceml_run_id", "traceml_runs_dir", "traceml_print_summary", "traceml_ui",
-                 "traceml_ui_address", "traceml_html_report"):
+                 "traceml_ui_address", "traceml_html_report", "traceml_processor_port",
+                 "traceml_processor_token_file"):
         delattr(args, name)
     return args, options
 
@@ -258,9 +277,20 @@ def launch(args: argparse.Namespace, options: RunOptions, *, out: TextIO | None 
         _say(out, f"error: can't open file {args.training_script!r}: no such file")
         return LaunchResult(2, resolved.run_id, None)
     endpoint = options.endpoint or _environment_endpoint()
+    placement = None if endpoint else _placement(args, options, out)
     if resolved.source == "generated" and _is_multi_node(args.nnodes):
         _say(out, "warning: multi-node launch without --run-id, --rdzv-id or $TRACEML_RUN_ID: "
-                  "each node generates its own run id")
+                  "each node generates its own run id"
+                  + (", so the job's processor keeps each node's ranks as a run of its own"
+                     if placement is not None else ""))
+    if placement is not None and options.processor_token_file:
+        from traceml.processor.security import TokenFileError
+
+        try:
+            token_header = multinode.bearer_header(options.processor_token_file)
+        except TokenFileError as exc:
+            _say(out, f"error: {exc}")
+            return LaunchResult(2, resolved.run_id, None)
 
     rank_env = {env.TRACEML_LAUNCHED: "1", env.TRACEML_RUN_ID: resolved.run_id}
     if not wrap_with_bootstrap(args):
@@ -275,11 +305,16 @@ def launch(args: argparse.Namespace, options: RunOptions, *, out: TextIO | None 
     failure: BaseException | None = None
     with _sigterm_raises():
         try:
+            if placement is not None and options.processor_token_file:
+                rank_env[env.OTEL_EXPORTER_OTLP_HEADERS] = token_header
             if endpoint:
                 _export_only(endpoint, options, rank_env, resolved.run_id, out)
+            elif placement is not None and not placement.hosts_here:
+                _export_to_job_processor(placement, options, rank_env, resolved.run_id, out)
             else:
                 run_path = rd.run_directory(options.runs_dir, resolved.run_id)
-                processor = _start_embedded(args, options, run_path, rank_env, resolved.run_id, out)
+                processor = _start_embedded(args, options, run_path, rank_env, resolved.run_id, out,
+                                            placement)
                 if options.live and processor is not None:
                     monitor = _start_live(args, options, run_path, rank_env, resolved.run_id, out)
             with _patched_environ(rank_env):
@@ -304,7 +339,44 @@ def launch(args: argparse.Namespace, options: RunOptions, *, out: TextIO | None 
                                           launcher=_launcher_ending(args, failure))
                     if options.html_report and report is not None:
                         _write_html_report(run_path, resolved.run_id, out)
+            elif placement is not None and not placement.hosts_here:
+                _say(out, f"run {resolved.run_id}: this node's ranks exported to the job's processor on "
+                          f"{placement.address}; the summary of all ranks is written on that node, "
+                          f"under its --runs-dir (default {rd.DEFAULT_RUNS_DIR})/<run id>/final_summary.json")
     return LaunchResult(exit_code, resolved.run_id, run_path, report)
+
+
+def _placement(args: argparse.Namespace, options: RunOptions, out: TextIO):
+    """The job's one processor on several nodes (`launcher/multinode.py`); None on one node or
+    when no node is known to hold the rendezvous endpoint (each node then keeps its own)."""
+    if not _is_multi_node(args.nnodes):
+        return None
+    try:
+        placement = multinode.placement_of(args, options.processor_port)
+    except Exception as exc:  # a rendezvous torch itself will refuse; it says why
+        _say(out, f"warning: cannot tell which node hosts the rendezvous ({type(exc).__name__}: {exc})")
+        return None
+    if placement is not None and placement.hosts_here:
+        bind = multinode.bind_host_for(placement.host)
+        if multinode.port_taken(bind, placement.port):
+            # As torch's c10d backend does for its store: a second launcher on the host machine
+            # (several "nodes" on one host) finds the first one's server and joins it.
+            _say(out, f"port {placement.port} on {placement.host} is already in use: this node exports "
+                      f"to the processor there (another launcher of this job on this machine, or "
+                      f"choose a free --processor-port on every node)")
+            return multinode.ProcessorPlacement(False, placement.host, placement.port, placement.why)
+    return placement
+
+
+def _export_to_job_processor(placement, options: RunOptions, rank_env: dict[str, str], run_id: str,
+                             out: TextIO) -> None:
+    """A node that does not host the rendezvous: no processor here, the ranks export to the host's."""
+    rank_env[env.OTEL_EXPORTER_OTLP_ENDPOINT] = placement.endpoint
+    rank_env[env.OTEL_EXPORTER_OTLP_PROTOCOL] = "grpc"
+    _say(out, f"run {run_id}: no processor on this node; the ranks export OTLP gRPC to the job's "
+              f"processor on {placement.address} ({placement.why})")
+    if options.live or options.ui is not None or options.html_report:
+        _say(out, "--live, --ui and --html-report apply on the node that runs the job's processor")
 
 
 def _launcher_ending(args: argparse.Namespace, failure: BaseException | None):
@@ -351,10 +423,20 @@ def _export_only(endpoint: str, options: RunOptions, rank_env: dict[str, str], r
 
 
 def _start_embedded(args: argparse.Namespace, options: RunOptions, run_path: Path,
-                    rank_env: dict[str, str], run_id: str, out: TextIO) -> EmbeddedProcessor | None:
-    """Start the processor and point the ranks at it; None (training goes on) if it cannot start."""
+                    rank_env: dict[str, str], run_id: str, out: TextIO,
+                    placement=None) -> EmbeddedProcessor | None:
+    """Start the processor and point the ranks at it; None (training goes on) if it cannot start.
+
+    With a `placement` (this node hosts the job's processor) OTLP gRPC listens on the rendezvous
+    host's address and `--processor-port`, and every node's ranks export there."""
+    shared = {}
+    if placement is not None:
+        token_file = options.processor_token_file
+        shared = dict(grpc_bind=(multinode.bind_host_for(placement.host), placement.port),
+                      advertised_host=placement.host,
+                      auth_token_file=Path(token_file).resolve() if token_file else None)
     processor = EmbeddedProcessor(db_path=run_path / rd.DB_FILENAME, summary_dir=Path(options.runs_dir),
-                                  log_path=run_path / "processor.log", ui=options.ui)
+                                  log_path=run_path / "processor.log", ui=options.ui, **shared)
     try:
         run_path.mkdir(parents=True, exist_ok=True)
         endpoints = processor.start()
@@ -364,12 +446,21 @@ def _start_embedded(args: argparse.Namespace, options: RunOptions, run_path: Pat
         return None
     rank_env[env.OTEL_EXPORTER_OTLP_ENDPOINT] = endpoints.otlp_grpc_endpoint
     rank_env[env.OTEL_EXPORTER_OTLP_PROTOCOL] = "grpc"
-    _say(out, f"run {run_id}: embedded processor on 127.0.0.1:{endpoints.grpc_port} (OTLP gRPC), "
+    _say(out, f"run {run_id}: embedded processor on {endpoints.grpc_address} (OTLP gRPC), "
               f"data in {run_path}")
     if endpoints.ui is not None:
         _say(out, f"live web view: {endpoints.ui_url(run_id)}")
-    if _is_multi_node(args.nnodes):
-        _say(out, "warning: each node starts its own embedded processor and sees only its own "
+    if placement is not None:
+        _say(out, f"every node's ranks export to it ({placement.why}); the summary of all ranks "
+                  f"is written here")
+        if not options.processor_token_file:
+            _say(out, f"warning: the job's processor listens on {endpoints.grpc_address} without a "
+                      f"bearer token or TLS: anyone who can reach that address can send it telemetry; "
+                      f"pass --processor-token-file FILE (the same token on every node), or run "
+                      f"traceml-processor with --tls-cert/--auth-token-file and pass --endpoint")
+    elif _is_multi_node(args.nnodes):
+        _say(out, f"warning: with --rdzv-backend {args.rdzv_backend} no node is known to host the "
+                  "rendezvous, so each node starts its own embedded processor and sees only its own "
                   "ranks; for one diagnosis of all nodes, run traceml-processor once and pass --endpoint")
     return processor
 

@@ -18,10 +18,14 @@ import struct
 from pathlib import Path
 from urllib.parse import quote
 
-from traceml.schema.vocabulary import CANONICAL_METRICS
+from traceml.schema.vocabulary import CANONICAL_METRICS, METRIC_COLLECTIVE_WAIT
 
-SCHEMA_USER_VERSION = 2
+SCHEMA_USER_VERSION = 3
 """`PRAGMA user_version` of a database laid out as below.
+
+3: the `collective_wait_*` columns of `step_time_samples` / `step_time_attempt_samples`
+and a `packed` BLOB two values longer (`LEGACY_PACKED_METRICS`: rows written before keep
+their shorter BLOB, which every reader widens with a missing collective wait).
 
 2: `step_time_ranks.outcome` / `exit_code` (how a rank said its process ended),
 `step_time_runs.attempt` and the `*_attempt_samples` tables (elastic restarts). A
@@ -44,6 +48,10 @@ METRIC_VALUE_COLUMNS: tuple[str, ...] = tuple(
 
 PACKED_METRICS: tuple[str, ...] = CANONICAL_METRICS
 """Order of the metrics inside `packed`."""
+LEGACY_PACKED_METRICS: tuple[str, ...] = PACKED_METRICS[:PACKED_METRICS.index(METRIC_COLLECTIVE_WAIT)]
+"""The metrics of a `packed` BLOB written before user_version 3 (no collective wait): the same
+order, so such a row is the new layout with the appended metrics missing (NaN)."""
+LEGACY_PACKED_FIELDS = 2 * len(LEGACY_PACKED_METRICS) + 3
 PACKED_VALUES = 2 * len(PACKED_METRICS)
 PACKED_SAMPLE_TIME, PACKED_RANK, PACKED_STEP = PACKED_VALUES, PACKED_VALUES + 1, PACKED_VALUES + 2
 PACKED_FIELDS = PACKED_VALUES + 3
@@ -197,9 +205,12 @@ ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("step_time_ranks", "outcome", "TEXT"),
     ("step_time_ranks", "exit_code", "INTEGER"),
     ("step_time_runs", "attempt", "INTEGER NOT NULL DEFAULT 0"),
+    *((table, column, "INTEGER" if column.endswith("_count") else "REAL")
+      for table in ("step_time_samples", "step_time_attempt_samples")
+      for column in metric_columns(METRIC_COLLECTIVE_WAIT)),
 )
-"""(table, column, type) added to `DDL` after version 1: a database written before has
-none of them, and the writer adds them (`ALTER TABLE ... ADD COLUMN`, no rewrite)."""
+"""(table, column, type) added to `DDL` after version 1 (the collective-wait columns in
+version 3): a database written before has none of them, and the writer adds them (`ALTER TABLE ... ADD COLUMN`, no rewrite)."""
 
 SCHEMA_OBJECTS: frozenset[str] = frozenset(re.findall(r"CREATE (?:TABLE|INDEX) IF NOT EXISTS (\w+)", DDL))
 """Names of the tables and indexes `DDL` creates: a file holding any other (bar SQLite's own
@@ -226,7 +237,7 @@ def connect_readonly(path: str | Path) -> sqlite3.Connection:
 
 
 __all__ = [
-    "ADDED_COLUMNS", "BUSY_TIMEOUT_S", "DDL", "MEMORY_COLUMNS", "METRIC_VALUE_COLUMNS", "PACKED_FIELDS",
+    "ADDED_COLUMNS", "BUSY_TIMEOUT_S", "DDL", "LEGACY_PACKED_FIELDS", "LEGACY_PACKED_METRICS", "MEMORY_COLUMNS", "METRIC_VALUE_COLUMNS", "PACKED_FIELDS",
     "PACKED_FORMAT", "PACKED_METRICS", "PACKED_RANK", "PACKED_SAMPLE_TIME", "PACKED_STEP",
     "PACKED_VALUES", "SAMPLE_COLUMNS", "SCHEMA_OBJECTS", "SCHEMA_USER_VERSION", "connect_readonly", "metric_columns",
 ]

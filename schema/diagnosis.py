@@ -14,6 +14,10 @@ INPUT_BOUND = "INPUT_BOUND"
 H2D_BOUND = "H2D_BOUND"
 RESIDUAL_HEAVY = "RESIDUAL_HEAVY"
 COMPUTE_BOUND = "COMPUTE_BOUND"
+COLLECTIVE_BOUND = "COLLECTIVE_BOUND"
+"""Every rank spends a large share of its step waiting in collectives, more than any straggler explains."""
+STEP_TIME_DRIFT = "STEP_TIME_DRIFT"
+"""A rank, or the whole job, became slower than its own earlier steps of the same window."""
 INPUT_STRAGGLER = "INPUT_STRAGGLER"
 H2D_STRAGGLER = "H2D_STRAGGLER"
 COMPUTE_STRAGGLER = "COMPUTE_STRAGGLER"
@@ -26,7 +30,8 @@ BALANCED = "BALANCED"
 STRAGGLER_KINDS: tuple[str, ...] = (INPUT_STRAGGLER, H2D_STRAGGLER, COMPUTE_STRAGGLER, STRAGGLER)
 SHARE_KINDS: tuple[str, ...] = (INPUT_BOUND, H2D_BOUND, RESIDUAL_HEAVY)
 DIAGNOSIS_KINDS: tuple[str, ...] = (
-    *STRAGGLER_KINDS, *SHARE_KINDS, COMPUTE_BOUND, INCOMPLETE_DATA, NO_STEPS, WARMUP, BALANCED,
+    *STRAGGLER_KINDS, *SHARE_KINDS, COMPUTE_BOUND, COLLECTIVE_BOUND, STEP_TIME_DRIFT, INCOMPLETE_DATA,
+    NO_STEPS, WARMUP, BALANCED,
 )
 
 # --- Severities (ascending) -----------------------------------------------------------

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from traceml.processor.diagnosis.context import RuleContext
 from traceml.processor.diagnosis.policy import DEFAULT_POLICY, DiagnosisPolicy
+from traceml.processor.diagnosis.drift import step_time_drift
 from traceml.processor.diagnosis.rules import (
     balanced,
+    collective_bound,
     compute_bound,
     h2d_bound,
     incomplete_data,
@@ -19,9 +21,16 @@ from traceml.processor.diagnosis.rules import (
 )
 from traceml.processor.diagnosis.straggler import rank_straggler
 from traceml.processor.step_time.model import DiagnosisIssue, StepTimeDiagnosis, StepTimeWindow
-from traceml.schema.diagnosis import STRAGGLER_KINDS, severity_rank
+from traceml.schema.diagnosis import H2D_STRAGGLER, INPUT_STRAGGLER, STRAGGLER_KINDS, severity_rank
+from traceml.schema.vocabulary import METRIC_H2D, METRIC_INPUT_WAIT
 
-RULES = (rank_straggler, input_bound, h2d_bound, residual_heavy, compute_bound, incomplete_data)
+RULES = (input_bound, h2d_bound, residual_heavy, collective_bound, compute_bound, step_time_drift,
+         incomplete_data)
+"""The rules after the straggler rule, which runs first: what a straggler explains (its
+culprit's input wait for INPUT_STRAGGLER, its H2D for H2D_STRAGGLER) is left out of the
+share rule for that metric, so one slow loader is not also reported as the job's problem."""
+
+_EXPLAINED_METRIC = {INPUT_STRAGGLER: METRIC_INPUT_WAIT, H2D_STRAGGLER: METRIC_H2D}
 
 
 def issue_order_key(issue: DiagnosisIssue) -> tuple:
@@ -40,7 +49,12 @@ def diagnose(window: StepTimeWindow, policy: DiagnosisPolicy = DEFAULT_POLICY) -
     gate = warmup(ctx)
     if gate is not None:
         return StepTimeDiagnosis(issues=(gate,))
-    issues = [issue for rule in RULES if (issue := rule(ctx)) is not None]
+    straggler = rank_straggler(ctx)
+    issues = [] if straggler is None else [straggler]
+    explained = None if straggler is None else _EXPLAINED_METRIC.get(straggler.kind)
+    if explained is not None:
+        ctx = RuleContext(window=window, policy=policy, excluded={explained: (straggler.culprit_rank,)})
+    issues += [issue for rule in RULES if (issue := rule(ctx)) is not None]
     if not issues:
         return StepTimeDiagnosis(issues=(balanced(ctx),))
     return StepTimeDiagnosis(issues=tuple(sorted(issues, key=issue_order_key)))

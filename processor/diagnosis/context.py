@@ -33,12 +33,16 @@ class ShareFacts:
     cohort: tuple[int, ...]
     worst_rank: int
     worst_ms: float
+    excluded: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
 class RuleContext:
     window: StepTimeWindow
     policy: DiagnosisPolicy
+    excluded: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    """metric -> ranks a share rule leaves out: a straggler's culprit for the metric that
+    explains it (an input straggler's own input wait is not the job's input problem)."""
     _memo: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -83,7 +87,8 @@ class RuleContext:
         return self._memo[key]
 
     def _share(self, metric: str) -> ShareFacts | None:
-        cohort = self.cohort((metric, METRIC_STEP_TIME))
+        left_out = set(self.excluded.get(metric, ()))
+        cohort = tuple(r for r in self.cohort((metric, METRIC_STEP_TIME)) if r not in left_out)
         if not cohort:
             return None
         col, steps = self.column(metric), self.column(METRIC_STEP_TIME)
@@ -101,6 +106,7 @@ class RuleContext:
             cohort=cohort,
             worst_rank=worst_rank,
             worst_ms=col[worst_rank],
+            excluded=tuple(sorted(left_out)),
         )
 
     def capped(self, severity: str) -> tuple[str, list[str]]:

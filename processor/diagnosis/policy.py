@@ -18,6 +18,19 @@ class DiagnosisPolicy:
     """Compute share at or above which COMPUTE_BOUND (info) is reported."""
     straggler_attribution: float = 0.80
     """A straggler cause is named when its excess covers at least this fraction of the gap."""
+    collective_warn_share: float = 0.15
+    """COLLECTIVE_BOUND warns when every rank's collective wait is at least this share of its
+    step (xprof's high flag for collectives, 15 %; its 3 % notice level is below every warn here)."""
+    collective_crit_share: float = 0.30
+    """... and is critical at or above this (twice the warn level, like the other share rules)."""
+    drift_warn: float = 0.15
+    """STEP_TIME_DRIFT warns when the steps after the change point are at least this much slower
+    (median over median) than the steps before it."""
+    drift_crit: float = 0.30
+    """... and is critical at or above this (NVIDIA's straggler detection flags a rank whose
+    performance score falls below 0.7 of its own best, i.e. about 30 % slower)."""
+    drift_min_segment: int = 5
+    """Each side of the change point needs at least this many aligned steps."""
     min_steps: int = 2
     """Below this many aligned steps the diagnosis is WARMUP and no rule runs."""
     crit_min_steps: int = 20

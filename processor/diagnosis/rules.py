@@ -5,14 +5,16 @@ Each rule returns one `DiagnosisIssue` or None; ordering happens in `api.py`.
 from __future__ import annotations
 
 from traceml.processor.diagnosis.context import RuleContext, ShareFacts
-from traceml.processor.step_time.model import CLOCK_GPU, DiagnosisIssue
+from traceml.processor.step_time.model import CLOCK_GPU, DiagnosisIssue, finite_ratio
 from traceml.schema.diagnosis import (
     BALANCED,
+    COLLECTIVE_BOUND,
     COMPUTE_BOUND,
     H2D_BOUND,
     INCOMPLETE_DATA,
     INPUT_BOUND,
     RESIDUAL_HEAVY,
+    SEVERITY_CRIT,
     SEVERITY_INFO,
     SEVERITY_WARN,
     STATUS_BALANCED,
@@ -21,15 +23,18 @@ from traceml.schema.diagnosis import (
     WARMUP,
 )
 from traceml.schema.vocabulary import (
+    METRIC_COLLECTIVE_WAIT,
     METRIC_COMPUTE,
     METRIC_H2D,
     METRIC_INPUT_WAIT,
     METRIC_RESIDUAL,
+    METRIC_STEP_TIME,
     REQUIRED_METRICS,
 )
 
-OVERHEAD_METRICS: tuple[str, ...] = (METRIC_INPUT_WAIT, METRIC_H2D, METRIC_RESIDUAL)
-"""Shares that, at or above the warn threshold, rule out COMPUTE_BOUND."""
+OVERHEAD_METRICS: tuple[str, ...] = (METRIC_INPUT_WAIT, METRIC_H2D, METRIC_RESIDUAL, METRIC_COLLECTIVE_WAIT)
+"""Shares that, at or above the warn threshold, rule out COMPUTE_BOUND (collective wait
+included: under DDP it lies inside backward, so it would pass for compute)."""
 
 _SHARE_WORDING = {
     INPUT_BOUND: "waiting on input",
@@ -56,6 +61,7 @@ def _share_issue(ctx: RuleContext, kind: str, facts: ShareFacts | None) -> Diagn
         "worst_rank": facts.worst_rank,
         "worst_ms": facts.worst_ms,
         "cohort_ranks": list(facts.cohort),
+        "excluded_ranks": list(facts.excluded),
         "warn_threshold": ctx.policy.warn_share,
         "crit_threshold": ctx.policy.crit_share,
         "uncapped_severity": uncapped,
@@ -107,6 +113,55 @@ def compute_bound(ctx: RuleContext) -> DiagnosisIssue | None:
     }
     summary = f"compute is {facts.share:.0%} of the median step; no overhead reaches {ctx.policy.warn_share:.0%}"
     return DiagnosisIssue(kind=COMPUTE_BOUND, severity=SEVERITY_INFO, status=ctx.status, score=None,
+                          summary=summary, evidence=evidence)
+
+
+def collective_bound(ctx: RuleContext) -> DiagnosisIssue | None:
+    """Every rank waits a large share of its step in collectives: communication, not a straggler.
+
+    Judged on the rank that waited *least*: whatever another rank waited beyond it is
+    waiting for a later rank (a straggler's doing, the straggler rule's business); the
+    least wait is what even the rank nobody waited for spent in collectives, so a
+    straggler cannot explain it. Score = that rank's wait / its own Step Time.
+    """
+    cohort = ctx.cohort((METRIC_COLLECTIVE_WAIT, METRIC_STEP_TIME))
+    if not cohort:
+        return None
+    waits, steps = ctx.column(METRIC_COLLECTIVE_WAIT), ctx.column(METRIC_STEP_TIME)
+    shares = {r: finite_ratio(waits[r], steps[r]) for r in cohort}
+    if any(v is None for v in shares.values()):
+        return None
+    least = min(cohort, key=lambda r: (shares[r], r))
+    score = shares[least]
+    policy = ctx.policy
+    if policy.at_least(score, policy.collective_crit_share):
+        uncapped = SEVERITY_CRIT
+    elif policy.at_least(score, policy.collective_warn_share):
+        uncapped = SEVERITY_WARN
+    else:
+        return None
+    severity, caps = ctx.capped(uncapped)
+    most = max(cohort, key=lambda r: (shares[r], -r))
+    evidence = {
+        **ctx.common_evidence(),
+        "metric": METRIC_COLLECTIVE_WAIT,
+        "share": score,
+        "least_wait_rank": least,
+        "least_wait_ms": waits[least],
+        "least_wait_step_time_ms": steps[least],
+        "most_wait_rank": most,
+        "most_wait_share": shares[most],
+        "rank_shares": {str(r): shares[r] for r in cohort},
+        "cohort_ranks": list(cohort),
+        "warn_threshold": policy.collective_warn_share,
+        "crit_threshold": policy.collective_crit_share,
+        "uncapped_severity": uncapped,
+        "severity_caps": caps,
+    }
+    summary = (f"every rank waits in collectives for at least {score:.0%} of its step (rank {least}: "
+               f"{waits[least]:.1f} of {steps[least]:.1f} ms), more than a late rank explains: "
+               f"communication-bound")
+    return DiagnosisIssue(kind=COLLECTIVE_BOUND, severity=severity, status=ctx.status, score=score,
                           summary=summary, evidence=evidence)
 
 

@@ -1,11 +1,17 @@
 """Rank straggler: one slow rank makes the others wait inside a collective.
 
-The wait shows up in the *visible* phase, where the collective blocks: backward
-under DDP (gradient all-reduce), forward plus backward under FSDP (parameter
-all-gathers as well). The rank that arrives last waits least, so the culprit is
-the rank with the least visible time; the victim is the upper-median rank
-(`sorted[n // 2]`), a typical rank that waited. The gap between them, over the
-victim's Step Time, is the score.
+Two bases, the better one the window allows:
+
+- **collective wait** (every cohort rank measured `collective_wait`): the rank the
+  others waited for waits least, so the culprit is the rank with the least collective
+  wait; the victim is the upper-median rank by wait (`sorted[n // 2]`); the gap is
+  their wait asymmetry. The culprit's own phases (the measured wait taken out of the
+  phase that holds it, backward first) say which of them grew.
+- **visible phase** (no collective wait measured): the wait shows up in the phase
+  where the collective blocks, backward under DDP, forward plus backward under FSDP;
+  the culprit is the rank with the least visible time.
+
+The gap over the victim's Step Time is the score either way.
 """
 from __future__ import annotations
 
@@ -25,9 +31,15 @@ from traceml.schema.diagnosis import (
 )
 from traceml.schema.vocabulary import (
     METRIC_BACKWARD,
+    METRIC_COLLECTIVE_WAIT,
     METRIC_FORWARD,
+    METRIC_OPTIMIZER_STEP,
     METRIC_STEP_TIME,
 )
+
+BASIS_COLLECTIVE_WAIT = "collective_wait"
+BASIS_VISIBLE_PHASE = "visible_phase"
+OWN_PHASES: tuple[str, ...] = (METRIC_FORWARD, METRIC_BACKWARD, METRIC_OPTIMIZER_STEP)
 
 _KIND_BY_COMPONENT = {
     COMPONENT_INPUT_WAIT: INPUT_STRAGGLER,
@@ -40,6 +52,33 @@ _CAUSE_WORDING = {
     COMPONENT_H2D: "spends longer in host-to-device copies",
     COMPONENT_COMPUTE: "computes longer outside the collective",
 }
+
+
+def wait_in_phases(values: StepTimeValues) -> float:
+    """The part of a rank's collective wait that lies inside its timed phases (ms): the
+    measured wait fills the time no phase explains first (an explicit collective between
+    phases), the rest is inside the phases (DDP's gradient all-reduce, in backward)."""
+    wait = float(values.collective_wait or 0.0)
+    if values.traced_step_time is None or values.forward is None or values.backward is None:
+        return wait
+    unexplained = (float(values.traced_step_time) - float(values.h2d or 0.0) - float(values.forward)
+                   - float(values.backward) - float(values.optimizer_step or 0.0))
+    return max(0.0, wait - max(0.0, unexplained))
+
+
+def own_phases(values: StepTimeValues) -> dict[str, float | None]:
+    """Forward, backward and optimizer without the collective wait inside them (ms): the wait
+    in the phases is taken from backward first, then forward. None where a phase is missing."""
+    inside = wait_in_phases(values)
+    bwd = None if values.backward is None else float(values.backward)
+    fwd = None if values.forward is None else float(values.forward)
+    if bwd is not None:
+        take = min(inside, bwd)
+        bwd, inside = bwd - take, inside - take
+    if fwd is not None:
+        fwd = max(0.0, fwd - inside)
+    return {METRIC_FORWARD: fwd, METRIC_BACKWARD: bwd,
+            METRIC_OPTIMIZER_STEP: float(values.optimizer_step or 0.0)}
 
 
 @dataclass(frozen=True)
@@ -76,20 +115,38 @@ def _excesses(ctx: RuleContext, culprit: StepTimeValues, victim: StepTimeValues)
     return out
 
 
+def _wait_excesses(culprit: StepTimeValues, victim: StepTimeValues) -> tuple[dict, dict]:
+    """Candidate excesses on the collective-wait basis, and the per-phase excess of own time."""
+    mine, theirs = own_phases(culprit), own_phases(victim)
+    per_phase = {p: (None if mine[p] is None or theirs[p] is None else mine[p] - theirs[p]) for p in OWN_PHASES}
+    compute = None if any(v is None for v in per_phase.values()) else sum(per_phase.values())
+    out = {
+        COMPONENT_INPUT_WAIT: (None if culprit.input_wait is None or victim.input_wait is None
+                               else float(culprit.input_wait) - float(victim.input_wait)),
+        COMPONENT_H2D: float(culprit.h2d or 0.0) - float(victim.h2d or 0.0),
+        COMPONENT_COMPUTE: compute,
+    }
+    return out, per_phase
+
+
 def rank_straggler(ctx: RuleContext) -> DiagnosisIssue | None:
     phases = visible_phases(ctx)
     cohort = ctx.cohort((*phases, METRIC_STEP_TIME))
     if len(cohort) < 2:
         return None
+    waits = ctx.column(METRIC_COLLECTIVE_WAIT)
+    by_wait = all(r in waits for r in cohort)
     columns = [ctx.column(p) for p in phases]
-    ordered = sorted(((sum(col[r] for col in columns), r) for r in cohort))
-    culprit = _Candidate(ordered[0][1], ordered[0][0], ctx.values(ordered[0][1]))
+    visible = {r: sum(col[r] for col in columns) for r in cohort}
+    basis_of = waits if by_wait else visible
+    ordered = sorted((basis_of[r], r) for r in cohort)
+    culprit = _Candidate(ordered[0][1], visible[ordered[0][1]], ctx.values(ordered[0][1]))
     middle = ordered[len(ordered) // 2]
-    victim = _Candidate(middle[1], middle[0], ctx.values(middle[1]))
+    victim = _Candidate(middle[1], visible[middle[1]], ctx.values(middle[1]))
     victim_step = ctx.column(METRIC_STEP_TIME)[victim.rank]
     if victim.rank == culprit.rank:
         return None
-    gap = victim.visible - culprit.visible
+    gap = middle[0] - ordered[0][0]
     score = finite_ratio(gap, victim_step)
     if score is None:
         return None
@@ -98,7 +155,11 @@ def rank_straggler(ctx: RuleContext) -> DiagnosisIssue | None:
         return None
     severity, caps = ctx.capped(uncapped)
 
-    excess = _excesses(ctx, culprit.values, victim.values)
+    per_phase: dict | None = None
+    if by_wait:
+        excess, per_phase = _wait_excesses(culprit.values, victim.values)
+    else:
+        excess = _excesses(ctx, culprit.values, victim.values)
     coverage = {c: (None if e is None else finite_ratio(e, gap)) for c, e in excess.items()}
     component = COMPONENT_UNATTRIBUTED
     for candidate in (COMPONENT_INPUT_WAIT, COMPONENT_H2D, COMPONENT_COMPUTE):
@@ -109,19 +170,34 @@ def rank_straggler(ctx: RuleContext) -> DiagnosisIssue | None:
     kind = _KIND_BY_COMPONENT.get(component, STRAGGLER)
 
     phase_label = "+".join(phases)
+    grown = None
+    if per_phase is not None:
+        known = [(v, p) for p, v in per_phase.items() if v is not None]
+        grown = max(known)[1] if known and max(known)[0] > 0 else None
     if component == COMPONENT_UNATTRIBUTED:
         cause = "no measured phase explains it (synchronisation or unattributed work)"
+    elif component == COMPONENT_COMPUTE and grown is not None:
+        cause = f"rank {culprit.rank} computes longer: its {grown} grew ({per_phase[grown]:.1f} ms)"
     else:
         cause = f"rank {culprit.rank} {_CAUSE_WORDING[component]} ({excess[component]:.1f} ms)"
+    where = "waiting in collectives" if by_wait else f"in {phase_label}"
     summary = (
-        f"rank {culprit.rank} holds the others back: rank {victim.rank} spends {gap:.1f} ms more in "
-        f"{phase_label} ({score:.0%} of its step); {cause}"
+        f"rank {culprit.rank} holds the others back: rank {victim.rank} spends {gap:.1f} ms more "
+        f"{where} ({score:.0%} of its step); {cause}"
     )
     evidence = {
         **ctx.common_evidence(),
+        "wait_basis": BASIS_COLLECTIVE_WAIT if by_wait else BASIS_VISIBLE_PHASE,
         "visible_phase": phase_label,
         "culprit_visible_ms": culprit.visible,
         "victim_visible_ms": victim.visible,
+        "culprit_collective_wait_ms": waits.get(culprit.rank),
+        "victim_collective_wait_ms": waits.get(victim.rank),
+        "wait_asymmetry_ms": (waits[victim.rank] - waits[culprit.rank]
+                              if culprit.rank in waits and victim.rank in waits else None),
+        "phase_excess_ms": per_phase,
+        "grown_phase": grown if component == COMPONENT_COMPUTE else (
+            component if component in (COMPONENT_INPUT_WAIT, COMPONENT_H2D) else None),
         "gap_ms": gap,
         "victim_step_time_ms": victim_step,
         "excess_ms": excess,

@@ -90,7 +90,7 @@ for _name, _order in _BUILT_ORDER.items():
 EXPORTED_METRICS: tuple[str, ...] = (
     "step_time", "input_wait", "traced_step_time", "step_time_cpu", "step_time_gpu",
     "traced_step_time_cpu", "traced_step_time_gpu", "dataloader_fetch_cpu", "h2d",
-    "forward", "backward", "optimizer_step", "compute", "residual",
+    "forward", "backward", "optimizer_step", "compute", "residual", "collective_wait",
 )
 
 NO_RANK = ""

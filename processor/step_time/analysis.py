@@ -20,7 +20,11 @@ The rules (step-time-pipeline-contract.md, "Canonical window invariants"):
   contributes 0 to the residual. A rank that never shows optimizer_step has no
   compute or residual (both need every compute phase).
 - compute = forward + backward + optimizer_step; residual = max(0, traced - h2d -
-  forward - backward - optimizer_step) per step; step_time = input_wait + traced.
+  forward - backward - optimizer_step - collective_wait) per step (an absent collective
+  wait counts 0; the measured wait first fills the time no phase explains, the rest lies
+  inside the phases, e.g. DDP's backward); step_time = input_wait + traced.
+- collective_wait is occurrence-driven like h2d: a rank that never reported it has no
+  value (None), never 0.
   Explicit-clock aggregates keep both clocks; dataloader_fetch_cpu is input_wait
   on the CPU clock (supplemental, never added to the selected clock).
 - Statistics use only the ranks that measured the metric; worst/worst_rank/skew
@@ -50,6 +54,7 @@ from traceml.processor.step_time.model import (
 from traceml.schema.vocabulary import (
     CANONICAL_METRICS,
     METRIC_BACKWARD,
+    METRIC_COLLECTIVE_WAIT,
     METRIC_FORWARD,
     METRIC_H2D,
     METRIC_INPUT_WAIT,
@@ -95,6 +100,26 @@ class _RankSteps(Sequence[StepTimeStepFacts]):
 
     def __repr__(self) -> str:
         return f"<{len(self)} aligned steps of one rank>"
+
+    def metric_series(self, metric: str) -> np.ndarray:
+        """This rank's per-step values of one window metric (NaN = unavailable), no objects built."""
+        return self._table[WINDOW_METRICS.index(metric)][:, self._column]
+
+
+def rank_step_matrix(facts: Sequence, metric: str) -> np.ndarray:
+    """(aligned steps, ranks) values of `metric` for the given rank facts (NaN = unavailable):
+    the window's own arrays where it has them, else built from the typed steps."""
+    columns = []
+    for f in facts:
+        steps = f.steps
+        if isinstance(steps, _RankSteps):
+            columns.append(np.asarray(steps.metric_series(metric), dtype=np.float64))
+        else:
+            columns.append(np.asarray([np.nan if (x := s.values.get(metric)) is None else x
+                                       for s in steps], dtype=np.float64))
+    if not columns:
+        return np.empty((0, 0))
+    return np.stack(columns, axis=1)
 
 
 class _MedianSeries(Sequence[float]):
@@ -259,11 +284,15 @@ def _per_step_table(on, selected: np.ndarray, cpu: np.ndarray, gpu: np.ndarray,
         observed = ~np.isnan(raw).all(axis=0)  # per rank: seen on any aligned step
         series[metric] = np.where(observed[None, :], np.nan_to_num(raw, nan=0.0), np.nan)
     h2d_or_zero = np.nan_to_num(series[METRIC_H2D], nan=0.0)
+    wait_or_zero = np.nan_to_num(series[METRIC_COLLECTIVE_WAIT], nan=0.0)
     fwd, bwd = series[METRIC_FORWARD], series[METRIC_BACKWARD]
     opt, traced = series[METRIC_OPTIMIZER_STEP], series[METRIC_TRACED_STEP_TIME]
     series["compute"] = fwd + bwd + opt
     with np.errstate(invalid="ignore"):
-        series["residual"] = np.maximum(traced - h2d_or_zero - fwd - bwd - opt, 0.0)
+        # Collective wait is measured time: it fills the unexplained time first (an explicit
+        # collective between phases), the rest lies inside the phases (DDP's backward), so the
+        # residual keeps only what nothing measured explains (docs/DIAGNOSIS.md).
+        series["residual"] = np.maximum(traced - h2d_or_zero - fwd - bwd - opt - wait_or_zero, 0.0)
     series["step_time"] = series[METRIC_INPUT_WAIT] + traced
     iw_cpu, traced_cpu = on(cpu, METRIC_INPUT_WAIT), on(cpu, METRIC_TRACED_STEP_TIME)
     iw_gpu, traced_gpu = on(gpu, METRIC_INPUT_WAIT), on(gpu, METRIC_TRACED_STEP_TIME)
@@ -377,5 +406,5 @@ def empty_window(run_id: str, universe: Sequence[int] = (),
 
 __all__ = [
     "WINDOW_METRICS",
-    "analyze_snapshot", "empty_window", "grid_from_rows", "representative_index",
+    "analyze_snapshot", "empty_window", "grid_from_rows", "rank_step_matrix", "representative_index",
 ]

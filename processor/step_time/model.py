@@ -260,6 +260,9 @@ class StepTimeValues:
     traced_step_time_cpu: float | None = None
     traced_step_time_gpu: float | None = None
     dataloader_fetch_cpu: float | None = None
+    # Measured time inside torch.distributed collectives (occurrence-driven): a sub-interval
+    # of the phase or residual that contains it, never added to Step Time.
+    collective_wait: float | None = None
 
     def get(self, metric: str) -> float | None:
         return getattr(self, metric)

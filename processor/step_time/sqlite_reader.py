@@ -20,7 +20,8 @@ fewer for a run whose ranks x step ids would pass the profile's cell cap
 (`LIVE_TAIL_MAX_CELLS`, `SUMMARY_MAX_CELLS`); the snapshot's `tail_steps` says how
 many, and the analysis cuts the window to it (`StepTimeWindow.max_steps`).
 
-Decoding: a row whose `packed` BLOB is missing or malformed is skipped
+Decoding: a `packed` BLOB of the layout before user_version 3 (no collective wait) is
+widened with that metric missing; a row whose `packed` BLOB is missing or malformed is skipped
 (`unreadable_values`); a negative (`negative_value`), infinite (`non_finite_value`)
 or absurd (`absurd_value`, over the decoder's one-day cap) value is dropped to
 missing. Our writer stores only values the decoder accepted, so these checks are
@@ -53,6 +54,7 @@ from traceml.processor.step_time.model import (
 from traceml.processor.decode import ABSURD, MAX_EVENT_MS, NEGATIVE, NON_FINITE
 from traceml.processor.sqlite_guard import note_database_error
 from traceml.processor.sqlite_layout import (
+    LEGACY_PACKED_FIELDS,
     PACKED_FIELDS,
     PACKED_METRICS,
     PACKED_RANK,
@@ -71,6 +73,8 @@ REASON_NEGATIVE, REASON_NON_FINITE, REASON_ABSURD = NEGATIVE, NON_FINITE, ABSURD
 _ROW_COLUMNS = "id, packed"  # rank and step travel inside `packed`: two objects per row
 _N_VALUES = PACKED_VALUES
 _PACKED_BYTES = 8 * PACKED_FIELDS
+_LEGACY_PACKED_BYTES = 8 * LEGACY_PACKED_FIELDS
+_LEGACY_PAD = np.full(PACKED_FIELDS - LEGACY_PACKED_FIELDS, np.nan, dtype="<f8").tobytes()
 
 _HEADER_SQL = """
 SELECT (SELECT training_strategy FROM step_time_runs WHERE run_id = ?1),
@@ -142,6 +146,15 @@ class DecodedRows:
     sample_times: np.ndarray
 
 
+def _widen_legacy(blob: bytes) -> bytes:
+    """A row written before user_version 3 (no collective wait) in the current layout: its
+    metric values, the appended metrics missing (NaN), then sample time, rank and step."""
+    if len(blob) != _LEGACY_PACKED_BYTES:
+        return blob
+    split = 8 * (LEGACY_PACKED_FIELDS - 3)
+    return blob[:split] + _LEGACY_PAD + blob[split:]
+
+
 def decode_rows(rows: list[tuple], rejected: Counter) -> DecodedRows:
     """(id, packed) tuples -> columns; bad rows/values counted in `rejected`."""
     n = len(rows)
@@ -152,11 +165,11 @@ def decode_rows(rows: list[tuple], rejected: Counter) -> DecodedRows:
     except TypeError:  # a NULL or non-BLOB packed column
         joined = b""
     if len(joined) != n * _PACKED_BYTES:
-        keep = np.fromiter((isinstance(b, bytes) and len(b) == _PACKED_BYTES for b in blobs),
-                           dtype=bool, count=n)
+        keep = np.fromiter((isinstance(b, bytes) and len(b) in (_PACKED_BYTES, _LEGACY_PACKED_BYTES)
+                            for b in blobs), dtype=bool, count=n)
         rejected[REASON_UNREADABLE] += int(n - keep.sum())
         ids = ids[keep]
-        joined = b"".join(b for b, k in zip(blobs, keep) if k)
+        joined = b"".join(_widen_legacy(b) for b, k in zip(blobs, keep) if k)
     packed = np.frombuffer(joined, dtype="<f8").reshape(-1, PACKED_FIELDS)
     identity = packed[:, (PACKED_RANK, PACKED_STEP)]
     good = np.isfinite(identity).all(axis=1) & (identity >= 0).all(axis=1)

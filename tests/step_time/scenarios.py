@@ -1,4 +1,5 @@
-"""The eleven Step Time contract scenarios, written into real SQLite through `StepTimeStore`.
+"""The Step Time contract scenarios (eleven from the contract, four of issue 19's collective
+wait and drift), written into real SQLite through `StepTimeStore`.
 
 Base per-step payload (milliseconds): input_wait 5, h2d 5, forward 30, backward 45,
 optimizer 10, traced 95. GPU scenarios store gpu = value and cpu = 2 x value; CPU
@@ -22,6 +23,7 @@ from traceml.processor.step_time.model import (
 )
 from traceml.schema.vocabulary import (
     RAW_BACKWARD,
+    RAW_COLLECTIVE_WAIT,
     RAW_DATALOADER_NEXT,
     RAW_FORWARD,
     RAW_H2D,
@@ -64,7 +66,7 @@ class Scenario:
 def _base(**changes: float | None) -> Payload:
     """Base payload with some events changed (None removes an event)."""
     names = {"iw": RAW_DATALOADER_NEXT, "h2d": RAW_H2D, "fwd": RAW_FORWARD, "bwd": RAW_BACKWARD,
-             "opt": RAW_OPTIMIZER_STEP, "traced": RAW_STEP_TIME}
+             "opt": RAW_OPTIMIZER_STEP, "traced": RAW_STEP_TIME, "cw": RAW_COLLECTIVE_WAIT}
     out = dict(BASE)
     for key, value in changes.items():
         if value is None:
@@ -105,6 +107,33 @@ def _intermittent(rank: int, step: int) -> Payload:
     return payload
 
 
+def _backward_straggler(rank: int, step: int) -> Payload:
+    """DDP, 3 ranks; rank 2's backward computes 60 ms longer, so ranks 0 and 1 wait 60 ms in
+    the gradient all-reduce inside their backward: backward is 105 ms on every rank, and only
+    the collective wait (60, 60, 0 ms on top of 1 ms of transfer) tells the ranks apart."""
+    return _base(bwd=105.0, traced=155.0, cw=1.0 if rank == 2 else 61.0)
+
+
+def _gather_input_straggler(rank: int, step: int) -> Payload:
+    """HF Trainer's defaults on 2 ranks, rank 1 with a slow dataset (40 ms more input wait):
+    rank 0 waits those 40 ms in the token-count gather, a collective outside every timed
+    phase of the traced step; its residual would hold them unmeasured."""
+    if rank == 1:
+        return _base(iw=45.0, cw=0.5)
+    return _base(traced=135.0, cw=40.5)
+
+
+def _collective_bound(rank: int, step: int) -> Payload:
+    """Every rank waits about 40 ms of a 145 ms step in collectives inside backward, nearly
+    alike (a slow interconnect, not a late rank)."""
+    return _base(bwd=85.0, traced=135.0, cw=40.0 + rank)
+
+
+def _drift(rank: int, step: int) -> Payload:
+    """All ranks alike: from step 21 on the forward pass takes 30 ms longer (+30 % step)."""
+    return _base(fwd=60.0, traced=125.0) if step >= 21 else _base()
+
+
 _STEPS_100 = tuple(range(1, 101))
 _STEPS_40 = tuple(range(1, 41))
 _STEPS_30 = tuple(range(1, 31))
@@ -143,6 +172,17 @@ SCENARIO_SPECS: Mapping[str, Scenario] = {s.name: s for s in (
     Scenario("forward_missing_everywhere", 2, _STEPS_30, "cpu", STRATEGY_DDP,
              _same_every_step({0: _base(fwd=None), 1: _base(fwd=None)}),
              "incomplete-data diagnosis when no rank reports forward"),
+    Scenario("collective_backward_straggler", 3, _STEPS_30, "cpu", STRATEGY_DDP, _backward_straggler,
+             "equal backward on every rank; the least collective wait names the rank slowed in "
+             "backward (COMPUTE_STRAGGLER, grown phase backward)"),
+    Scenario("collective_gather_input_straggler", 2, _STEPS_30, "cpu", STRATEGY_DDP,
+             _gather_input_straggler,
+             "a collective outside the phases is measured wait, not residual; the rank that waited "
+             "least is the input straggler, and no INPUT_BOUND is reported beside it"),
+    Scenario("collective_bound", 2, _STEPS_30, "cpu", STRATEGY_DDP, _collective_bound,
+             "every rank waits a large share of its step in collectives: COLLECTIVE_BOUND, no rank named"),
+    Scenario("step_time_drift", 2, _STEPS_40, "cpu", STRATEGY_DDP, _drift,
+             "every rank 30 % slower from step 21 on: STEP_TIME_DRIFT at that step, forward grown"),
 )}
 
 SCENARIOS: tuple[str, ...] = tuple(SCENARIO_SPECS)

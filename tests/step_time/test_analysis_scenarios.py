@@ -54,7 +54,8 @@ def test_complete_gpu_selects_gpu_and_keeps_both_clock_aggregates(scenario_db):
     assert _avg(w, 0, "input_wait") == 5.0
     assert _avg(w, 0, "compute") == 85.0 and _avg(w, 0, "residual") == 5.0
     assert _avg(w, 0, "step_time") == 100.0
-    assert all(c == (2, 2) for c in w.coverage.values())
+    assert all(c == (2, 2) for m, c in w.coverage.items() if m != "collective_wait")
+    assert w.coverage["collective_wait"] == (0, 2)  # never reported: unmeasured, not 0
     assert w.shares["input_wait"] == pytest.approx(0.05)
     assert w.shares["compute"] == pytest.approx(0.85)
     assert w.metrics["step_time"].series == (100.0,) * 100

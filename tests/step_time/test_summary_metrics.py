@@ -68,7 +68,7 @@ def test_diagnosis_points_follow_issue_order():
     active = by_name(summary_metric_points(analysis), "traceml.diagnosis.active")
     assert [(p.attributes["traceml.diagnosis.kind"], p.attributes["traceml.diagnosis.severity"],
              p.attributes["traceml.diagnosis.culprit_rank"]) for p in active] == [
-        ("INPUT_STRAGGLER", "crit", "0"), ("INPUT_BOUND", "crit", "")]
+        ("INPUT_STRAGGLER", "crit", "0")]
     assert active[0].value == pytest.approx(5 / 7)
     assert active[0].attributes["traceml.diagnosis.status"] == "confirmed"
 

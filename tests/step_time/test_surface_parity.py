@@ -26,14 +26,41 @@ EXPECTED = {
     "sparse_missing_forward": [("BALANCED", "info", None, None, None)],
     "measured_zero_forward": [("RESIDUAL_HEAVY", "warn", 0.20, None, None)],
     "single_rank_cpu": [("BALANCED", "info", None, None, None)],
-    "ddp_rank_straggler": [("INPUT_STRAGGLER", "crit", 5 / 7, 0, 1), ("INPUT_BOUND", "crit", 50 / 140, None, None)],
-    "fsdp_rank_straggler": [("INPUT_STRAGGLER", "warn", 0.75, 0, 1), ("INPUT_BOUND", "warn", 50 / 150, None, None)],
+    # The straggler's own input wait explains the input share: INPUT_BOUND is judged without
+    # the culprit (rank 1's 0 ms alone) and does not fire (issue 19 item 4).
+    "ddp_rank_straggler": [("INPUT_STRAGGLER", "crit", 5 / 7, 0, 1)],
+    "fsdp_rank_straggler": [("INPUT_STRAGGLER", "warn", 0.75, 0, 1)],
     "jittered_ddp": [("STRAGGLER", "warn", 0.15, 0, 1), ("COMPUTE_BOUND", "info", None, None, None)],
     "rank_missing_steps": [("BALANCED", "info", None, None, None)],
     "intermittent_metrics": [("BALANCED", "info", None, None, None)],
     "h2d_bound_gpu": [("H2D_BOUND", "crit", 0.20, None, None)],
     "forward_missing_everywhere": [("INCOMPLETE_DATA", "warn", None, None, None)],
+    # Issue 19: collective wait names the rank the others waited for.
+    "collective_backward_straggler": [("COMPUTE_STRAGGLER", "crit", 60 / 160, 2, 0)],
+    "collective_gather_input_straggler": [("INPUT_STRAGGLER", "crit", 40 / 140, 1, 0)],
+    "collective_bound": [("COLLECTIVE_BOUND", "warn", 40 / 140, None, None)],
+    "step_time_drift": [("STEP_TIME_DRIFT", "crit", 0.30, None, None)],
 }
+
+# Evidence the issue-19 scenarios must carry (key -> value) on their first issue.
+EXPECTED_EVIDENCE = {
+    "collective_backward_straggler": {"wait_basis": "collective_wait", "grown_phase": "backward",
+                                      "wait_asymmetry_ms": 60.0, "culprit_collective_wait_ms": 1.0,
+                                      "victim_collective_wait_ms": 61.0},
+    "collective_gather_input_straggler": {"wait_basis": "collective_wait", "grown_phase": "input_wait",
+                                          "wait_asymmetry_ms": 40.0},
+    "collective_bound": {"metric": "collective_wait", "least_wait_rank": 0, "least_wait_ms": 40.0},
+    "step_time_drift": {"scope": "job", "onset_step": 21, "grown_phase": "forward", "before_ms": 100.0,
+                        "after_ms": 130.0},
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_EVIDENCE))
+def test_issue19_evidence_on_every_surface(surfaces, name):
+    live, summary_analysis, summary = surfaces[name]
+    for evidence in (live.analysis.diagnosis.issues[0].evidence, summary["issues"][0]["evidence"]):
+        for key, value in EXPECTED_EVIDENCE[name].items():
+            assert evidence[key] == pytest.approx(value) if isinstance(value, float) else evidence[key] == value, key
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +77,7 @@ def surfaces(scenario_db):
 
 
 def test_expected_table_covers_every_scenario():
-    assert set(EXPECTED) == set(SCENARIOS) and len(SCENARIOS) == 11
+    assert set(EXPECTED) == set(SCENARIOS) and len(SCENARIOS) == 15
 
 
 @pytest.mark.parametrize("name", SCENARIOS)

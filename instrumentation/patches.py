@@ -8,6 +8,9 @@ Installed once per process by `traceml.init(mode="auto")`, removed by `uninstall
   CPU tensor really goes to a CUDA device; not patched at all where CUDA is not
   available (no call can be one there);
 - optimizer step: global optimizer step pre/post hooks;
+- collective wait: the torch.distributed collectives and `Work.wait` (`collectives`),
+  and DDP's gradient all-reduces through a wrapping communication hook (`ddp_comm`),
+  flushed at the end of each `Tensor.backward`;
 - forward: the outermost module only (see `forward`), instrumented by
   `trace_step(model)` or `instrument_model(model)` (a global module hook would slow
   every submodule call).
@@ -17,6 +20,8 @@ from __future__ import annotations
 import threading
 import weakref
 
+from . import collectives as _collectives
+from . import ddp_comm as _ddp_comm
 from . import forward as _forward
 from . import hooks as _hooks
 from . import timing as _timing
@@ -66,6 +71,8 @@ def install() -> bool:
         tensor_cls = torch.Tensor
         orig_backward = tensor_cls.__dict__["backward"]
         backward_timer = _hooks.HookRegionTimer(RAW_BACKWARD)
+        ddp_pending = _ddp_comm.pending
+        ddp_flush = _ddp_comm.flush
 
         def backward(self, *args, **kwargs):
             if not _rec.recording:
@@ -78,6 +85,8 @@ def install() -> bool:
                 return orig_backward(self, *args, **kwargs)
             finally:
                 timer.post()
+                if ddp_pending and timer is backward_timer:
+                    ddp_flush()  # DDP's bucket all-reduces of this backward (ddp_comm)
 
         backward.__wrapped__ = orig_backward
         _patch(tensor_cls, "backward", backward)
@@ -89,6 +98,9 @@ def install() -> bool:
             register_optimizer_step_post_hook,
             register_optimizer_step_pre_hook,
         )
+
+        _collectives.install(_patch)
+        _ddp_comm.install(_patch)
 
         timer = _optimizer_timer = _hooks.OptimizerTimer()
         _handles.append(register_optimizer_step_pre_hook(timer.pre))
@@ -153,5 +165,6 @@ def uninstall() -> None:
             model = _models.pop()()
             if model is not None:
                 _forward.remove_forward_instrumentation(model)
+        _ddp_comm.pending.clear()
         _optimizer_timer = None
         _installed = False

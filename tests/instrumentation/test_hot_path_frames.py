@@ -201,3 +201,71 @@ def test_frames_of_an_update_that_ends_an_inferred_step(job_without_otel):
     traceml.shutdown()
     assert steps >= 4  # every update above ended a step
     assert got == INFERRED_UPDATE_FRAMES, f"measured {got}. " + HOW_TO_UPDATE.format(file=__file__)
+
+
+COLLECTIVE_FRAMES = {"all_reduce": 4, "async_wait": 4, "all_gather_object": 7, "ddp_backward": 3}
+"""TraceML frames of collectives in auto mode (a one-rank gloo group, inside an open step):
+a blocking `all_reduce` enters its wrapper and the shared timer's pre/post (3) plus the
+`Work.wait` wrapper, which finds the timer busy and calls through (1); an `async_op=True`
+call enters only its wrapper (1), and its `wait()` the wait wrapper and pre/post (3; the
+call and the wait together: `async_wait`); `all_gather_object` (3) plus its two nested
+`all_gather` calls and their `Work.wait`s, which find the timer busy and call through (4).
+`ddp_backward` is a backward of a one-bucket DDP module minus a plain backward: the comm
+hook's `__call__`, the async `all_reduce` wrapper inside the default hook (calls through)
+and `flush` at the end of backward. The completion callback (`_done`) runs where the
+all-reduce completes, on gloo's thread or inline when it already has: not counted."""
+
+
+def _frames_without_callback(call) -> int:
+    """TraceML frames of `call()` (steady state), leaving out DDP's completion callback."""
+    call()
+    ours = 0
+
+    def profile(frame, event, _arg):
+        nonlocal ours
+        if event == "call" and _is_traceml(frame) and frame.f_code.co_name != "_done":
+            ours += 1
+
+    gc.disable()
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+        gc.enable()
+    return ours
+
+
+def test_frames_of_collectives(job_without_otel):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        traceml.init(mode="auto")
+        torch.manual_seed(0)
+        plain = torch.nn.Linear(4, 4)
+        ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+        other = torch.nn.Linear(4, 4)  # like the DDP module, not the step's model: no forward timing
+        x = torch.randn(2, 4)
+        ddp(x).sum().backward()  # the first forward registers the hook; the first backward builds buckets
+        t = torch.ones(1)
+        step = traceml.trace_step(plain)
+        step.__enter__()
+        try:
+            got = {"all_reduce": _steady(lambda: dist.all_reduce(t))[0],
+                   "async_wait": _steady(lambda: dist.all_reduce(t, async_op=True).wait())[0],
+                   "all_gather_object": _steady(lambda: dist.all_gather_object([None], 1))[0]}
+
+            def ddp_backward():
+                ddp(x).sum().backward()
+
+            def plain_backward():
+                other(x).sum().backward()
+
+            got["ddp_backward"] = _frames_without_callback(ddp_backward) - _steady(plain_backward)[0]
+        finally:
+            step.__exit__(None, None, None)
+        traceml.shutdown()
+    finally:
+        dist.destroy_process_group()
+    assert got == COLLECTIVE_FRAMES, f"measured {got}. " + HOW_TO_UPDATE.format(file=__file__)

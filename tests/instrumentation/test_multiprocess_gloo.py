@@ -90,6 +90,8 @@ def test_two_gloo_ranks_each_capture_their_own_steps(tmp_path):
                 "_traceml_internal:backward_time": 1,
                 "_traceml_internal:optimizer_step": 1,
                 "_traceml_internal:step_time": 1,
+                "_traceml_internal:collective_wait": 1,  # DDP's gradient all-reduce (ddp_comm)
             }
             assert s["cpu_ms"]["_traceml_internal:step_time"] >= s["cpu_ms"]["_traceml_internal:backward_time"]
+            assert s["cpu_ms"]["_traceml_internal:backward_time"] >= s["cpu_ms"]["_traceml_internal:collective_wait"]
         assert result["memory"] == [[i, "cpu", None] for i in range(4)]

@@ -32,6 +32,7 @@ def rank_values(
     opt: float | None = 10.0,
     traced: float | None = 95.0,
     clock: str = "gpu",
+    cw: float | None = None,
 ) -> StepTimeValues:
     """One rank's averages with compute, residual and Step Time derived as the contract says."""
     compute = None
@@ -39,7 +40,7 @@ def rank_values(
         compute = fwd + bwd + opt
     residual = None
     if traced is not None and compute is not None:
-        residual = max(0.0, traced - (h2d or 0.0) - compute)
+        residual = max(0.0, traced - (h2d or 0.0) - compute - (cw or 0.0))
     step = None if iw is None or traced is None else iw + traced
     cpu_step = None if step is None else 2 * step
     return StepTimeValues(
@@ -50,6 +51,7 @@ def rank_values(
         traced_step_time_cpu=None if traced is None else (2 * traced if clock == "gpu" else traced),
         traced_step_time_gpu=traced if clock == "gpu" else None,
         dataloader_fetch_cpu=None if iw is None else 2 * iw,
+        collective_wait=cw,
     )
 
 

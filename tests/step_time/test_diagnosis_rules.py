@@ -327,3 +327,51 @@ def test_diagnosis_is_pure_and_policy_defaults_are_shared():
     assert DEFAULT_POLICY == DiagnosisPolicy()
     assert (DEFAULT_POLICY.warn_share, DEFAULT_POLICY.crit_share, DEFAULT_POLICY.straggler_attribution,
             DEFAULT_POLICY.min_steps, DEFAULT_POLICY.crit_min_steps) == (0.10, 0.20, 0.80, 2, 20)
+
+
+# --- Issue 19: collective wait, collective-bound, what a straggler explains ---------------------
+
+
+def test_collective_bound_is_judged_on_the_rank_that_waited_least():
+    # Ranks wait 10 and 60 ms of 100: the 50 ms asymmetry is a straggler's; 10 % is below 15 %.
+    uneven = {0: rank_values(iw=5.0, bwd=55.0, traced=95.0, cw=10.0),
+              1: rank_values(iw=5.0, bwd=55.0, traced=95.0, cw=60.0)}
+    assert d.COLLECTIVE_BOUND not in kinds(diagnose(window(uneven)))
+    # Both wait at least 15 %: communication-bound, warn; 30 % is crit.
+    for wait, severity in ((15.0, d.SEVERITY_WARN), (30.0, d.SEVERITY_CRIT)):
+        even = {r: rank_values(iw=5.0, bwd=55.0, traced=95.0, cw=wait + r) for r in (0, 1)}
+        issue = only(diagnose(window(even)), d.COLLECTIVE_BOUND)
+        assert issue.severity == severity and issue.culprit_rank is None
+        assert issue.score == pytest.approx(wait / 100.0)
+        assert issue.evidence["least_wait_rank"] == 0
+
+
+def test_collective_wait_rules_out_compute_bound():
+    ranks = {r: rank_values(iw=1.0, h2d=0.0, fwd=30.0, bwd=59.0, opt=10.0, traced=99.0, cw=12.0)
+             for r in (0, 1)}
+    assert d.COMPUTE_BOUND not in kinds(diagnose(window(ranks)))
+
+
+def test_collective_wait_names_the_rank_slowed_in_backward_where_backward_is_equal():
+    # The visible-phase rule sees equal backward and names nobody; the waits do.
+    ranks = {0: rank_values(bwd=105.0, traced=155.0, cw=60.0),
+             1: rank_values(bwd=105.0, traced=155.0, cw=60.0),
+             2: rank_values(bwd=105.0, traced=155.0, cw=0.0)}
+    issue = diagnose(window(ranks)).primary
+    assert (issue.kind, issue.culprit_rank, issue.component) == (d.COMPUTE_STRAGGLER, 2, d.COMPONENT_COMPUTE)
+    assert issue.evidence["grown_phase"] == "backward"
+    assert issue.evidence["phase_excess_ms"]["backward"] == pytest.approx(55.0)  # 60 less 5 ms residual
+    without = {r: rank_values(bwd=105.0, traced=155.0) for r in (0, 1, 2)}
+    assert not [i for i in diagnose(window(without)).issues if i.kind in d.STRAGGLER_KINDS]
+
+
+def test_input_bound_still_fires_on_the_ranks_a_straggler_did_not_explain():
+    # Three slow loaders, one slower: the straggler is rank 2; ranks 0 and 1 still wait 40 of 140.
+    ranks = {0: rank_values(iw=40.0, bwd=145.0, traced=195.0, cw=100.0),
+             1: rank_values(iw=40.0, bwd=145.0, traced=195.0, cw=100.0),
+             2: rank_values(iw=140.0, bwd=45.0, traced=95.0, cw=0.0)}
+    diag = diagnose(window(ranks))
+    assert diag.primary.kind == d.INPUT_STRAGGLER and diag.primary.culprit_rank == 2
+    issue = only(diag, d.INPUT_BOUND)
+    assert issue.evidence["excluded_ranks"] == [2] and issue.evidence["cohort_ranks"] == [0, 1]
+    assert issue.score == pytest.approx(40 / 235)

@@ -27,8 +27,9 @@ RAW_OPTIMIZER_STEP = "_traceml_internal:optimizer_step"
 RAW_STEP_TIME = "_traceml_internal:step_time"
 RAW_COLLECTIVE_WAIT = "_traceml_internal:collective_wait"
 """Time the training thread spent inside blocking torch.distributed collectives in the step
-(DDP's gradient-bucket all-reduces included). Its canonical metric is `METRIC_COLLECTIVE_WAIT`;
-issue 19 wires it through RAW_EVENTS, the decoder, SQLite and the summary."""
+(DDP's gradient-bucket all-reduces included). Its canonical metric is `METRIC_COLLECTIVE_WAIT`.
+A measured sub-interval of whatever contains it (backward under DDP, the residual for an
+explicit collective between phases), never added to Step Time; occurrence-driven."""
 
 RAW_EVENTS: tuple[str, ...] = (
     RAW_DATALOADER_NEXT,
@@ -37,6 +38,7 @@ RAW_EVENTS: tuple[str, ...] = (
     RAW_BACKWARD,
     RAW_OPTIMIZER_STEP,
     RAW_STEP_TIME,
+    RAW_COLLECTIVE_WAIT,
 )
 
 # --- Canonical metric names (processor side, after normalisation) ------------
@@ -56,6 +58,7 @@ RAW_EVENT_TO_METRIC: Mapping[str, str] = {
     RAW_BACKWARD: METRIC_BACKWARD,
     RAW_OPTIMIZER_STEP: METRIC_OPTIMIZER_STEP,
     RAW_STEP_TIME: METRIC_TRACED_STEP_TIME,
+    RAW_COLLECTIVE_WAIT: METRIC_COLLECTIVE_WAIT,  # last: the packed SQLite row appends it
 }
 
 CANONICAL_METRICS: tuple[str, ...] = tuple(RAW_EVENT_TO_METRIC.values())
@@ -73,7 +76,7 @@ REQUIRED_METRICS: tuple[str, ...] = (
     METRIC_BACKWARD,
     METRIC_TRACED_STEP_TIME,
 )
-OCCURRENCE_METRICS: tuple[str, ...] = (METRIC_H2D, METRIC_OPTIMIZER_STEP)
+OCCURRENCE_METRICS: tuple[str, ...] = (METRIC_H2D, METRIC_OPTIMIZER_STEP, METRIC_COLLECTIVE_WAIT)
 
 
 def raw_event_key(raw_event: str) -> str:
@@ -167,6 +170,9 @@ ATTR_DEVICE = "traceml.device"
 ATTR_PHASE = "traceml.phase.name"
 """On a phase child span: its phase name (`forward`). Not `traceml.phase` itself, a
 namespace of the step span's attributes: a name should not also be a namespace."""
+ATTR_COLLECTIVE_LAST_ENTRY = "traceml.collective.last_entry"
+"""On the step span, when a collective was timed: seconds from the step's first timed event to its
+last collective_wait entry (double). The latest entry among ranks is the rank the others waited for."""
 LEGACY_ATTR_PHASE = "traceml.phase"
 """What older exporters put on phase children: the raw event name (never read back)."""
 ATTR_STEPS_COMPLETED = "traceml.steps.completed"

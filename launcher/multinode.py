@@ -106,7 +106,7 @@ def bind_host_for(host: str) -> str:
             candidates = [info[4][0] for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)]
         except (OSError, UnicodeError):
             candidates = []
-    for address in candidates:
+    for address in sorted(dict.fromkeys(candidates), key=lambda a: ":" in a):  # IPv4 first, as clients try
         if _can_bind(address, 0) is None:
             return address
     return "::" if candidates and all(":" in a for a in candidates) else "0.0.0.0"

@@ -315,6 +315,13 @@ def launch(args: argparse.Namespace, options: RunOptions, *, out: TextIO | None 
                 run_path = rd.run_directory(options.runs_dir, resolved.run_id)
                 processor = _start_embedded(args, options, run_path, rank_env, resolved.run_id, out,
                                             placement)
+                if processor is None and placement is not None and \
+                        rank_env.get(env.OTEL_EXPORTER_OTLP_ENDPOINT) == placement.endpoint:
+                    # Another launcher on this machine hosts the job's processor after all.
+                    placement = multinode.ProcessorPlacement(False, placement.host, placement.port,
+                                                             placement.why)
+                    _remove_if_empty(run_path)
+                    run_path = None
                 if options.live and processor is not None:
                     monitor = _start_live(args, options, run_path, rank_env, resolved.run_id, out)
             with _patched_environ(rank_env):
@@ -344,6 +351,13 @@ def launch(args: argparse.Namespace, options: RunOptions, *, out: TextIO | None 
                           f"{placement.address}; the summary of all ranks is written on that node, "
                           f"under its --runs-dir (default {rd.DEFAULT_RUNS_DIR})/<run id>/final_summary.json")
     return LaunchResult(exit_code, resolved.run_id, run_path, report)
+
+
+def _remove_if_empty(path: Path) -> None:
+    try:
+        path.rmdir()  # only an empty folder: nothing of the run is ever removed
+    except OSError:
+        pass
 
 
 def _placement(args: argparse.Namespace, options: RunOptions, out: TextIO):
@@ -441,6 +455,12 @@ def _start_embedded(args: argparse.Namespace, options: RunOptions, run_path: Pat
         run_path.mkdir(parents=True, exist_ok=True)
         endpoints = processor.start()
     except (EmbeddedProcessorError, OSError) as exc:
+        if placement is not None and multinode.port_taken(multinode.bind_host_for(placement.host),
+                                                          placement.port):
+            # Another launcher on this machine won the port first (both checked before either
+            # started): export to its processor, as when the port was taken before the check.
+            _export_to_job_processor(placement, options, rank_env, run_id, out)
+            return None
         # Telemetry must not stop training: run the job, just without collection.
         _say(out, f"warning: {exc}; the script runs without telemetry collection")
         return None
@@ -453,7 +473,9 @@ def _start_embedded(args: argparse.Namespace, options: RunOptions, run_path: Pat
     if placement is not None:
         _say(out, f"every node's ranks export to it ({placement.why}); the summary of all ranks "
                   f"is written here")
-        if not options.processor_token_file:
+        from traceml.processor.security import is_loopback
+
+        if not options.processor_token_file and not is_loopback(endpoints.grpc_host):
             _say(out, f"warning: the job's processor listens on {endpoints.grpc_address} without a "
                       f"bearer token or TLS: anyone who can reach that address can send it telemetry; "
                       f"pass --processor-token-file FILE (the same token on every node), or run "

@@ -89,7 +89,8 @@ class RunEndMarker:
     steps_completed: int | None
     world_size: int | None
     sample_time: float
-    final_counts: Mapping[str, int] = field(default_factory=dict)  # attribute key -> count
+    # attribute key -> count; plus `traceml.steps.boundary` -> its word (`STEP_BOUNDARIES`), when said
+    final_counts: Mapping[str, int | str] = field(default_factory=dict)
     dropped: Mapping[str, int] = field(default_factory=dict)  # queue -> final dropped count
     outcome: str | None = None  # schema.endings.MARKER_OUTCOMES; None: not said (or not one of them)
     exit_code: int | None = None  # the status that ending gives the process, when said
@@ -568,6 +569,9 @@ class Decoder:
                 queue = key[len(v.RUN_END_DROPPED_PREFIX):]
                 if key.startswith(v.RUN_END_DROPPED_PREFIX) and queue in v.QUEUE_NAMES:
                     dropped[queue] = value
+        boundary = attrs.get(v.ATTR_STEP_BOUNDARY)
+        if boundary.__class__ is str and boundary in v.STEP_BOUNDARIES:  # advisory, like the outcome
+            counts[v.ATTR_STEP_BOUNDARY] = boundary  # kept with the marker's counts (final_counts)
         when = (span.end_time_unix_nano or span.start_time_unix_nano) / 1e9
         # How the process ended is advisory: an unknown outcome or a bad exit code is left
         # out (the marker's counts are kept), never a reason to refuse the marker.

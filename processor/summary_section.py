@@ -87,7 +87,8 @@ def read_rank_telemetry(conn: sqlite3.Connection, run_id: str, *, count_stored: 
                           steps_completed=_count(final.get(rank), v.ATTR_STEPS_COMPLETED),
                           steps_stored=int(stored.get(rank, 0)),
                           outcome=said.get(rank, (None,))[0], exit_code=said.get(rank, (None, None))[1],
-                          node_rank=said.get(rank, (None, None, None))[2])
+                          node_rank=said.get(rank, (None, None, None))[2],
+                          step_boundary=_word(final.get(rank), v.ATTR_STEP_BOUNDARY, v.STEP_BOUNDARIES))
             for rank in ranks]
 
 
@@ -116,6 +117,12 @@ def read_first_step_stored(conn: sqlite3.Connection, run_id: str) -> int | None:
     """The lowest step stored for any rank of the run (one index seek on (run_id, step)); None: no step."""
     row = conn.execute("SELECT MIN(step) FROM step_time_samples WHERE run_id = ?", (run_id,)).fetchone()
     return None if row is None or row[0] is None else int(row[0])
+
+
+def _word(counts: dict | None, key: str, allowed: tuple[str, ...]) -> str | None:
+    """A word from a rank's end marker (kept with its counts); None when absent or not allowed."""
+    value = None if counts is None else counts.get(key)
+    return value if isinstance(value, str) and value in allowed else None
 
 
 def _count(counts: dict | None, key: str) -> int | None:
@@ -163,7 +170,8 @@ def build_final_summary(db_path: Path, run_id: str, *, generated_at: float | Non
 
         issue = no_steps_issue(telemetry.rank_endings(analysis.window.expected_ranks),
                                {t.global_rank: t.steps_completed for t in telemetry.ranks},
-                               {t.global_rank: t.export_failures for t in telemetry.ranks})
+                               {t.global_rank: t.export_failures for t in telemetry.ranks},
+                               {t.global_rank: t.step_boundary for t in telemetry.ranks})
         analysis = with_no_steps(analysis, issue)
     metadata = RunMetadata(run_id=run_id, generated_at=time.time() if generated_at is None else generated_at,
                            traceml_version=package_version(), profile=PROFILE_SUMMARY,

@@ -12,6 +12,9 @@ The reason, first that applies (`schema.diagnosis.NO_STEPS_REASONS`):
 - `interrupted`: a rank was interrupted (Ctrl-C, a forwarded signal) before any step;
 - `telemetry_lost`: ranks completed steps (their end markers say so) but none reached the store;
 - `no_step_marked`: the ranks finished cleanly with 0 steps completed: nothing marked a step;
+  when every such rank's end marker says `traceml.steps.boundary` = `none` (no
+  `trace_step`, no integration, no optimizer update), the finding says no optimizer
+  was seen either (an inference or evaluation loop) and lists them in `no_optimizer_seen`;
 - `nothing_received`: no rank said anything: nothing reached the processor.
 """
 from __future__ import annotations
@@ -32,6 +35,7 @@ from traceml.schema.diagnosis import (
     STATUS_EMPTY,
 )
 from traceml.schema.endings import OUTCOME_FAILED, OUTCOME_INTERRUPTED, OUTCOME_LOST
+from traceml.schema.vocabulary import STEP_BOUNDARY_NONE
 
 _NAMED = 8
 
@@ -47,6 +51,9 @@ _WHAT_TO_DO = {
     NO_STEPS_NOTHING_RECEIVED: "no rank reported: check that the ranks export OTLP to this processor "
                                "(OTEL_EXPORTER_OTLP_ENDPOINT) and that TRACEML_DISABLE is not set",
 }
+_NO_OPTIMIZER_TO_DO = ("no optimizer.step() was seen either, so there is no training step to time "
+                       "(an inference or evaluation loop?); to time its iterations, wrap the loop body "
+                       "in `with traceml.trace_step(model):`")
 
 
 def _ranks(ranks: Sequence[int]) -> str:
@@ -55,8 +62,10 @@ def _ranks(ranks: Sequence[int]) -> str:
 
 
 def no_steps_issue(endings: Mapping[int, RankEnding], steps_completed: Mapping[int, int | None],
-                   export_failures: Mapping[int, int | None] | None = None) -> DiagnosisIssue:
-    """The finding for a run with no stored step, from how its ranks ended and what they counted."""
+                   export_failures: Mapping[int, int | None] | None = None,
+                   step_boundaries: Mapping[int, str | None] | None = None) -> DiagnosisIssue:
+    """The finding for a run with no stored step, from how its ranks ended, what they counted and
+    how their steps were delimited (`traceml.steps.boundary` on the end markers)."""
     failed = sorted(r for r, e in endings.items() if e.outcome == OUTCOME_FAILED)
     interrupted = sorted(r for r, e in endings.items() if e.outcome == OUTCOME_INTERRUPTED)
     completed = {r: n for r, n in steps_completed.items() if n}
@@ -75,16 +84,22 @@ def no_steps_issue(endings: Mapping[int, RankEnding], steps_completed: Mapping[i
         reason, why = NO_STEPS_NONE_MARKED, f"{len(reported)} rank(s) ended with 0 steps completed"
     else:
         reason, why = NO_STEPS_NOTHING_RECEIVED, "no rank sent a step or an end marker"
+    what_to_do = _WHAT_TO_DO[reason]
+    unbounded = sorted(r for r, b in (step_boundaries or {}).items() if b == STEP_BOUNDARY_NONE)
+    if reason == NO_STEPS_NONE_MARKED and unbounded and set(reported) <= set(unbounded):
+        why += ", no step marked and no optimizer seen"
+        what_to_do = _NO_OPTIMIZER_TO_DO
     evidence = {
         "reason": reason,
         "ranks_failed": failed,
         "ranks_interrupted": interrupted,
         "steps_completed": {str(r): n for r, n in sorted(steps_completed.items()) if n is not None},
         "export_failures": {str(r): n for r, n in sorted((export_failures or {}).items()) if n},
-        "what_to_do": _WHAT_TO_DO[reason],
+        "no_optimizer_seen": unbounded,
+        "what_to_do": what_to_do,
     }
     return DiagnosisIssue(kind=NO_STEPS, severity=SEVERITY_WARN, status=STATUS_EMPTY, score=None,
-                          summary=f"no steps: {why}; {_WHAT_TO_DO[reason]}", evidence=evidence)
+                          summary=f"no steps: {why}; {what_to_do}", evidence=evidence)
 
 
 def with_no_steps(analysis: StepTimeAnalysis, issue: DiagnosisIssue) -> StepTimeAnalysis:

@@ -55,6 +55,7 @@ class RankTelemetry:
     outcome: str | None = None
     exit_code: int | None = None
     node_rank: int | None = None
+    step_boundary: str | None = None  # how its steps were delimited (`vocabulary.STEP_BOUNDARIES`)
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,7 +52,8 @@ def test_every_step_arrives_with_exact_values_counts_and_nulls(receiver, protoco
         assert set(attrs) == expected_keys
         # No internal raw name reaches a user: keys name the canonical phases.
         assert not [k for k in attrs if v.RAW_EVENT_PREFIX in k]
-        assert {k.split(".")[2] for k in attrs if k.startswith(v.EVENT_ATTR_PREFIX)} == set(v.CANONICAL_METRICS)
+        assert {k.split(".")[2] for k in attrs if k.startswith(v.EVENT_ATTR_PREFIX)} == {
+            v.RAW_EVENT_TO_METRIC[e] for e in record.events}
     assert v.event_attribute(v.RAW_FORWARD, v.EVENT_FIELD_CPU) in rows[(run_id, 0, 0)]["attributes"]
     assert "traceml.phase.forward.cpu.duration" in rows[(run_id, 0, 0)]["attributes"]
     # A measured zero is a zero, typed as a double.

@@ -65,6 +65,14 @@ def test_no_steps_says_why_first_failure_then_interrupt_then_losses_then_unmarke
     assert lost.evidence["reason"] == "telemetry_lost" and "completed 40 step(s)" in lost.summary
     unmarked = no_steps_issue({0: ending(0, "finished", 0)}, {0: 0})
     assert unmarked.evidence["reason"] == "no_step_marked" and "trace_step" in unmarked.summary
+    assert "no optimizer seen" not in unmarked.summary and unmarked.evidence["no_optimizer_seen"] == []
+    two = {0: ending(0, "finished", 0), 1: ending(1, "finished", 0)}
+    inference = no_steps_issue(two, {0: 0, 1: 0}, None, {0: "none", 1: "none"})
+    assert inference.evidence["reason"] == "no_step_marked" and "no optimizer seen" in inference.summary
+    assert inference.evidence["no_optimizer_seen"] == [0, 1] and "optimizer.step()" in inference.summary
+    # One rank had an optimizer boundary (it just stopped before its first update): not "no optimizer".
+    mixed = no_steps_issue(two, {0: 0, 1: 0}, None, {0: "none", 1: "optimizer"})
+    assert "no optimizer seen" not in mixed.summary and mixed.evidence["no_optimizer_seen"] == [0]
     nothing = no_steps_issue({0: rank_ending(RankEndFacts(0, False))}, {})
     assert nothing.evidence["reason"] == "nothing_received"
 
@@ -98,6 +106,22 @@ def test_a_version_1_database_is_migrated_by_the_writer_and_read_as_is_by_reader
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     conn.close()
     assert rows == [(0, None, None), (1, "interrupted", 130)] and version == SCHEMA_USER_VERSION
+
+
+def test_end_markers_that_saw_no_boundary_make_no_steps_say_no_optimizer_was_seen(tmp_path):
+    from traceml.processor.sqlite_writer import StepTimeStore
+    from traceml.processor.summary_section import build_final_summary
+
+    store = StepTimeStore(tmp_path / "s.sqlite")
+    for rank in (0, 1):  # what the decoder keeps of an inference loop's markers
+        store.mark_rank_finished("r", rank, {"traceml.steps.completed": 0, "traceml.steps.boundary": "none"},
+                                 outcome="finished", exit_code=0)
+    store.close()
+    summary = build_final_summary(tmp_path / "s.sqlite", "r")
+    diagnosis = summary["diagnosis"]
+    assert diagnosis["kind"] == "NO_STEPS" and diagnosis["evidence"]["reason"] == "no_step_marked"
+    assert "no optimizer seen" in diagnosis["summary"] and diagnosis["evidence"]["no_optimizer_seen"] == [0, 1]
+    jsonschema.validate(summary, SCHEMA)
 
 
 # --- real launches -----------------------------------------------------------------------------

@@ -87,6 +87,11 @@ def test_an_inference_loop_gets_no_step_and_says_why(tmp_path):
     assert _per_step(run, "step") == {}
     ended = finished_ranks(run.run_dir / "traceml.sqlite", run.run_dir.name)
     assert {rank: counts.get("traceml.steps.completed") for rank, counts in ended.items()} == {0: 0, 1: 0}
+    # The end markers' boundary (`none`) reaches the summary: NO_STEPS says no optimizer was seen.
+    assert {rank: counts.get("traceml.steps.boundary") for rank, counts in ended.items()} == {0: "none", 1: "none"}
+    diagnosis = run.summary["diagnosis"]
+    assert diagnosis["kind"] == "NO_STEPS" and diagnosis["evidence"]["reason"] == "no_step_marked"
+    assert "no optimizer seen" in diagnosis["summary"] and diagnosis["evidence"]["no_optimizer_seen"] == [0, 1]
 
 
 @pytest.mark.slow

@@ -1,18 +1,19 @@
-"""Collective-wait timing cost: per collective, per DDP bucket, and on a 2-rank DDP gloo job.
+"""Collective-wait timing cost: per collective, per DDP backward and bucket, and on a 2-rank DDP job.
 
 Three figures, each against a baseline measured in the same run, rounds alternating:
 
 1. `per_collective_us`: the training thread's added time per blocking `all_reduce`
    (a one-element tensor on a one-rank gloo group, inside an open step): the patched
    `torch.distributed.all_reduce` against the original function.
-2. `per_bucket_us`: the added time of one DDP backward divided by its buckets: a DDP
-   module whose first forward ran after `traceml.init()` (TraceML's wrapping comm hook)
-   against an identical one set up before it (DDP's builtin C++ all-reduce), both
-   with TraceML recording (so backward's own patch is in both).
+2. `per_ddp_backward_us` and `per_bucket_us`: the added time of one DDP forward and
+   backward with DDP's wait timed (`ddp_comm`'s `_pre_forward` wrapper in place)
+   against the same module with the original `_pre_forward` (TraceML recording in both,
+   so backward's own patch is in both); per bucket = per backward / buckets (the seam
+   does nothing per bucket, so this only spreads the per-backward cost).
 3. `ddp_throughput_ratio`: a real 2-rank gloo DDP job (two processes): steps per
-   second of the hooked model divided by the builtin one's, alternating rounds, each
-   step with an explicit `all_reduce` of the loss (timed for the hooked model, the
-   original function for the other).
+   second with collective timing (both seams, and an explicit `all_reduce` of the loss
+   per step) divided by steps per second without (the original functions), rounds
+   alternating in each process.
 
     flock /tmp/traceml-bench.lock python -m benchmarks.bench_collectives [--quick] [--json]
 """
@@ -43,6 +44,23 @@ def _ddp(torch, layers: int):
     return torch.nn.parallel.DistributedDataParallel(_models(torch, layers), bucket_cap_mb=0.001)
 
 
+class _Seams:
+    """Switches the collective timing on and off between rounds (the class and module attributes)."""
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        self.dist, self.ddp = dist, DDP
+        self.timed = (dist.all_reduce, DDP.__dict__["_pre_forward"])
+        self.original = (dist.all_reduce.__wrapped__, DDP.__dict__["_pre_forward"].__wrapped__)
+
+    def set(self, on: bool) -> None:
+        reduce, pre_forward = self.timed if on else self.original
+        self.dist.all_reduce = reduce
+        self.ddp._pre_forward = pre_forward
+
+
 def in_process_costs(rounds: int, calls: int, layers: int) -> dict:
     import torch
     import torch.distributed as dist
@@ -52,30 +70,28 @@ def in_process_costs(rounds: int, calls: int, layers: int) -> dict:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     x = torch.randn(8, 64)
-    builtin = _ddp(torch, layers)
-    builtin(x).sum().backward()  # lazy init before traceml.init(): no TraceML hook
-    original = dist.all_reduce
     traceml.init(mode="auto")
-    hooked = _ddp(torch, layers)
-    hooked(x).sum().backward()
-    timed = dist.all_reduce
-    assert timed is not original and hooked.__dict__.get("_traceml_comm_hook") is not None
-    hook = hooked.__dict__["_traceml_comm_hook"]
-    inner, seen = hook.hook, []
-    hook.hook = lambda state, bucket: (seen.append(1), inner(state, bucket))[1]
-    hooked(x).sum().backward()
-    hook.hook = inner
+    seams = _Seams()
+    model = _ddp(torch, layers)
+    seen = []
+    model.register_comm_hook(None, lambda state, bucket: (seen.append(1), _allreduce(state, bucket))[1])
+    model(x).sum().backward()
+    seen.clear()
+    model(x).sum().backward()
     buckets = len(seen)
+    model = _ddp(torch, layers)  # DDP's builtin all-reduce, as in a job without hooks
+    model(x).sum().backward()
     t = torch.ones(1)
 
-    def collectives(fn) -> float:
+    def collectives() -> float:
+        reduce = dist.all_reduce
         with traceml.trace_step():
             t0 = time.perf_counter_ns()
             for _ in range(calls):
-                fn(t)
+                reduce(t)
             return (time.perf_counter_ns() - t0) / calls / 1e3
 
-    def backwards(model) -> float:
+    def backwards() -> float:
         n = max(4, calls // 20)
         with traceml.trace_step():
             t0 = time.perf_counter_ns()
@@ -83,19 +99,29 @@ def in_process_costs(rounds: int, calls: int, layers: int) -> dict:
                 model(x).sum().backward()
             return (time.perf_counter_ns() - t0) / n / 1e3
 
-    per_call, per_bucket = [], []
+    per_call, per_backward = [], []
     for i in range(rounds):
-        pair = (timed, original) if i % 2 == 0 else (original, timed)
-        a = {fn: collectives(fn) for fn in pair}
-        per_call.append(a[timed] - a[original])
-        pair = (hooked, builtin) if i % 2 == 0 else (builtin, hooked)
-        b = {id(m): backwards(m) for m in pair}
-        per_bucket.append((b[id(hooked)] - b[id(builtin)]) / buckets)
-    base_call = collectives(original)
+        got = {}
+        for on in ((True, False) if i % 2 == 0 else (False, True)):
+            seams.set(on)
+            got[on] = (collectives(), backwards())
+        per_call.append(got[True][0] - got[False][0])
+        per_backward.append(got[True][1] - got[False][1])
+    seams.set(False)
+    base_call, base_backward = collectives(), backwards()
+    seams.set(True)
     traceml.shutdown()
     dist.destroy_process_group()
+    backward_us = statistics.median(per_backward)
     return {"per_collective_us": statistics.median(per_call), "all_reduce_baseline_us": base_call,
-            "per_bucket_us": statistics.median(per_bucket), "buckets": buckets}
+            "per_ddp_backward_us": backward_us, "ddp_backward_baseline_us": base_backward,
+            "per_bucket_us": backward_us / buckets, "buckets": buckets}
+
+
+def _allreduce(state, bucket):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    return default_hooks.allreduce_hook(state, bucket)
 
 
 def rank_main(out: str, rounds: int, steps: int, layers: int) -> None:
@@ -109,33 +135,31 @@ def rank_main(out: str, rounds: int, steps: int, layers: int) -> None:
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo")
     x = torch.randn(16, 64)
-    builtin = _ddp(torch, layers)
-    builtin(x).sum().backward()
-    original = dist.all_reduce
     traceml.init(mode="auto")
-    hooked = _ddp(torch, layers)
-    timed = dist.all_reduce
-    opts = {id(m): torch.optim.SGD(m.parameters(), lr=1e-4) for m in (builtin, hooked)}
+    seams = _Seams()
+    model = _ddp(torch, layers)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
 
-    def run(model, reduce) -> float:
-        opt = opts[id(model)]
+    def run(on: bool) -> float:
+        seams.set(on)
         t0 = time.perf_counter()
         for _ in range(steps):
             loss = model(x).sum()
             loss.backward()
             opt.step()
             opt.zero_grad()
-            reduce(loss.detach())
+            dist.all_reduce(loss.detach())
         return time.perf_counter() - t0
 
-    run(hooked, timed), run(builtin, original)  # warm-up (bucket rebuild, first steps)
+    run(True), run(False)  # warm-up (bucket rebuild, first steps)
     ratios = []
     for i in range(rounds):
         if i % 2 == 0:
-            with_t, without_t = run(hooked, timed), run(builtin, original)
+            with_t, without_t = run(True), run(False)
         else:
-            without_t, with_t = run(builtin, original), run(hooked, timed)
+            without_t, with_t = run(False), run(True)
         ratios.append(without_t / with_t)  # throughput with / throughput without
+    seams.set(True)
     traceml.shutdown()
     dist.barrier()
     if rank == 0:
@@ -181,7 +205,9 @@ def main(argv=None) -> int:
         figures["ddp_throughput_ratio"] = ddp_throughput(job_rounds, job_steps, args.layers)
         print(f"per collective (blocking all_reduce, 1-rank gloo): +{figures['per_collective_us']:.2f} us "
               f"(the call itself {figures['all_reduce_baseline_us']:.1f} us)")
-        print(f"per DDP bucket ({figures['buckets']} buckets per backward): +{figures['per_bucket_us']:.2f} us")
+        print(f"per DDP forward+backward: +{figures['per_ddp_backward_us']:.2f} us "
+              f"(the step itself {figures['ddp_backward_baseline_us']:.0f} us); per bucket "
+              f"({figures['buckets']} buckets): +{figures['per_bucket_us']:.2f} us")
         print(f"2-rank DDP gloo job throughput, with / without collective timing: "
               f"{figures['ddp_throughput_ratio']:.4f}")
     if args.json:

@@ -9,8 +9,8 @@ Installed once per process by `traceml.init(mode="auto")`, removed by `uninstall
   available (no call can be one there);
 - optimizer step: global optimizer step pre/post hooks;
 - collective wait: the torch.distributed collectives and `Work.wait` (`collectives`),
-  and DDP's gradient all-reduces through a wrapping communication hook (`ddp_comm`),
-  flushed at the end of each `Tensor.backward`;
+  and DDP's gradient all-reduce wait at the end of each synchronising
+  `Tensor.backward` (`ddp_comm`);
 - forward: the outermost module only (see `forward`), instrumented by
   `trace_step(model)` or `instrument_model(model)` (a global module hook would slow
   every submodule call).
@@ -71,8 +71,8 @@ def install() -> bool:
         tensor_cls = torch.Tensor
         orig_backward = tensor_cls.__dict__["backward"]
         backward_timer = _hooks.HookRegionTimer(RAW_BACKWARD)
-        ddp_pending = _ddp_comm.pending
-        ddp_flush = _ddp_comm.flush
+        ddp_sync = _ddp_comm.state
+        ddp_arm, ddp_finish = _ddp_comm.arm, _ddp_comm.finish
 
         def backward(self, *args, **kwargs):
             if not _rec.recording:
@@ -81,12 +81,14 @@ def install() -> bool:
             # calls in all); another thread gets its own (its region counts the thread).
             timer = backward_timer if _get_ident() == _rec.owner else _hooks.HookRegionTimer(RAW_BACKWARD)
             timer.pre()
+            if ddp_sync.expected and timer is backward_timer:
+                ddp_arm(self)  # a DDP forward ran: time DDP's gradient all-reduce wait (ddp_comm)
             try:
                 return orig_backward(self, *args, **kwargs)
             finally:
+                if ddp_sync.handle is not None and timer is backward_timer:
+                    ddp_finish()
                 timer.post()
-                if ddp_pending and timer is backward_timer:
-                    ddp_flush()  # DDP's bucket all-reduces of this backward (ddp_comm)
 
         backward.__wrapped__ = orig_backward
         _patch(tensor_cls, "backward", backward)
@@ -165,6 +167,6 @@ def uninstall() -> None:
             model = _models.pop()()
             if model is not None:
                 _forward.remove_forward_instrumentation(model)
-        _ddp_comm.pending.clear()
+        _ddp_comm.state.expected = False
         _optimizer_timer = None
         _installed = False

@@ -81,7 +81,7 @@ else:
     if scenario == "user_hook":
         model.register_comm_hook(None, user_hook)
     if rank == SLOW_RANK:
-        first = model.module[0].weight  # its gradient is computed last: the last bucket launches late
+        first = model.module[0].weight  # its gradient is computed last: this rank's graph ends late
 
         def slow(grad):
             time.sleep(DELAY_S)
@@ -91,7 +91,7 @@ else:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for i in range(STEPS):
         if scenario == "late_user_hook" and i == 2:
-            model.register_comm_hook(None, user_hook)  # after the first forward: replaces our default
+            model.register_comm_hook(None, user_hook)  # after the first forward (DDP allows one hook)
         with traceml.trace_step(model):
             torch.manual_seed(100 + i * world + rank)
             model(torch.randn(8, 16)).sum().backward()

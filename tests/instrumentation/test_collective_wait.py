@@ -3,8 +3,9 @@
 - explicit collectives in a plain loop: the rank that arrives late waits little,
   the other waits for it; async calls are timed at `wait()`, nested calls once;
 - DDP, 3 ranks, one slowed inside backward by a slow gradient hook: the others'
-  wait is larger and the slow rank's last bucket launch (`last_entry`) is latest;
-- a user's own comm hook (before the first forward, and after it) keeps working.
+  wait is larger and the slow rank's graph end (`last_entry`) is latest;
+- a user's own comm hook (before the first forward, and after it) keeps working, and
+  the wait is measured the same way (TraceML registers no hook of its own).
 """
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ def test_ddp_rank_slowed_in_backward_waits_least_and_enters_last(tmp_path):
         assert _median(fast, "wait_ms") >= 30.0, fast["steps"]
         assert _median(fast, "wait_ms") > _median(slow, "wait_ms") + 20.0, (fast["steps"], slow["steps"])
         assert _median(slow, "last_entry_s") > _median(fast, "last_entry_s") + 0.02
-    assert results[0]["hook_calls"] == 0  # no user hook: TraceML's own default
+    assert results[0]["hook_calls"] == 0
 
 
 @pytest.mark.slow
@@ -88,4 +89,4 @@ def test_a_users_comm_hook_keeps_working_and_is_timed(tmp_path, scenario):
     for result in results:
         assert result["hook_calls"] >= (8 if scenario == "user_hook" else 6)
         assert all(s["wait_count"] == 1 for s in result["steps"]), result["steps"]
-        assert "ddp_comm_hook_not_timed" not in result["misuse"]
+        assert "foreign_thread" not in result["misuse"]

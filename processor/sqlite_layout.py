@@ -110,22 +110,7 @@ _MEMORY_COLUMNS_DDL = """run_id TEXT NOT NULL,
 DDL = f"""
 CREATE TABLE IF NOT EXISTS step_time_samples (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
-    run_id TEXT NOT NULL,
-    global_rank INTEGER NOT NULL,
-    local_rank INTEGER,
-    node_rank INTEGER,
-    world_size INTEGER,
-    local_world_size INTEGER,
-    hostname TEXT,
-    step INTEGER NOT NULL,
-    start_time REAL,
-    sample_time REAL,
-    receive_time REAL NOT NULL,
-    training_strategy TEXT,
-    {_METRIC_DDL},
-    payload TEXT NOT NULL,
-    packed BLOB,
-    digest TEXT NOT NULL,
+    {_SAMPLE_COLUMNS_DDL},
     UNIQUE (run_id, global_rank, step)
 );
 -- Live tail: latest steps of a run (range on step) and rows newer than a cursor (rowid).
@@ -134,14 +119,7 @@ CREATE INDEX IF NOT EXISTS step_time_samples_run ON step_time_samples (run_id);
 
 CREATE TABLE IF NOT EXISTS step_memory_samples (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
-    run_id TEXT NOT NULL,
-    global_rank INTEGER NOT NULL,
-    step INTEGER NOT NULL,
-    device TEXT NOT NULL,
-    peak_allocated_bytes INTEGER,
-    peak_reserved_bytes INTEGER,
-    sample_time REAL,
-    receive_time REAL NOT NULL,
+    {_MEMORY_COLUMNS_DDL},
     UNIQUE (run_id, global_rank, step, device)
 );
 

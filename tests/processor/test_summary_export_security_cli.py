@@ -15,6 +15,7 @@ from tests.processor.test_runs import send_straggler_run
 
 from tests.harness import wait_until
 from tests.harness.otlp_receiver import OtlpTestReceiver, attributes
+from tests.harness.certificates import self_signed
 from tests.harness.processor_service import make_service
 from tests.harness.stored_rows import count_rows
 from tests.processor.otlp_payloads import steps_request
@@ -182,13 +183,7 @@ def test_unreachable_export_destination_never_blocks_ingest(tmp_path):
 
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tls")
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
-                    "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
-                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-                   check=True, capture_output=True, timeout=60)
-    return cert, key
+    return self_signed(tmp_path_factory.mktemp("tls"))
 
 
 def test_tls_on_both_receivers(tmp_path, certificate):

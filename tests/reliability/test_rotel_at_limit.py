@@ -25,22 +25,21 @@ to 1 s (`--otlp-exporter-retry-initial-backoff`) so it does not wait rotel's def
 from __future__ import annotations
 
 import sqlite3
-import threading
 
 import pytest
-from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace.export import SpanExportResult
+
 from tests.harness import ProcessorProcess, wait_until
 from tests.harness.rotel_relay import DROP_MARKERS, RETRY_LINE, RotelRelay, rotel_binary
+from tests.harness.sdk_senders import concurrent_exports
 from tests.harness.stored_rows import count_rows
-from tests.reliability.test_backpressure_peers import step_spans
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(rotel_binary() is None, reason="needs rotel-agent (pip install rotel)")]
 
 LIMIT = 2
 SENDERS = 2 * LIMIT
-STEPS = 50  # as in test_backpressure_peers: step_spans() builds that many per rank
+STEPS = 50
 # How each protocol's refusal reads in rotel's retry line (its status, the processor's message).
 REFUSAL = {"grpc": ("code: Unavailable", f"over the limit of {LIMIT} concurrent calls"),
            "http": ("Http(429", f"over the limit of {LIMIT} concurrent requests")}
@@ -55,19 +54,8 @@ def processor(tmp_path):
 
 
 def _send_all(endpoint: str, run_id: str) -> dict[int, SpanExportResult]:
-    """SENDERS official exporters, one rank each, exporting to `endpoint` at once."""
-    results: dict[int, SpanExportResult] = {}
-
-    def send(rank: int) -> None:
-        exporter = OTLPSpanExporter(endpoint=endpoint, insecure=True, timeout=30)
-        try:
-            results[rank] = exporter.export(step_spans(run_id, rank))
-        finally:
-            exporter.shutdown()
-
-    threads = [threading.Thread(target=send, args=(rank,)) for rank in range(SENDERS)]
-    for thread in threads:
-        thread.start()
+    """SENDERS official exporters, one rank each, exporting to `endpoint` at once; their results."""
+    threads, results = concurrent_exports(endpoint, run_id, senders=SENDERS, steps=STEPS)
     for thread in threads:
         thread.join(60)
     return results

@@ -8,7 +8,6 @@ from __future__ import annotations
 import http.client
 import json
 import ssl
-import subprocess
 from pathlib import Path
 
 import grpc
@@ -17,6 +16,7 @@ from tests.reliability.fuzz_cases import TRACES, OtlpClient, reasons_in
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
 from tests.harness import ProcessorProcess, wait_until
+from tests.harness.certificates import self_signed
 from tests.harness.stored_rows import count_rows, stored_step_keys
 from tests.reliability import reliability_helpers as h
 from traceml.processor.cli import config_from_args
@@ -24,16 +24,6 @@ from traceml.processor.service import ProcessorConfig
 from traceml.schema import vocabulary as v
 
 TOKEN = "s3cret-token-for-tests"
-
-
-def _self_signed(folder: Path) -> tuple[Path, Path]:
-    """A throw-away self-signed certificate for localhost / 127.0.0.1 (openssl)."""
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                    "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
-                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-                   check=True, capture_output=True, timeout=60)
-    return cert, key
 
 
 def _http_post(port: int, body: bytes, headers: dict, context: ssl.SSLContext | None = None) -> object:
@@ -70,7 +60,7 @@ def test_loopback_is_the_default():
 
 
 def test_bearer_token_and_tls_are_enforced_on_both_receivers(tmp_path):
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed(tmp_path)
     (tmp_path / "token").write_text(TOKEN + "\n")
     proc = ProcessorProcess(tmp_path / "p", extra_args=[
         "--auth-token-file", str(tmp_path / "token"), "--tls-cert", str(cert), "--tls-key", str(key)]).start()

@@ -8,10 +8,10 @@ from __future__ import annotations
 import http.client
 import json
 import ssl
-import subprocess
 
 import pytest
 
+from tests.harness.certificates import self_signed
 from tests.harness.processor_service import make_service
 from tests.harness.waiting import wait_until
 from tests.processor.otlp_payloads import steps_request
@@ -103,13 +103,7 @@ def test_the_ui_on_the_otlp_port_honours_the_token(tmp_path):
 
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tls")
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
-                    "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
-                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-                   check=True, capture_output=True, timeout=60)
-    return cert, key
+    return self_signed(tmp_path_factory.mktemp("tls"))
 
 
 def test_the_view_honours_the_token_and_tls(tmp_path, certificate):

@@ -17,7 +17,11 @@ real background samplers, delivered to a sink):
   H2D only for real host-to-device copies, GPU times on every phase;
 - CUDA events return to the pool (no growth over many steps);
 - GPU step overhead: wall time of a small CUDA training loop with and without
-  automatic instrumentation (alternating blocks).
+  automatic instrumentation (alternating blocks);
+- NCCL collective wait (one-rank NCCL group): an explicit `all_reduce` enqueued behind a
+  sleep kernel gets a GPU time per step while the CPU call returns without waiting
+  for the kernel (nothing synchronised); a DDP training step gets one collective-wait occurrence
+  with a GPU time inside backward's. Skipped when NCCL is unavailable.
 
     python -m checks.gpu        (from the repository root; works from a copy of the tree without installing)
 """
@@ -32,6 +36,7 @@ from benchmarks import traceml_checkout  # noqa: F401  (imports the checkout whe
 import traceml  # noqa: E402
 from traceml.schema.vocabulary import (  # noqa: E402
     RAW_BACKWARD,
+    RAW_COLLECTIVE_WAIT,
     RAW_DATALOADER_NEXT,
     RAW_FORWARD,
     RAW_H2D,
@@ -274,6 +279,63 @@ def check_auto_mode(torch) -> None:
           f"({steps // 2} steps each, at most {per_epoch} events in flight per epoch): resolved events are reused")
 
 
+def check_nccl_collective_wait(torch) -> None:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_nccl_available()):
+        print("SKIP nccl: torch.distributed NCCL is not available", flush=True)
+        return
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1,
+                            device_id=torch.device("cuda", 0))
+    try:
+        cycles = 20_000_000
+        t = torch.ones(1024, device="cuda")
+        dist.all_reduce(t)  # NCCL's communicator is built on first use: not in the checked steps
+        torch.cuda.synchronize()
+        ref = reference_ms(torch, lambda: torch.cuda._sleep(cycles))
+        sink = session("auto")
+        model = torch.nn.Linear(4, 4).cuda()
+        cpu = []
+        for _ in range(4):
+            with traceml.trace_step(model):
+                torch.cuda._sleep(cycles)  # enqueued before the all_reduce on the same stream
+                t0 = time.perf_counter()
+                dist.all_reduce(t)
+                cpu.append((time.perf_counter() - t0) * 1e3)
+        torch.cuda.synchronize()
+        wait_for(sink, 4)
+        waits = [r.events.get(RAW_COLLECTIVE_WAIT) for r in sink.steps]
+        check("nccl.explicit_counted", len(waits) == 4 and all(w is not None and w.count == 1 for w in waits),
+              f"one collective wait per step: {[None if w is None else w.count for w in waits]}")
+        gpu = [w.gpu_ms for w in waits if w is not None]
+        check("nccl.explicit_gpu_time", len(gpu) == 4 and None not in gpu,
+              f"GPU times {gpu} ms (the CPU call took {[round(c, 3) for c in cpu]} ms; sleep kernel {ref:.2f} ms "
+              "before it: the pair starts after the kernel was enqueued, so the GPU time is the collective's)")
+        check("nccl.not_synchronised", max(cpu) < ref / 2,
+              f"the training thread's all_reduce returned in {max(cpu):.3f} ms, under half the {ref:.2f} ms kernel")
+        end_session(sink)
+
+        sink = session("auto")
+        ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(256, 256).cuda())
+        opt = torch.optim.SGD(ddp.parameters(), lr=1e-4)
+        x = torch.randn(64, 256, device="cuda")
+        for _ in range(6):
+            with traceml.trace_step(ddp):
+                ddp(x).sum().backward()
+                opt.step()
+                opt.zero_grad()
+        torch.cuda.synchronize()
+        wait_for(sink, 6)
+        end_session(sink)
+        rows = [(r.events.get(RAW_COLLECTIVE_WAIT), r.events.get(RAW_BACKWARD)) for r in sink.steps]
+        ok = len(rows) == 6 and all(w is not None and w.count == 1 and w.gpu_ms is not None and b is not None
+                                    and b.gpu_ms is not None and w.gpu_ms <= b.gpu_ms + 0.05 for w, b in rows)
+        check("nccl.ddp_wait", ok, "one DDP collective wait per step with a GPU time inside backward's: "
+              f"{[(None if w is None else (w.count, w.gpu_ms), None if b is None else b.gpu_ms) for w, b in rows]}")
+    finally:
+        dist.destroy_process_group()
+
+
 def check_gpu_overhead(torch) -> None:
     """Wall time per step of a small CUDA training loop, uninstrumented vs automatic mode."""
     from traceml import patches
@@ -355,7 +417,7 @@ def main() -> int:
         return 0
     print(f"INFO device {torch.cuda.get_device_name(0)}, torch {torch.__version__}", flush=True)
     for fn in (report_call_costs, check_sleep_kernels, check_forward_wrapper, check_matmul, check_memory,
-               check_auto_mode, check_gpu_overhead):
+               check_auto_mode, check_nccl_collective_wait, check_gpu_overhead):
         try:
             fn(torch)
         except Exception as exc:  # report and go on with the other checks

@@ -20,6 +20,7 @@ Three figures, each against a baseline measured in the same run, rounds alternat
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -163,11 +164,12 @@ def rank_main(out: str, rounds: int, steps: int, layers: int) -> None:
     traceml.shutdown()
     dist.barrier()
     if rank == 0:
-        Path(out).write_text(repr(statistics.median(ratios)))
+        Path(out).write_text(json.dumps(ratios))
     os._exit(0)  # gloo teardown can abort on a loaded CPU (tests/instrumentation/test_multiprocess_gloo.py)
 
 
-def ddp_throughput(rounds: int, steps: int, layers: int) -> float:
+def ddp_throughput(rounds: int, steps: int, layers: int) -> list[float]:
+    """Per round: throughput with collective timing / throughput without (rank 0's clock)."""
     from tests.harness import free_port
 
     port = free_port()
@@ -185,7 +187,7 @@ def ddp_throughput(rounds: int, steps: int, layers: int) -> float:
             p.wait(timeout=900)
             if p.returncode != 0:
                 raise SystemExit(f"a rank failed with {p.returncode}")
-        return float(Path(out).read_text())
+        return json.loads(Path(out).read_text())
 
 
 def main(argv=None) -> int:
@@ -199,17 +201,21 @@ def main(argv=None) -> int:
     add_json_flag(parser)
     args = parser.parse_args(argv)
     rounds, calls = (6, 400) if args.quick else (40, 2000)
-    job_rounds, job_steps = (4, 20) if args.quick else (20, 60)
+    job_rounds, job_steps = (4, 20) if args.quick else (40, 100)
     with table_output(args.json):
         figures = in_process_costs(rounds, calls, args.layers)
-        figures["ddp_throughput_ratio"] = ddp_throughput(job_rounds, job_steps, args.layers)
+        ratios = ddp_throughput(job_rounds, job_steps, args.layers)
+        q1, _, q3 = statistics.quantiles(ratios, n=4)
+        figures.update(ddp_throughput_ratio=statistics.median(ratios), ddp_throughput_q1_ratio=q1,
+                       ddp_throughput_q3_ratio=q3, ddp_rounds=len(ratios))
         print(f"per collective (blocking all_reduce, 1-rank gloo): +{figures['per_collective_us']:.2f} us "
               f"(the call itself {figures['all_reduce_baseline_us']:.1f} us)")
         print(f"per DDP forward+backward: +{figures['per_ddp_backward_us']:.2f} us "
               f"(the step itself {figures['ddp_backward_baseline_us']:.0f} us); per bucket "
               f"({figures['buckets']} buckets): +{figures['per_bucket_us']:.2f} us")
         print(f"2-rank DDP gloo job throughput, with / without collective timing: "
-              f"{figures['ddp_throughput_ratio']:.4f}")
+              f"{figures['ddp_throughput_ratio']:.4f} (median of {len(ratios)} rounds; quartiles "
+              f"{q1:.4f} .. {q3:.4f})")
     if args.json:
         print_json("bench_collectives", args, figures)
     return 0

@@ -136,6 +136,14 @@ def _id(nbytes: int, *parts: object) -> bytes:
     return digest if any(digest) else b"\x01" * nbytes  # all-zero ids are invalid in OTLP
 
 
+def collective_last_entry(record: ResolvedStepTime) -> float | None:
+    """Seconds from the step's first timed event to the start of its last collective wait (None: none)."""
+    if v.RAW_COLLECTIVE_WAIT not in record.events:
+        return None
+    starts = [phase.start_time_ns for phase in record.phases if phase.raw_event == v.RAW_COLLECTIVE_WAIT]
+    return max(0, max(starts) - record.start_time_ns) / 1e9 if starts else None
+
+
 def parent_of(span_context) -> tuple[bytes, bytes, int, str] | None:
     """(trace id, parent span id, span flags, trace state) of the job's span active when
     the step began, or None (no OpenTelemetry, no span active, or not a valid context).
@@ -219,6 +227,9 @@ class OtlpEncoder:
             if totals.gpu_ms is not None:
                 attrs.append(KV(key=gpu_key, value=AV(double_value=totals.gpu_ms / 1000.0)))
             attrs.append(KV(key=count_key, value=AV(int_value=int(totals.count))))
+        last_entry = collective_last_entry(record)
+        if last_entry is not None:
+            attrs.append(KV(key=v.ATTR_COLLECTIVE_LAST_ENTRY, value=AV(double_value=last_entry)))
         if memory is not None:
             self._add_memory_attributes(attrs, memory)
         if parent is None:

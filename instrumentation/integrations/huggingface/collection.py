@@ -4,7 +4,11 @@
 Inside a guarded attempt its iterator is wrapped so that each `next()` enables
 DataLoader timing and Accelerate's batch placement timing, then restores the outer
 (disabled) policy. `skip_first_batches` is watched for Accelerate's lazy resume
-skip, whose group is then left out whole. `install` puts the seams in together;
+skip, whose group is then left out whole. `Accelerator.gather` called while the group
+is collected (the token count of `average_tokens_across_devices`, in which a fast
+rank waits for a slow one's batch) records a matching traced-step segment, as a
+placement does: the collective wait timed inside it is then part of the step's
+time, not an interval outside the step that nothing contains. `install` puts the seams in together;
 the guard asks `bypassed()` once per attempt.
 """
 from __future__ import annotations
@@ -20,7 +24,7 @@ from ..patching import is_wrapper, patch_once
 from .attempt import active_attempt, close_step, discard_pending
 from .reporting import CustomCollectionWarning, warn_once
 
-_local = threading.local()  # .placing: > 0 while a measured next() runs on this thread
+_local = threading.local()  # .placing: > 0 while a measured next() runs; .collecting: > 0 inside get_batch_samples
 _installed = False
 """True once `install` ran (transformers new enough); until then every attempt is bypassed."""
 
@@ -83,9 +87,24 @@ def _wrap_get_batch_samples(original):
             attempt.lazy_skip_pending = False
             attempt.omit_group = True
             return original(self, epoch_iterator, *args, **kwargs)
-        return original(self, _CollectionIterator(epoch_iterator), *args, **kwargs)
+        _local.collecting = getattr(_local, "collecting", 0) + 1
+        try:
+            return original(self, _CollectionIterator(epoch_iterator), *args, **kwargs)
+        finally:
+            _local.collecting -= 1
 
     return get_batch_samples
+
+
+def _wrap_gather(original):
+    @functools.wraps(original)
+    def gather(self, *args, **kwargs):
+        if not getattr(_local, "collecting", 0) or getattr(_local, "placing", 0):
+            return original(self, *args, **kwargs)
+        with timing.timed_region(RAW_STEP_TIME):
+            return original(self, *args, **kwargs)
+
+    return gather
 
 
 def _on_accelerator(device: Any) -> bool:
@@ -134,13 +153,16 @@ def _wrap_skip_first_batches(original):
 
 
 def install(trainer_class: type, trainer_module: Any) -> None:
-    """Wrap `get_batch_samples`, Accelerate's `send_to_device` and `skip_first_batches`."""
+    """Wrap `get_batch_samples`, Accelerate's `send_to_device` and `Accelerator.gather`, and `skip_first_batches`."""
     global _installed
     patch_once(trainer_class, "get_batch_samples", _wrap_get_batch_samples)
     try:
         import accelerate.data_loader as accelerate_data_loader
 
         patch_once(accelerate_data_loader, "send_to_device", _wrap_send_to_device)
+        from accelerate import Accelerator
+
+        patch_once(Accelerator, "gather", _wrap_gather)
     except ImportError:
         pass
     patch_once(trainer_module, "skip_first_batches", _wrap_skip_first_batches)

@@ -9,6 +9,7 @@ starts once the first was killed with SIGKILL (the kernel drops a dead holder's 
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import random
@@ -206,26 +207,53 @@ def test_a_directory_or_missing_folder_is_refused_in_one_line(tmp_path):
     assert_refused_in_one_line(run_cli(tmp_path / "nowhere" / "traceml.db", tmp_path), "does not exist")
 
 
+def _chattr(flag: str, path: Path) -> bool:
+    return shutil.which("chattr") is not None and subprocess.run(
+        ["chattr", flag, str(path)], capture_output=True, timeout=10).returncode == 0
+
+
+@contextlib.contextmanager
+def unwritable(path: Path, mode: int):
+    """`path` made unwritable for this user: by its mode, or, for root (whom modes do not
+    stop), by the immutable attribute, which stops root too. Restored on the way out."""
+    if os.geteuid() != 0:
+        path.chmod(mode)
+        try:
+            yield
+        finally:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        return
+    if not _chattr("+i", path):
+        pytest.skip("running as root without chattr +i on this filesystem: nothing stops root writing")
+    try:
+        yield
+    finally:
+        _chattr("-i", path)
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads and writes any file: permissions cannot refuse it")
-def test_a_read_only_or_unreadable_database_is_refused_in_one_line(tmp_path, populated):
+def test_a_read_only_database_or_folder_is_refused_in_one_line(tmp_path, populated):
     read_only = copy_of(populated, tmp_path, "ro.db")
-    read_only.chmod(0o444)
-    assert_refused_in_one_line(run_cli(read_only, tmp_path), "is read-only for this user")
+    with unwritable(read_only, 0o444):
+        assert_refused_in_one_line(run_cli(read_only, tmp_path), "is read-only for this user")
+        assert digest(read_only) == digest(populated)
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    inside = copy_of(populated, folder)
+    with unwritable(folder, 0o555):
+        assert_refused_in_one_line(run_cli(inside, tmp_path), "is not writable")
+    assert sorted(p.name for p in folder.iterdir()) == ["traceml.db"]  # no side file was made
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file: no permission can make one unreadable to it")
+def test_an_unreadable_database_is_refused_in_one_line(tmp_path, populated):
     unreadable = copy_of(populated, tmp_path, "hidden.db")
     unreadable.chmod(0o000)
     try:
         assert_refused_in_one_line(run_cli(unreadable, tmp_path), "cannot read")
     finally:
         unreadable.chmod(0o644)
-    folder = tmp_path / "locked"
-    folder.mkdir()
-    inside = copy_of(populated, folder)
-    folder.chmod(0o555)
-    try:
-        assert_refused_in_one_line(run_cli(inside, tmp_path), "is not writable")
-    finally:
-        folder.chmod(0o755)
 
 
 @pytest.mark.slow

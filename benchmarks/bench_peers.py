@@ -794,7 +794,7 @@ def measure_training(quick: bool, stamp: dict, log) -> dict:
             "worker": kind, "variant": name, "plain_step_ms": statistics.fmean(base_wall) / len(base[0]) * 1e3,
             "throughput_ratio": ratio, "throughput_ratio_ci95": (lo, hi),
             "added_thread_cpu_us": (var_cpu - base_cpu) * 1e6, "background_cpu_us_per_step": background_us,
-            "helper_cpu_share_ratio": helper_share,
+            "helper_cpu_share_ratio": helper_share, "threads_cpu_share_ratio": threads / wall if traced else 0.0,
             "cpu_accounted_ratio": base_cpu / (var_cpu + background_us / 1e6),
             "steps": steps})
     figures["big_phase_wall_s"] = wall
@@ -944,12 +944,13 @@ def _print(figures: dict, stamp: dict) -> None:
                   f"on a {r['plain_step_ms']:.3f} ms step [{r['worker']}]")
         print("\n~10 ms step: throughput ratio (pooled, 95 % interval); training thread's added CPU + the tool's "
               "other threads' CPU per traced step (upper bound) -> CPU-accounted ratio; the helper process's "
-              "(aggregator, processor) CPU as a share of one core over the phase")
+              "(aggregator, processor) and the threads' CPU as a share of one core over the phase")
         for r in t["big"]:
             lo, hi = r["throughput_ratio_ci95"]
             print(f"  {r['variant']:28s} {r['throughput_ratio']:.4f} ({lo:.4f}-{hi:.4f}) on {r['plain_step_ms']:.2f} ms; "
                   f"thread {r['added_thread_cpu_us']:+7.1f} us, threads {r['background_cpu_us_per_step']:6.1f} us "
-                  f"-> {r['cpu_accounted_ratio']:.4f}; helper {100 * r['helper_cpu_share_ratio']:.1f} % of a core")
+                  f"-> {r['cpu_accounted_ratio']:.4f}; threads {100 * r['threads_cpu_share_ratio']:.2f} %, "
+                  f"helper {100 * r['helper_cpu_share_ratio']:.1f} % of a core")
     if "analysis" in figures:
         print("\nAnalysis on the same data shape (400 steps/rank, 5 phases; live window 100, lookback 4), ms")
         print(f"{'ranks':>6} {'ours live':>10} {'orig live':>10} {'orig/ours':>9} {'ours summ':>10} {'orig summ':>10} "

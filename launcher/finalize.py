@@ -35,9 +35,11 @@ class FinalReport:
 def write_report(db_path: Path, run_id: str, folder: Path, launcher=None) -> FinalReport:
     """Build the summary from the database into `folder` and load what was written.
 
-    `launcher`: the ranks' exit codes as `traceml run` saw them (`endings.LauncherEnding`)."""
+    `launcher`: the ranks' exit codes as `traceml run` saw them (`endings.LauncherEnding`); kept
+    beside the database, so a later rebuild (`traceml summary`, launcher None) reads them back."""
     from traceml.processor.summary_section import write_final_summary
 
+    launcher = _kept_launcher_ending(Path(db_path), run_id, launcher)
     folder.mkdir(parents=True, exist_ok=True)
     written = [Path(p) for p in write_final_summary(Path(db_path), run_id, Path(folder), launcher=launcher)]
     summary_path = next((p for p in written if p.suffix == ".json"), folder / rd.SUMMARY_FILENAME)
@@ -45,6 +47,24 @@ def write_report(db_path: Path, run_id: str, folder: Path, launcher=None) -> Fin
     summary = json.loads(summary_path.read_text())
     card = card_path.read_text() if card_path is not None else str(summary.get("card") or "")
     return FinalReport(summary_path, card_path, summary, card)
+
+
+def _kept_launcher_ending(db_path: Path, run_id: str, launcher):
+    """Keep `launcher` beside the database for `run_id`, or, when None, read back the one kept."""
+    from traceml.processor.endings import launcher_ending_from_json, launcher_ending_to_json
+
+    path = db_path.parent / rd.LAUNCHER_ENDING_FILENAME
+    if launcher is not None:
+        try:
+            path.write_text(json.dumps({"run_id": run_id, **launcher_ending_to_json(launcher)}))
+        except OSError:
+            pass  # the summary written now still has it; only a later rebuild would lack it
+        return launcher
+    try:
+        data = json.loads(path.read_text())
+        return launcher_ending_from_json(data) if data.get("run_id") == run_id else None
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None  # none kept (a processor's own database), or unreadable: go by the markers
 
 
 def finalize_run(run_path: Path, run_id: str, *, out: TextIO, print_card: bool = True,

@@ -115,3 +115,20 @@ def rank_endings(facts: Iterable[RankEndFacts], expected_ranks: Iterable[int] = 
     if launcher is not None:
         ranks |= set(launcher.exit_codes)
     return {r: rank_ending(by_rank.get(r, RankEndFacts(r, False)), launcher) for r in sorted(ranks)}
+
+
+def launcher_ending_to_json(ending: LauncherEnding) -> dict:
+    """`ending` as the run folder keeps it, so `traceml summary` rebuilds what `traceml run` wrote."""
+    return {"node_rank": ending.node_rank, "exit_codes": {str(r): c for r, c in ending.exit_codes.items()},
+            "others_exit_code": ending.others_exit_code, "signal": ending.signal}
+
+
+def launcher_ending_from_json(data: Mapping) -> LauncherEnding:
+    """The inverse of `launcher_ending_to_json`; ValueError/TypeError/KeyError on a malformed record."""
+    def opt_int(value):
+        return None if value is None else int(value)
+
+    return LauncherEnding(node_rank=opt_int(data.get("node_rank")),
+                          exit_codes={int(r): int(c) for r, c in dict(data.get("exit_codes") or {}).items()},
+                          others_exit_code=opt_int(data.get("others_exit_code")), signal=opt_int(data.get("signal")))
+

@@ -29,8 +29,9 @@ class DiagnosisPolicy:
     drift_crit: float = 0.30
     """... and is critical at or above this (NVIDIA's straggler detection flags a rank whose
     performance score falls below 0.7 of its own best, i.e. about 30 % slower)."""
-    drift_min_segment: int = 5
-    """Each side of the change point needs at least this many aligned steps."""
+    drift_min_segment: int = 10
+    """Each side of the change point needs at least this many aligned steps (with 5, the last
+    few steps of a run on a busy machine, a neighbour's burst or the shutdown, read as drift)."""
     min_steps: int = 2
     """Below this many aligned steps the diagnosis is WARMUP and no rule runs."""
     crit_min_steps: int = 20

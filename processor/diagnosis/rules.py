@@ -4,7 +4,10 @@ Each rule returns one `DiagnosisIssue` or None; ordering happens in `api.py`.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from traceml.processor.diagnosis.context import RuleContext, ShareFacts
+from traceml.processor.step_time.analysis import rank_step_matrix
 from traceml.processor.step_time.model import CLOCK_GPU, DiagnosisIssue, finite_ratio
 from traceml.schema.diagnosis import (
     BALANCED,
@@ -119,10 +122,12 @@ def compute_bound(ctx: RuleContext) -> DiagnosisIssue | None:
 def collective_bound(ctx: RuleContext) -> DiagnosisIssue | None:
     """Every rank waits a large share of its step in collectives: communication, not a straggler.
 
-    Judged on the rank that waited *least*: whatever another rank waited beyond it is
-    waiting for a later rank (a straggler's doing, the straggler rule's business); the
-    least wait is what even the rank nobody waited for spent in collectives, so a
-    straggler cannot explain it. Score = that rank's wait / its own Step Time.
+    Judged, step by step, on the rank that waited *least* in that step: whatever another
+    rank waited beyond it is waiting for a later rank (a straggler's doing, or jitter that
+    makes a different rank late each step), the least wait is what even the rank nobody
+    waited for spent in collectives, so no late rank explains it. Score = the median over
+    the window's steps of that least share (wait / Step Time). Where per-step values are
+    missing, the window averages stand in (the rank with the least average share).
     """
     cohort = ctx.cohort((METRIC_COLLECTIVE_WAIT, METRIC_STEP_TIME))
     if not cohort:
@@ -132,7 +137,9 @@ def collective_bound(ctx: RuleContext) -> DiagnosisIssue | None:
     if any(v is None for v in shares.values()):
         return None
     least = min(cohort, key=lambda r: (shares[r], r))
-    score = shares[least]
+    score = _median_least_share(ctx, cohort)
+    if score is None:
+        score = shares[least]
     policy = ctx.policy
     if policy.at_least(score, policy.collective_crit_share):
         uncapped = SEVERITY_CRIT
@@ -146,6 +153,7 @@ def collective_bound(ctx: RuleContext) -> DiagnosisIssue | None:
         **ctx.common_evidence(),
         "metric": METRIC_COLLECTIVE_WAIT,
         "share": score,
+        "share_statistic": "median over steps of the least share in each step",
         "least_wait_rank": least,
         "least_wait_ms": waits[least],
         "least_wait_step_time_ms": steps[least],
@@ -158,11 +166,21 @@ def collective_bound(ctx: RuleContext) -> DiagnosisIssue | None:
         "uncapped_severity": uncapped,
         "severity_caps": caps,
     }
-    summary = (f"every rank waits in collectives for at least {score:.0%} of its step (rank {least}: "
-               f"{waits[least]:.1f} of {steps[least]:.1f} ms), more than a late rank explains: "
-               f"communication-bound")
+    summary = (f"every rank waits in collectives for at least {score:.0%} of its step, even the rank "
+               f"nobody waited for (median step; rank {least} on average: {waits[least]:.1f} of "
+               f"{steps[least]:.1f} ms), more than a late rank explains: communication-bound")
     return DiagnosisIssue(kind=COLLECTIVE_BOUND, severity=severity, status=ctx.status, score=score,
                           summary=summary, evidence=evidence)
+
+
+def _median_least_share(ctx: RuleContext, cohort: tuple[int, ...]) -> float | None:
+    """Median over aligned steps of the smallest collective-wait share among `cohort` in that step."""
+    facts = [ctx.window.rank_facts[r] for r in cohort]
+    waits, steps = rank_step_matrix(facts, METRIC_COLLECTIVE_WAIT), rank_step_matrix(facts, METRIC_STEP_TIME)
+    if not waits.size or waits.shape != steps.shape or np.isnan(waits).any() or np.isnan(steps).any() \
+            or (steps <= 0).any():
+        return None
+    return float(np.median(np.min(waits / steps, axis=1)))
 
 
 def warmup(ctx: RuleContext) -> DiagnosisIssue | None:

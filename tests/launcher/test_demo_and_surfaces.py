@@ -18,7 +18,9 @@ from tests.launcher.launcher_helpers import TRACEML, clean_env, traceml
 STEPS = "60"  # >= 20 aligned steps, so findings are confirmed; each run takes ~15-25 s here
 
 EXPECTED = {
-    "balanced": ({"BALANCED", "COMPUTE_BOUND"}, None),
+    # Nothing injected: no input bottleneck or straggler; findings about the machine may lead
+    # (gloo's all-reduce waiting for a core; a neighbour slowing every rank alike).
+    "balanced": ({"BALANCED", "COMPUTE_BOUND", "COLLECTIVE_BOUND", "STEP_TIME_DRIFT"}, None),
     "input-bound": ({"INPUT_BOUND"}, None),
     "input-straggler": ({"INPUT_STRAGGLER"}, 1),
     "compute-straggler": ({"COMPUTE_STRAGGLER"}, 1),

@@ -107,11 +107,12 @@ def reference(rows, universe, max_steps):
             if any(x is not None for x in per[m]):
                 per[m] = [0.0 if x is None else x for x in per[m]]
         h2d0 = [0.0 if x is None else x for x in per["h2d"]]
+        wait0 = [0.0 if x is None else x for x in per["collective_wait"]]  # measured: not residual
         fwd, bwd, opt, tr, iw = (per[m] for m in ("forward", "backward", "optimizer_step",
                                                   "traced_step_time", "input_wait"))
         per["compute"] = [add(f, b, o) for f, b, o in zip(fwd, bwd, opt)]
-        per["residual"] = [None if add(t, f, b, o) is None else max(0.0, t - h - f - b - o)
-                           for t, h, f, b, o in zip(tr, h2d0, fwd, bwd, opt)]
+        per["residual"] = [None if add(t, f, b, o) is None else max(0.0, t - h - f - b - o - w)
+                           for t, h, f, b, o, w in zip(tr, h2d0, fwd, bwd, opt, wait0)]
         per["step_time"] = [add(i, t) for i, t in zip(iw, tr)]
         for clock in ("cpu", "gpu"):
             iwc, trc = series(rank, "input_wait", clock), series(rank, "traced_step_time", clock)

@@ -1,0 +1,36 @@
+"""Collective wait end to end: `traceml run` on real gloo DDP ranks, diagnosis from the one summary.
+
+In synchronous data parallelism the ranks' step times come out equal (every rank waits
+for the slowest inside the all-reduce); the collective wait tells them apart. The
+scripts import nothing of TraceML: steps come from the optimizer updates.
+"""
+from __future__ import annotations
+
+import pytest
+
+from tests.launcher.launcher_helpers import SCRIPTS, traceml
+
+SCRIPT = str(SCRIPTS / "collective_ddp.py")
+
+
+def _run(workdir, nproc: int, *args: str):
+    run = traceml(["run", "--nproc-per-node", str(nproc), SCRIPT, *args], workdir, timeout=300)
+    assert run.returncode == 0, run.output[-3000:]
+    return run.summary
+
+
+@pytest.mark.slow
+def test_a_rank_slowed_inside_backward_is_named_with_backward_grown(workdir):
+    summary = _run(workdir, 3, "--slow-rank", "2", "--delay", "0.04")
+    waits = {g["global_rank"]: g["metrics"]["collective_wait_ms"] for g in summary["groups"]}
+    assert waits[2] < min(waits[0], waits[1]), waits  # the others waited for rank 2
+    diagnosis = summary["diagnosis"]
+    assert (diagnosis["kind"], diagnosis["culprit_rank"]) == ("COMPUTE_STRAGGLER", 2), diagnosis
+    assert "backward" in str(diagnosis), diagnosis
+
+
+@pytest.mark.slow
+def test_a_balanced_ddp_run_names_no_rank(workdir):
+    summary = _run(workdir, 2)
+    named = [i for i in summary["issues"] if i.get("culprit_rank") is not None]
+    assert not named, summary["issues"]

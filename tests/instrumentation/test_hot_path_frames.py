@@ -1,7 +1,7 @@
 """The hot path's shape: how many Python frames the training thread enters per step and region.
 
 Inside a real step every Python-level call costs the training thread far more than
-in a hot loop (docs/performance.md, "Training-side overhead"), so the hot path was
+in a hot loop (docs/design/performance-history.md, "Training-side overhead"), so the hot path was
 built to enter as few frames as it can. A benchmark notices when it grows only on a
 quiet machine; these exact counts notice it in every test run. Frames are counted
 with `sys.setprofile` ('call' events; C calls are not frames), in steady state

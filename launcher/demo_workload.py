@@ -34,12 +34,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="injected input delay per batch (default: calibrated to the compute time)")
     parser.add_argument("--extra-matmuls", type=int, default=None,
                         help="extra forward matmuls on the straggler (default: calibrated)")
-    # Compute grows with batch x hidden^2, DDP's gradient all-reduce with hidden^2 alone: a wide
-    # model on small batches is communication-bound on gloo (512 x 64 spent 35 % of each step in
-    # the all-reduce on a 2-core machine, where gloo's threads wait for a core), which the balanced
-    # scenario must not be by construction.
-    parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args(argv)
 

@@ -17,7 +17,11 @@ parser.add_argument("--steps", type=int, default=30)
 parser.add_argument("--slow-rank", type=int, default=None, help="this rank's backward sleeps --delay s")
 parser.add_argument("--delay", type=float, default=0.04)
 parser.add_argument("--explicit-sleep", type=float, default=0.0,
-                    help="every rank sleeps this before an explicit all_reduce each step (communication-bound)")
+                    help="rank 0 sleeps this before an explicit all_reduce each step (the others wait for it)")
+parser.add_argument("--allreduce-mb", type=float, default=0.0,
+                    help="every rank all-reduces a tensor this large each step (communication-bound)")
+parser.add_argument("--drift-from", type=int, default=None, help="from this step on, every rank is slower")
+parser.add_argument("--drift-delay", type=float, default=0.02, help="seconds added per step from --drift-from")
 args = parser.parse_args()
 
 torch.set_num_threads(1)
@@ -32,7 +36,10 @@ if rank == args.slow_rank:
 model = DistributedDataParallel(inner)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 data = TensorDataset(torch.randn(args.steps * 8, 32), torch.randn(args.steps * 8, 4))
-for x, y in DataLoader(data, batch_size=8):
+payload = torch.ones(int(args.allreduce_mb * 2**20 / 4)) if args.allreduce_mb else None
+for step, (x, y) in enumerate(DataLoader(data, batch_size=8)):
+    if args.drift_from is not None and step >= args.drift_from:
+        time.sleep(args.drift_delay)  # the whole job slows down alike: cross-rank rules cannot see it
     loss = nn.functional.mse_loss(model(x), y)
     loss.backward()
     if args.explicit_sleep:
@@ -40,6 +47,8 @@ for x, y in DataLoader(data, batch_size=8):
             time.sleep(args.explicit_sleep)  # rank 0 is late to every all_reduce: the others wait
         flag = torch.ones(1)
         dist.all_reduce(flag)
+    if payload is not None:
+        dist.all_reduce(payload)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 print(f"rank {rank}: done", flush=True)

@@ -8,6 +8,8 @@ every core dependency and everything each of them requires.
 """
 from __future__ import annotations
 
+import pytest
+
 import ast
 import importlib.metadata as md
 import importlib.util
@@ -69,6 +71,7 @@ def _distribution_of(module: str, top_levels: dict) -> str:
     raise AssertionError(f"no installed distribution provides {module} (candidates {candidates})")
 
 
+@pytest.mark.slow
 def test_core_dependencies_are_exactly_what_the_package_imports():
     imports = _third_party_imports()
     optional = {name for name in imports if name.split(".")[0] in TRAINING_STACK}

@@ -91,6 +91,7 @@ def test_permanent_rejection_is_a_failure_without_retries(fresh_receiver):
     assert stats.failures["traces"] == 2  # the step, then the run-end marker (counted in steps, not spans)
 
 
+@pytest.mark.slow
 def test_export_resumes_after_the_endpoint_recovers(fresh_receiver):
     fresh_receiver.mode = "error"
     exporter = OtlpStepExporter(identity("recover"), _settings(fresh_receiver.grpc_endpoint, "grpc"),

@@ -9,7 +9,6 @@ import pytest
 from tests.harness.processor_service import make_service
 from tests.harness.stored_rows import count_rows
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from tests.processor.otlp_payloads import (foreign_request, memory_request, run_end_span, step_span, steps_request,
                            trace_request)
@@ -106,6 +105,7 @@ def test_nemo_megatron_resource_aliases_are_accepted(service):
     assert row == ("nemo-run", 3, 3, 4)
 
 
+@pytest.mark.slow
 def test_message_above_grpc_default_4_mib_is_received(service):
     # ~8,000 spans with all attributes: well above grpcio's 4 MiB default receive limit.
     request = steps_request("run-big", 0, range(8000))

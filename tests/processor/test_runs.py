@@ -1,6 +1,8 @@
 """Run lifecycle: live refresh, summary metrics on /metrics, run end by markers and by idle timeout."""
 from __future__ import annotations
 
+import pytest
+
 import json
 import subprocess
 import urllib.request
@@ -58,6 +60,7 @@ def test_run_ended_by_every_rank_marker_writes_summary_and_card(service):
     assert (folder / "summary_card.txt").read_text().strip()
 
 
+@pytest.mark.slow
 def test_run_without_markers_ends_after_idle_timeout(tmp_path):
     svc = make_service(tmp_path, idle_timeout_s=1.0, prometheus=None)
     try:

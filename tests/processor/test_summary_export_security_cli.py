@@ -30,6 +30,7 @@ def _diagnosis_points(receiver: OtlpTestReceiver, run_id: str):
             if metric.name == "traceml.diagnosis.active" and attributes(point.attributes).get(v.ATTR_RUN_ID) == run_id]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
 def test_summary_metrics_are_pushed_over_otlp(tmp_path, protocol):
     with OtlpTestReceiver() as receiver:
@@ -104,6 +105,7 @@ def _runs_pushed(receiver: OtlpTestReceiver) -> set:
     ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "/v1/metrics"),  # per signal: used as is
     ("OTEL_EXPORTER_OTLP_ENDPOINT", ""),  # generic: /v1/metrics appended for HTTP
 ])
+@pytest.mark.slow
 def test_the_spec_endpoint_variables_reach_the_receiver_over_http(tmp_path, monkeypatch, variable, path):
     for name in ("TRACEML_PROCESSOR_EXPORT_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT",
                  "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
@@ -122,6 +124,7 @@ def test_the_spec_endpoint_variables_reach_the_receiver_over_http(tmp_path, monk
     assert svc.pusher.failed == 0
 
 
+@pytest.mark.slow
 def test_a_per_signal_endpoint_is_not_given_a_second_path(tmp_path, monkeypatch):
     """`OTEL_EXPORTER_OTLP_METRICS_ENDPOINT=http://host:port` posts to `/`, as the spec says (here: 404)."""
     with OtlpTestReceiver() as receiver:

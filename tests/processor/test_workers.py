@@ -17,6 +17,7 @@ def _own_connection(port: int):
     return grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)])
 
 
+@pytest.mark.slow
 def test_two_ingest_processes_share_the_ports(tmp_path):
     svc = make_service(tmp_path, workers=2, prometheus=None)
     try:

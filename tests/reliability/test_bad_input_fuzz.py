@@ -253,6 +253,7 @@ def _span_with_many_attributes(step: int, n: int):
     return trace_pb2.Span.FromString(span.SerializeToString() + entry * (n - len(span.attributes)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transport", ["grpc", "http"])
 def test_a_million_attributes_are_refused_and_the_valid_spans_beside_them_kept(processor, client, transport):
     base = 1_000 if transport == "grpc" else 2_000

@@ -15,7 +15,6 @@ from tests.reliability.crash_scenario import GROUPS, RUN, acknowledged, finish, 
 
 from tests.harness import ProcessorProcess, wait_until
 from tests.harness.stored_rows import count_rows, integrity_ok, stored_step_keys
-from tests.reliability import reliability_helpers as h
 
 
 def _kill_all(children) -> None:
@@ -61,6 +60,7 @@ def test_kill_9_mid_ingest_loses_no_acknowledged_step_and_replay_adds_nothing(tm
     assert stored_step_keys(proc.db, RUN) == stored
 
 
+@pytest.mark.slow
 def test_kill_9_of_a_multi_worker_processor_leaves_no_orphan_workers(tmp_path):
     proc = ProcessorProcess(tmp_path, extra_args=["--workers", "2"]).start()
     children = psutil.Process(proc.proc.pid).children(recursive=True)

@@ -108,6 +108,7 @@ def test_a_malformed_chunk_is_answered_and_the_rest_never_becomes_a_request(proc
     assert count_rows(processor.db, run_id="smuggled-cl-te") == 0
 
 
+@pytest.mark.slow
 def test_a_stalled_head_is_closed_and_a_stalled_body_answered_408_within_the_timeouts(processor):
     with raw(processor.http) as silent, raw(processor.http) as head, raw(processor.http) as body:
         head.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\n")  # the head never ends

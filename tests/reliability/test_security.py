@@ -59,6 +59,7 @@ def test_loopback_is_the_default():
     assert config.otlp_grpc == ("127.0.0.1", 5317) and config.otlp_http == ("127.0.0.1", 5318)
 
 
+@pytest.mark.slow
 def test_bearer_token_and_tls_are_enforced_on_both_receivers(tmp_path):
     cert, key = self_signed(tmp_path)
     (tmp_path / "token").write_text(TOKEN + "\n")
@@ -193,6 +194,7 @@ HOSTILE_RUN_IDS = (
 )
 
 
+@pytest.mark.slow
 def test_hostile_run_ids_are_stored_verbatim_and_summaries_stay_inside_the_summary_dir(tmp_path):
     folder = tmp_path / "deep" / "processor"
     proc = ProcessorProcess(folder, extra_args=["--refresh-interval", "0.3"]).start()

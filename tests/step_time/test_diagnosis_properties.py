@@ -1,6 +1,8 @@
 """Property tests: any window diagnoses without crashing, in order, and projects to a valid summary."""
 from __future__ import annotations
 
+import pytest
+
 import json
 
 from hypothesis import HealthCheck, given, settings
@@ -37,6 +39,7 @@ def windows(draw):
                   strategy=draw(st.sampled_from(["ddp", "fsdp", "single"])))
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(windows())
 def test_any_window_diagnoses_in_order_and_every_surface_agrees(w):

@@ -124,6 +124,7 @@ def test_public_schema_matches_golden(summaries, request):
     assert not changes, "public schema changed:\n  " + "\n  ".join(changes[:80])
 
 
+@pytest.mark.slow
 def test_each_scenario_final_summary_validates_against_the_json_schema(summaries):
     schema = json.loads(final_summary_json_schema_text())
     for name, summary in summaries.items():

@@ -171,6 +171,7 @@ def test_every_page_shares_one_refresh_per_tick(straggler_db):
     assert feed.refreshes == 2 and session.analyses == 2 and view["window"]["last_step"] == 31
 
 
+@pytest.mark.slow
 def test_the_json_is_bounded_by_what_is_drawn(tmp_path):
     small = write_run(tmp_path / "s.db", "many", 40, range(30), slow_rank=7)
     large = write_run(tmp_path / "l.db", "many", 400, range(30), slow_rank=7)

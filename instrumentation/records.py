@@ -54,8 +54,45 @@ class StepMemorySnapshot(NamedTuple):
     time_ns: int
 
 
+class GpuReading(NamedTuple):
+    """One NVML reading of the rank's GPU; a field NVML could not give is None (never 0)."""
+
+    hw_id: str  # the NVML UUID (`GPU-...`), DCGM's `UUID` label too
+    utilization: float | None  # 0..1
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+    temperature_c: float | None
+    power_w: float | None
+
+
+class ResourceSnapshot(NamedTuple):
+    """One tick of the resource sampler (its own thread; nothing here is per step).
+
+    Every field is None when it was not measured: no psutil, no CUDA, no NVML, or (host
+    fields) not this node's local rank 0, which alone reports the host for its node.
+    `cpu_modes`: the host's CPU time per mode since the previous tick over elapsed time
+    and CPUs (`user`, `system`, `idle`, `iowait`, ...), summing to about 1.
+    """
+
+    time_ns: int
+    process_cpu_utilization: float | None
+    process_rss_bytes: int | None
+    cuda_device: str | None  # `cuda:N` whose allocator is read below
+    cuda_allocated_bytes: int | None
+    cuda_reserved_bytes: int | None
+    gpu: GpuReading | None
+    host_cpu_modes: Mapping[str, float] | None
+    host_cpu_count: int | None
+    host_memory_used_bytes: int | None
+    host_memory_total_bytes: int | None
+    host_memory_by_state: Mapping[str, int] | None
+
+
 class TelemetrySink(Protocol):
-    """Receives finished records on a sampler thread (never on the training thread)."""
+    """Receives finished records on a sampler thread (never on the training thread).
+
+    A sink may also have `on_resources(ResourceSnapshot)`, called on the resource
+    sampler's thread; sinks without it get no resource snapshots."""
 
     def on_step_time(self, record: ResolvedStepTime) -> None: ...
 

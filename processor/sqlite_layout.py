@@ -20,8 +20,11 @@ from urllib.parse import quote
 
 from traceml.schema.vocabulary import CANONICAL_METRICS, METRIC_COLLECTIVE_WAIT
 
-SCHEMA_USER_VERSION = 3
+SCHEMA_USER_VERSION = 4
 """`PRAGMA user_version` of a database laid out as below.
+
+4: the `resource_samples` table (process, host and GPU metrics; a new table, so a
+version-3 file is brought up to date by creating it).
 
 3: the `collective_wait_*` columns of `step_time_samples` / `step_time_attempt_samples`
 and a `packed` BLOB two values longer (`LEGACY_PACKED_METRICS`: rows written before keep
@@ -78,6 +81,12 @@ MEMORY_COLUMNS: tuple[str, ...] = (
     "sample_time", "receive_time",
 )
 """Column order of one `step_memory_samples` row tuple."""
+
+RESOURCE_COLUMNS: tuple[str, ...] = (
+    "run_id", "global_rank", "host", "device", "metric", "sample_time", "value", "source", "pid",
+    "receive_time",
+)
+"""Column order of one `resource_samples` row tuple."""
 
 _METRIC_DDL = ",\n    ".join(
     f"{c} {'INTEGER' if c.endswith('_count') else 'REAL'}" for c in METRIC_VALUE_COLUMNS
@@ -169,6 +178,25 @@ CREATE TABLE IF NOT EXISTS step_memory_attempt_samples (
     UNIQUE (run_id, attempt, global_rank, step, device)
 );
 
+-- Resource samples (`schema.resources.STORED_METRICS`): a rank's own (run and rank set), or a
+-- foreign sender's on a host where a run has ranks (hostmetrics, DCGM: run and rank NULL),
+-- joined to the run by host, device and time when read. `device` '' for process and host.
+CREATE TABLE IF NOT EXISTS resource_samples (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id TEXT,
+    global_rank INTEGER,
+    host TEXT NOT NULL,
+    device TEXT NOT NULL,
+    metric TEXT NOT NULL,
+    sample_time REAL NOT NULL,
+    value REAL NOT NULL,
+    source TEXT NOT NULL,
+    pid INTEGER,
+    receive_time REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS resource_samples_run_time ON resource_samples (run_id, sample_time);
+CREATE INDEX IF NOT EXISTS resource_samples_host_time ON resource_samples (host, sample_time);
+
 -- Telemetry a rank reported dropped (cumulative per queue; the largest report is kept).
 CREATE TABLE IF NOT EXISTS step_time_drops (
     run_id TEXT NOT NULL,
@@ -215,7 +243,7 @@ def connect_readonly(path: str | Path) -> sqlite3.Connection:
 
 
 __all__ = [
-    "ADDED_COLUMNS", "BUSY_TIMEOUT_S", "DDL", "LEGACY_PACKED_FIELDS", "LEGACY_PACKED_METRICS", "MEMORY_COLUMNS", "METRIC_VALUE_COLUMNS", "PACKED_FIELDS",
+    "ADDED_COLUMNS", "BUSY_TIMEOUT_S", "DDL", "RESOURCE_COLUMNS", "LEGACY_PACKED_FIELDS", "LEGACY_PACKED_METRICS", "MEMORY_COLUMNS", "METRIC_VALUE_COLUMNS", "PACKED_FIELDS",
     "PACKED_FORMAT", "PACKED_METRICS", "PACKED_RANK", "PACKED_SAMPLE_TIME", "PACKED_STEP",
     "PACKED_VALUES", "SAMPLE_COLUMNS", "SCHEMA_OBJECTS", "SCHEMA_USER_VERSION", "connect_readonly", "metric_columns",
 ]

@@ -263,8 +263,23 @@ def _analyze(snapshot: StepTimeRepositorySnapshot, max_steps: int) -> StepTimeWi
         if id(array) not in means:
             means[id(array)] = array.mean(axis=0)  # NaN wherever any aligned step lacked the value
     averages = np.stack([means[id(array)] for array in table])  # (metrics, P)
-    return _window(snapshot.run_id, universe, identities, strategy, clock, steps, ranks, table,
-                   averages, same_as)
+    window = _window(snapshot.run_id, universe, identities, strategy, clock, steps, ranks, table,
+                     averages, same_as)
+    return replace(window, step_end_times=_step_end_times(grid, slots, participating))
+
+
+def _step_end_times(grid: StepTimeSourceGrid, slots: np.ndarray, participating: np.ndarray) -> tuple[float, ...]:
+    """Median over the participating ranks of each window step's end time (NaN where none said)."""
+    times = np.asarray(grid.sample_times, dtype=np.float64)
+    if times.ndim != 2 or times.shape[0] == 0:
+        return tuple(float("nan") for _ in slots)
+    cells = times[np.ix_(slots, participating)]
+    with np.errstate(all="ignore"):
+        known = ~np.isnan(cells).all(axis=1)
+        medians = np.full(len(slots), np.nan)
+        if known.any():
+            medians[known] = np.nanmedian(cells[known], axis=1)
+    return tuple(medians.tolist())
 
 
 _CPU_ALIASES = {"step_time_cpu": "step_time", "traced_step_time_cpu": "traced_step_time",

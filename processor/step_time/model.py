@@ -118,6 +118,29 @@ class StepMemoryIngestRecord:
     attempt: int = 0  # elastic restart attempt of the sending process (`traceml.run.attempt`)
 
 
+@dataclass(frozen=True, slots=True)
+class ResourceIngestRecord:
+    """One resource value (`schema.resources.STORED_METRICS`, in the convention's unit) at one time.
+
+    From a rank's sampler: `run_id` and `global_rank` set (None rank for nothing: every
+    TraceML point names its rank; host-level metrics keep it to say who sent them). From
+    a foreign sender (`hostmetrics`, DCGM): `run_id` and `global_rank` None, joined to runs
+    by `host` (and `device`, or `pid` for a process's metrics) when read. `device`: a GPU's
+    `hw.id` (NVML UUID), `index:N`, a rank's `cuda:N` for its allocator, else ''.
+    """
+
+    run_id: str | None
+    global_rank: int | None
+    host: str
+    device: str
+    metric: str
+    sample_time: float  # unix seconds
+    value: float
+    source: str  # `schema.resources.SOURCES`
+    pid: int | None = None
+    attempt: int = 0
+
+
 # --- Repository side -------------------------------------------------------------------
 
 
@@ -323,6 +346,9 @@ class StepTimeWindow:
     # The most aligned steps this window could hold: the profile's window, cut to the step ids
     # the selection kept for a run beyond the cell cap (`tail_step_ids`); None: not known.
     max_steps: int | None = None
+    # Per aligned step: the median over ranks of its end (unix seconds; NaN where no rank said),
+    # so samples taken on the wall clock (resource metrics) can be placed on steps.
+    step_end_times: tuple[float, ...] = field(default=(), compare=False)
 
     @property
     def step_count(self) -> int:
@@ -361,11 +387,16 @@ class StepTimeDiagnosis:
 
 @dataclass(frozen=True)
 class StepTimeAnalysis:
-    """The window plus one diagnosis: what every surface reads."""
+    """The window plus one diagnosis: what every surface reads.
+
+    `resources`: the run's process, host and GPU figures over the same window
+    (`processor.resources.model.ResourceWindow`), which the diagnosis also read; None
+    when the analysis was made without them (a bare snapshot)."""
 
     window: StepTimeWindow
     diagnosis: StepTimeDiagnosis
     cursor: StepTimeSourceCursor | None = None
+    resources: object = None  # ResourceWindow | None (defined above this layer's stdlib model)
 
 
 @dataclass(frozen=True)

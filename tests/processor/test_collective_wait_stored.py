@@ -90,7 +90,7 @@ def test_an_old_database_is_read_as_is_and_migrated_by_the_writer(tmp_path):
 
     _store(db, "run", {0: 40.0, 1: 1.0}, steps=range(25, 49))  # the writer migrates, then appends
     with sqlite3.connect(db) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_USER_VERSION == 3
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_USER_VERSION == 4
         columns = {r[1] for r in conn.execute("PRAGMA table_info(step_time_samples)")}
         assert set(metric_columns(v.METRIC_COLLECTIVE_WAIT)) <= columns
     after = _summary(db, "run")

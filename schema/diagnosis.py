@@ -18,6 +18,10 @@ COLLECTIVE_BOUND = "COLLECTIVE_BOUND"
 """Every rank spends a large share of its step waiting in collectives, more than any straggler explains."""
 STEP_TIME_DRIFT = "STEP_TIME_DRIFT"
 """A rank, or the whole job, became slower than its own earlier steps of the same window."""
+MEMORY_CREEP = "MEMORY_CREEP"
+"""A rank's memory (per-step peak allocated, else process RSS) rises steadily over the window."""
+LOW_GPU_UTILIZATION = "LOW_GPU_UTILIZATION"
+"""The GPUs idle for much of the window while no input or H2D finding explains it."""
 INPUT_STRAGGLER = "INPUT_STRAGGLER"
 H2D_STRAGGLER = "H2D_STRAGGLER"
 COMPUTE_STRAGGLER = "COMPUTE_STRAGGLER"
@@ -30,7 +34,8 @@ BALANCED = "BALANCED"
 STRAGGLER_KINDS: tuple[str, ...] = (INPUT_STRAGGLER, H2D_STRAGGLER, COMPUTE_STRAGGLER, STRAGGLER)
 SHARE_KINDS: tuple[str, ...] = (INPUT_BOUND, H2D_BOUND, RESIDUAL_HEAVY)
 DIAGNOSIS_KINDS: tuple[str, ...] = (
-    *STRAGGLER_KINDS, *SHARE_KINDS, COMPUTE_BOUND, COLLECTIVE_BOUND, STEP_TIME_DRIFT, INCOMPLETE_DATA,
+    *STRAGGLER_KINDS, *SHARE_KINDS, COMPUTE_BOUND, COLLECTIVE_BOUND, STEP_TIME_DRIFT, MEMORY_CREEP,
+    LOW_GPU_UTILIZATION, INCOMPLETE_DATA,
     NO_STEPS, WARMUP, BALANCED,
 )
 
@@ -87,3 +92,11 @@ SEVERITY_CAPS: tuple[str, ...] = (CAP_SHORT_WINDOW, CAP_FSDP)
 def severity_rank(severity: str) -> int:
     """info < warn < crit, as an integer for ordering."""
     return SEVERITIES.index(severity)
+
+
+# --- The host's CPUs beside an input finding (INPUT_BOUND / INPUT_STRAGGLER evidence `host_cpu.state`) --
+HOST_CPU_SATURATED = "saturated"
+"""The input-bound ranks' hosts had their CPUs busy: more DataLoader workers will not help."""
+HOST_CPU_SPARE = "spare"
+"""The hosts had idle CPUs: more DataLoader workers (or a faster transform) can use them."""
+HOST_CPU_STATES: tuple[str, ...] = (HOST_CPU_SATURATED, HOST_CPU_SPARE)

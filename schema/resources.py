@@ -85,6 +85,11 @@ DCGM_LABEL_HOST = "Hostname"
 DCGM_LABEL_UUID = "UUID"
 DCGM_LABEL_INDEX = "gpu"
 
+SYSTEM_CPU_TIME_BUSY = "system.cpu.time.busy"
+SYSTEM_CPU_TIME_TOTAL = "system.cpu.time.total"
+"""Stored from `system.cpu.time` (cumulative seconds, summed over the host's CPUs): all modes but
+idle, and all modes. Utilisation is the busy delta over the total delta of consecutive samples."""
+
 # --- What the processor stores (resource_samples.metric): one value per (host, device, time) --
 STORED_METRICS: tuple[str, ...] = (
     PROCESS_CPU_UTILIZATION, PROCESS_MEMORY_USAGE,
@@ -94,9 +99,10 @@ STORED_METRICS: tuple[str, ...] = (
     SYSTEM_MEMORY_LIMIT,
     GPU_UTILIZATION, GPU_MEMORY_USAGE, GPU_MEMORY_LIMIT, HW_TEMPERATURE, HW_POWER,
     CUDA_MEMORY_ALLOCATED, CUDA_MEMORY_RESERVED,
+    SYSTEM_CPU_TIME_BUSY, SYSTEM_CPU_TIME_TOTAL,
 )
 HOST_METRICS: tuple[str, ...] = (SYSTEM_CPU_UTILIZATION, SYSTEM_CPU_LOGICAL_COUNT, SYSTEM_MEMORY_USAGE,
-                                 SYSTEM_MEMORY_LIMIT)
+                                 SYSTEM_MEMORY_LIMIT, SYSTEM_CPU_TIME_BUSY, SYSTEM_CPU_TIME_TOTAL)
 """Stored per host (no rank): one node's figures, whichever rank or foreign sender sent them."""
 GPU_METRICS: tuple[str, ...] = (GPU_UTILIZATION, GPU_MEMORY_USAGE, GPU_MEMORY_LIMIT, HW_TEMPERATURE, HW_POWER)
 """Stored per device (`hw.id`), joined to the rank that named that device."""

@@ -110,6 +110,7 @@ class MemoryTrend:
     growth_ratio: float | None
     fit_r2: float | None
     rising_fraction: float  # share of consecutive (smoothed) differences after the onset that rise
+    late_slope_bytes_per_step: float | None = None  # least-squares slope over the last half after the onset
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,9 @@ class RuleContext:
     excluded: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     """metric -> ranks a share rule leaves out: a straggler's culprit for the metric that
     explains it (an input straggler's own input wait is not the job's input problem)."""
+    resources: object = None
+    """The run's `ResourceWindow` over the same window, when the caller read one (else None: the
+    resource rules then say nothing)."""
     _memo: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property

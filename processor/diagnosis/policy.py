@@ -32,6 +32,34 @@ class DiagnosisPolicy:
     drift_min_segment: int = 10
     """Each side of the change point needs at least this many aligned steps (with 5, the last
     few steps of a run on a busy machine, a neighbour's burst or the shutdown, read as drift)."""
+    creep_warn_growth: float = 0.10
+    """MEMORY_CREEP warns when a rank's memory rose by at least this fraction of its level at the
+    onset (the original TraceML's early-creep gate is 4-6 % over 800 or more steps and 512 MiB;
+    ours judges a live window of 100 steps, so it asks for more growth and less history)."""
+    creep_crit_growth: float = 0.50
+    """... and is critical when it rose by at least this fraction ..."""
+    creep_warn_bytes: float = 64.0 * 2**20
+    """... and by at least this many bytes (64 MiB: a rise smaller than an allocator block pool is noise)."""
+    creep_crit_bytes: float = 2.0**30
+    """... critical also needs at least 1 GiB (the original's confirmed-creep figure)."""
+    creep_min_fit_r2: float = 0.80
+    """The flat-then-rising fit must explain at least this share of the series' variance."""
+    creep_min_rising: float = 0.60
+    """At least this share of the (3-point median) steps after the onset must rise: one allocation
+    that jumps and stays is not creep."""
+    creep_min_late_slope: float = 0.50
+    """The last half after the onset must still rise at least this fraction of the fitted slope:
+    a warm-up that plateaus is not creep."""
+    creep_min_steps: int = 10
+    """The rise must span at least this many steps after the onset."""
+    gpu_util_warn: float = 0.70
+    """LOW_GPU_UTILIZATION warns when the median rank's GPU was busy less than this fraction of the
+    window (the original TraceML's moderate band ends at 70 %)..."""
+    gpu_util_crit: float = 0.30
+    """... and is critical below this (its low band: the GPU mostly idle)."""
+    host_cpu_saturated: float = 0.80
+    """An input finding's hosts count as saturated when their CPUs were at least this busy (the
+    original TraceML's high-CPU level); below it the idle CPUs are named."""
     min_steps: int = 2
     """Below this many aligned steps the diagnosis is WARMUP and no rule runs."""
     crit_min_steps: int = 20

@@ -50,13 +50,46 @@ PROFILES = (PROFILE_LIVE, PROFILE_SUMMARY)
 
 BRIDGE_TTL_S = 30.0
 
-Diagnose = Callable[[StepTimeWindow], StepTimeDiagnosis]
+Diagnose = Callable[..., StepTimeDiagnosis]
+"""`diagnose(window, resources=None)`: the window, and the run's resource figures over it."""
 
 
-def _default_diagnose(window: StepTimeWindow) -> StepTimeDiagnosis:
+def _default_diagnose(window: StepTimeWindow, resources=None) -> StepTimeDiagnosis:
     from traceml.processor.diagnosis import diagnose  # lazy: diagnosis sits above this layer
 
-    return diagnose(window)
+    return diagnose(window, resources=resources)
+
+
+def window_resources(db_path: str | Path | None, window: StepTimeWindow):
+    """The run's resource figures over the window's steps (`processor.resources`), or None when
+    there is no store to read or no step time to place them on. A failed read is logged and
+    gives None: resource evidence never stops the step analysis."""
+    if db_path is None or window.is_empty:
+        return None
+    from traceml.processor.resources.analysis import resource_window
+    from traceml.processor.resources.reader import read_resource_samples
+
+    span = window_time_span(window)
+    if span is None:
+        return None
+    try:
+        samples = read_resource_samples(db_path, window.run_id, span[0], span[1],
+                                        window.steps[0], window.steps[-1])
+        return resource_window(samples, window.steps, window.step_end_times)
+    except (sqlite3.Error, OSError, ValueError) as exc:
+        LOG.debug("resource read of run %s failed: %s", window.run_id, exc)
+        return None
+
+
+def window_time_span(window: StepTimeWindow) -> tuple[float, float] | None:
+    """(start, end) unix seconds of the window: one median step before its first step's end (so
+    the first step's own samples count) up to its last step's end; None without end times."""
+    ends = [t for t in window.step_end_times if t == t]
+    if not ends:
+        return None
+    gaps = sorted(b - a for a, b in zip(ends, ends[1:]) if b > a)
+    lead = gaps[len(gaps) // 2] if gaps else 0.0
+    return ends[0] - lead, ends[-1]
 
 
 @dataclass(frozen=True)
@@ -100,12 +133,16 @@ class StepTimePipeline:
         else:
             snapshot = load_live_snapshot(request.db_path, request.run_id,
                                           request.window_steps, request.lookback, request.cell_cap)
-        return self.analyze(snapshot, request.window_steps)
+        return self.analyze(snapshot, request.window_steps, db_path=request.db_path)
 
-    def analyze(self, snapshot: StepTimeRepositorySnapshot, max_steps: int) -> StepTimeAnalysis:
+    def analyze(self, snapshot: StepTimeRepositorySnapshot, max_steps: int, *,
+                db_path: str | Path | None = None) -> StepTimeAnalysis:
+        """Analyse a snapshot; with `db_path`, the run's resource samples over the window are read
+        from that store and diagnosed with it (`StepTimeAnalysis.resources`)."""
         window = analyze_snapshot(snapshot, max_steps)
-        return StepTimeAnalysis(window=window, diagnosis=self._diagnose(window),
-                                cursor=snapshot.cursor)
+        resources = window_resources(db_path, window)
+        return StepTimeAnalysis(window=window, diagnosis=self._diagnose(window, resources=resources),
+                                cursor=snapshot.cursor, resources=resources)
 
     def empty_analysis(self, run_id: str) -> StepTimeAnalysis:
         window = empty_window(run_id)
@@ -156,7 +193,7 @@ class LiveStepTimeSession:
                 if read.unchanged and self._current is not None:
                     analysis = self._current
                 elif read.snapshot is not None:
-                    analysis = self._pipeline.analyze(read.snapshot, self.window)
+                    analysis = self._pipeline.analyze(read.snapshot, self.window, db_path=self.db_path)
                     self.analyses += 1
                     self._current = analysis
                 else:  # unchanged, but nothing analysed yet (cannot happen after a full read)
@@ -181,6 +218,6 @@ class LiveStepTimeSession:
 
 
 __all__ = [
-    "BRIDGE_TTL_S", "LiveStepTimeSession", "PROFILE_LIVE", "PROFILE_SUMMARY",
+    "BRIDGE_TTL_S", "window_resources", "window_time_span", "LiveStepTimeSession", "PROFILE_LIVE", "PROFILE_SUMMARY",
     "StepTimePipeline", "StepTimeRequest",
 ]

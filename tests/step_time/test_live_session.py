@@ -28,9 +28,9 @@ class CountingDiagnose:
     def __init__(self):
         self.calls = 0
 
-    def __call__(self, window):
+    def __call__(self, window, resources=None):
         self.calls += 1
-        return diagnose(window)
+        return diagnose(window, resources=resources)
 
 
 def _record(rank, step, forward=30.0, run="r", strategy="ddp"):

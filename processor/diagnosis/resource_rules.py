@@ -1,0 +1,163 @@
+"""Findings that read the run's resource figures: memory creep, an idle GPU, the host CPUs of input.
+
+Each reads `RuleContext.resources` (a `ResourceWindow` over the same steps as the phases) and
+says nothing when the figure it needs was not measured: no GPU utilisation, no finding about
+it; no host CPU, no advice about workers. Thresholds live in `policy.DiagnosisPolicy`.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+from traceml.processor.diagnosis.context import RuleContext
+from traceml.processor.resources.model import (
+    GPU_UTILIZATION,
+    HOST_CPU_COUNT,
+    HOST_CPU_UTILIZATION,
+    TREND_PEAK_ALLOCATED,
+    MemoryTrend,
+    ResourceWindow,
+)
+from traceml.processor.step_time.model import DiagnosisIssue
+from traceml.schema.diagnosis import (
+    HOST_CPU_SATURATED,
+    HOST_CPU_SPARE,
+    LOW_GPU_UTILIZATION,
+    MEMORY_CREEP,
+    SEVERITY_CRIT,
+    SEVERITY_WARN,
+)
+
+_SIGNAL_WORDING = {TREND_PEAK_ALLOCATED: "peak allocated GPU memory", "rss": "process RSS"}
+
+
+def _resources(ctx: RuleContext) -> ResourceWindow | None:
+    resources = ctx.resources
+    return resources if isinstance(resources, ResourceWindow) and not resources.is_empty else None
+
+
+def creeping(trend: MemoryTrend, ctx: RuleContext) -> bool:
+    """The one rule for "this trend is creep" (every gate in DiagnosisPolicy)."""
+    p = ctx.policy
+    if trend.growth_ratio is None or trend.fit_r2 is None or trend.slope_bytes_per_step <= 0:
+        return False
+    late = trend.late_slope_bytes_per_step
+    return (p.at_least(trend.growth_ratio, p.creep_warn_growth)
+            and p.at_least(trend.growth_bytes, p.creep_warn_bytes)
+            and p.at_least(trend.fit_r2, p.creep_min_fit_r2)
+            and p.at_least(trend.rising_fraction, p.creep_min_rising)
+            and late is not None and p.at_least(late, p.creep_min_late_slope * trend.slope_bytes_per_step)
+            and trend.last_step - trend.onset_step >= p.creep_min_steps)
+
+
+def memory_creep(ctx: RuleContext) -> DiagnosisIssue | None:
+    resources = _resources(ctx)
+    if resources is None or not resources.memory_trends:
+        return None
+    rising = [t for t in resources.memory_trends.values() if creeping(t, ctx)]
+    if not rising:
+        return None
+    worst = max(rising, key=lambda t: (t.growth_ratio or 0.0, t.growth_bytes, -t.rank))
+    p = ctx.policy
+    uncapped = (SEVERITY_CRIT if p.at_least(worst.growth_ratio, p.creep_crit_growth)
+                and p.at_least(worst.growth_bytes, p.creep_crit_bytes) else SEVERITY_WARN)
+    severity, caps = ctx.capped(uncapped)
+    fitted = len(resources.memory_trends)
+    # One rank's leak names it; most ranks rising is the job's (same code on every rank).
+    culprit = worst.rank if len(rising) * 2 <= fitted and fitted > 1 else None
+    evidence = {
+        **ctx.common_evidence(),
+        "signal": worst.signal,
+        "rank": worst.rank,
+        "onset_step": worst.onset_step,
+        "slope_bytes_per_step": worst.slope_bytes_per_step,
+        "growth_bytes": worst.growth_bytes,
+        "growth_ratio": worst.growth_ratio,
+        "level_bytes": worst.level_bytes,
+        "fit_r2": worst.fit_r2,
+        "ranks_rising": sorted(t.rank for t in rising),
+        "ranks_fitted": fitted,
+        "first_step": worst.first_step,
+        "last_step": worst.last_step,
+        "warn_growth": p.creep_warn_growth,
+        "crit_growth": p.creep_crit_growth,
+        "uncapped_severity": uncapped,
+        "severity_caps": caps,
+    }
+    who = f"rank {worst.rank}'s" if culprit is not None or fitted == 1 else f"{len(rising)} of {fitted} ranks'"
+    summary = (f"{who} {_SIGNAL_WORDING.get(worst.signal, worst.signal)} rose {_mib(worst.growth_bytes)}"
+               f" (+{worst.growth_ratio:.0%}) from step {worst.onset_step}, about "
+               f"{_mib(worst.slope_bytes_per_step)} per step, and was still rising at step {worst.last_step}")
+    return DiagnosisIssue(kind=MEMORY_CREEP, severity=severity, status=ctx.status,
+                          score=min(1.0, float(worst.growth_ratio)), summary=summary,
+                          culprit_rank=culprit, component=worst.signal, evidence=evidence)
+
+
+def low_gpu_utilization(ctx: RuleContext) -> DiagnosisIssue | None:
+    """The GPUs idle while no phase finding explains it (the caller runs this only then)."""
+    resources = _resources(ctx)
+    stat = None if resources is None else resources.rank_figure(GPU_UTILIZATION)
+    if stat is None or stat.median is None:
+        return None
+    p = ctx.policy
+    if stat.median >= p.gpu_util_warn - p.tolerance:
+        return None
+    uncapped = SEVERITY_CRIT if stat.median < p.gpu_util_crit - p.tolerance else SEVERITY_WARN
+    severity, caps = ctx.capped(uncapped)
+    evidence = {
+        **ctx.common_evidence(),
+        "gpu_utilization": stat.median,
+        "median_rank": stat.median_member,
+        "worst_rank": stat.worst_member,
+        "worst_gpu_utilization": stat.worst,
+        "ranks_measured": len(stat.values),
+        "threshold": p.gpu_util_warn,
+        "crit_threshold": p.gpu_util_crit,
+        "uncapped_severity": uncapped,
+        "severity_caps": caps,
+    }
+    summary = (f"the median rank's GPU was busy {stat.median:.0%} of the window (rank {stat.worst_member}:"
+               f" {stat.worst:.0%}) and no input or host-to-device finding explains the idle time")
+    return DiagnosisIssue(kind=LOW_GPU_UTILIZATION, severity=severity, status=ctx.status,
+                          score=1.0 - stat.median, summary=summary, evidence=evidence)
+
+
+def host_cpu_evidence(ctx: RuleContext, ranks: Iterable[int]) -> dict | None:
+    """The CPUs of the hosts running `ranks` (an input finding's ranks), or None when not measured:
+    {state, utilization (their median host), host (the busiest), idle_cpus (on that median host)}."""
+    resources = _resources(ctx)
+    if resources is None or not resources.nodes:
+        return None
+    hosts = {rr.host for rank in ranks if (rr := resources.ranks.get(rank)) is not None and rr.host}
+    if not hosts:  # ranks that sent no sample of their own still have a host in the store
+        hosts = {n.host for n in resources.nodes.values() if set(n.ranks) & set(ranks)}
+    measured = sorted((n.figures.get(HOST_CPU_UTILIZATION), n.host) for h in hosts
+                      if (n := resources.nodes.get(h)) is not None and n.figures.get(HOST_CPU_UTILIZATION) is not None)
+    if not measured:
+        return None
+    utilization, median_host = measured[(len(measured) - 1) // 2]
+    busiest = measured[-1][1]
+    cpus = resources.nodes[median_host].figures.get(HOST_CPU_COUNT)
+    state = HOST_CPU_SATURATED if ctx.policy.at_least(utilization, ctx.policy.host_cpu_saturated) else HOST_CPU_SPARE
+    return {
+        "state": state,
+        "utilization": utilization,
+        "host": busiest,
+        "hosts": len(measured),
+        "idle_cpus": None if cpus is None else round((1.0 - utilization) * cpus, 1),
+        "threshold": ctx.policy.host_cpu_saturated,
+    }
+
+
+def host_cpu_sentence(host_cpu: dict) -> str:
+    """What an input finding adds about its hosts' CPUs (the advice follows the state)."""
+    if host_cpu["state"] == HOST_CPU_SATURATED:
+        return (f"; the host CPUs were {host_cpu['utilization']:.0%} busy, so more DataLoader workers will not "
+                "help: make the input pipeline cheaper or move work off the host")
+    idle = host_cpu.get("idle_cpus")
+    spare = f"about {idle:g} CPUs idle" if idle is not None else "idle CPU time"
+    return (f"; the host CPUs were {host_cpu['utilization']:.0%} busy ({spare}), so more DataLoader "
+            "workers can help")
+
+
+def _mib(value: float) -> str:
+    return f"{value / 2**20:,.1f} MiB"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from importlib import resources
 
-SCHEMA_VERSION = "1.5"
+SCHEMA_VERSION = "1.6"
 
 
 def final_summary_json_schema_text() -> str:

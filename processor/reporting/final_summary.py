@@ -2,7 +2,8 @@
 
 It owns public names, topology, rank identities and card text. It does not load
 SQLite, align steps, compute statistics or diagnose: every number comes from the
-window's metric statistics, its rank facts, or the diagnosis as given.
+window's metric statistics, its rank facts, the resource window (`reporting.resources`)
+or the diagnosis as given.
 
 Public rules (docs/SCHEMA.md): every key is always present; an unmeasured value is
 `null`; a measured zero is `0.0`; time values are milliseconds on the window's
@@ -21,6 +22,14 @@ from typing import Iterable, Mapping, Sequence
 from traceml.processor.presenters.terminal_text import printable
 from traceml.processor.endings import RankEnding
 from traceml.processor.reporting.inputs import RankMemory, RankTelemetry, RunMetadata, RunTelemetry
+from traceml.processor.reporting.resources import UNITS as RESOURCE_UNITS
+from traceml.processor.reporting.resources import (
+    project_resources,
+    rank_resources,
+    resource_lines,
+    resource_window_of,
+)
+from traceml.processor.resources.model import ResourceWindow
 from traceml.processor.step_time.model import DiagnosisIssue, StepTimeAnalysis, StepTimeWindow
 from traceml.schema.summary import SCHEMA_VERSION
 from traceml.schema.endings import OUTCOME_FAILED, OUTCOME_FINISHED, OUTCOME_INTERRUPTED, OUTCOME_LOST, OUTCOMES
@@ -56,6 +65,7 @@ UNITS: Mapping[str, str] = {
     "skew": "ratio: (worst - median) / median",
     "share": "ratio of the median Step Time",
     "generated_at": "ISO 8601, UTC",
+    **RESOURCE_UNITS,
 }
 
 _MS_DIGITS = 3
@@ -165,7 +175,8 @@ def _ending(ending: RankEnding | None) -> dict:
 
 
 def _groups(window: StepTimeWindow, memory: Mapping[int, RankMemory],
-            telemetry: Mapping[int, RankTelemetry], endings: Mapping[int, RankEnding]) -> list[dict]:
+            telemetry: Mapping[int, RankTelemetry], endings: Mapping[int, RankEnding],
+            resources: ResourceWindow) -> list[dict]:
     groups = []
     for rank in window.expected_ranks:
         facts = window.rank_facts.get(rank)
@@ -186,6 +197,7 @@ def _groups(window: StepTimeWindow, memory: Mapping[int, RankMemory],
                 for key, name in PUBLIC_METRICS
             },
             "memory": _memory_of(memory, rank),
+            "resources": rank_resources(resources, rank),
             "telemetry": {
                 "finished": None if tel is None else bool(tel.finished),
                 "dropped": _dropped(None if tel is None else tel.dropped),
@@ -265,6 +277,7 @@ def project_final_summary(
     tel = {t.global_rank: t for t in telemetry.ranks}
     endings = telemetry.rank_endings(window.expected_ranks)
     issues = [project_issue(i) for i in analysis.diagnosis.issues]
+    resources = resource_window_of(analysis)
     summary = {
         "schema_version": SCHEMA_VERSION,
         "metadata": {
@@ -279,8 +292,9 @@ def project_final_summary(
         "diagnosis": issues[0],
         "issues": issues,
         "global": _global(window, metadata),
-        "groups": _groups(window, mem, tel, endings),
+        "groups": _groups(window, mem, tel, endings, resources),
         "memory": _memory_section(window, mem),
+        "resources": project_resources(resources),
         "telemetry": _telemetry_section(window, telemetry, endings),
         "units": dict(UNITS),
     }
@@ -348,6 +362,7 @@ def render_card(summary: Mapping) -> str:
                       f"reserved {_fmt_bytes(res['value'])} ({_rank(res['rank'])})"]
     else:
         lines += ["", "Peak memory: unavailable (no CUDA device reported)"]
+    lines += resource_lines(summary["resources"])
     tel = summary["telemetry"]
     dropped = {q: n for q, n in tel["dropped"].items() if n}
     lines.append(

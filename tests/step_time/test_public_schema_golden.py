@@ -10,21 +10,30 @@ schema/summary.py, add a CHANGELOG entry, and run
 
 which refuses to rewrite a key or null-pattern change at an unchanged version.
 A new scenario that brings no new key needs no bump.
+
+Besides the contract scenarios (whose stores hold no resource samples, so their
+`resources` sections are the all-null shape), one summary is made with a hand-built
+`ResourceWindow` (`WITH_RESOURCES`), so the key set holds every resource key and the
+golden pins which of them a measured run fills.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import jsonschema
 import pytest
 
+from tests.harness.resource_windows import busy_gpu_run
 from tests.step_time.scenarios import SCENARIOS
 from traceml.processor.reporting import RunMetadata, project_final_summary
 from traceml.processor.step_time.pipeline import PROFILE_SUMMARY, StepTimePipeline, StepTimeRequest
 from traceml.schema.summary import SCHEMA_VERSION, final_summary_json_schema_text
 
 GOLDEN = Path(__file__).parent / "golden" / "step_time_public_schema.json"
+WITH_RESOURCES = "complete_gpu_with_resources"
+"""complete_gpu's analysis with process, host and GPU figures of three ranks on two hosts."""
 
 
 # --- Pattern extraction and comparison (pure, tested below) ----------------------------------
@@ -103,6 +112,10 @@ def summaries(scenario_db) -> dict[str, dict]:
         analysis = pipeline.run(StepTimeRequest(scenario_db(name), name, profile=PROFILE_SUMMARY))
         out[name] = project_final_summary(
             analysis, RunMetadata(run_id=name, generated_at=1_700_000_000.0, traceml_version="test"))
+        if name == "complete_gpu":
+            out[WITH_RESOURCES] = project_final_summary(
+                dataclasses.replace(analysis, resources=busy_gpu_run(name)),
+                RunMetadata(run_id=name, generated_at=1_700_000_000.0, traceml_version="test"))
     return out
 
 

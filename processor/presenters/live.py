@@ -1,7 +1,9 @@
 """Pure live-view presenters: a `LiveStepTimeResult` in, a Rich renderable or a text line out.
 
 They only format what the analysis already holds; they never read SQLite,
-run the pipeline or diagnose. Every string that came from the wire (run id,
+run the pipeline or diagnose. The resource lines are the card's own
+(`reporting.resources`, from the same projected section), so the live view and
+the card say the same of the same analysis. Every string that came from the wire (run id,
 strategy, issue texts, an error message) passes `terminal_text.printable` and
 reaches Rich as `Text`, never as markup.
 """
@@ -16,6 +18,12 @@ from rich.table import Table
 from rich.text import Text
 
 from traceml.processor.presenters.terminal_text import printable, printable_text
+from traceml.processor.reporting.resources import (
+    live_resource_text,
+    project_resources,
+    resource_lines,
+    resource_window_of,
+)
 from traceml.processor.step_time.model import (
     FRESHNESS_BRIDGED,
     FRESHNESS_COLD,
@@ -87,6 +95,11 @@ def _skew(m: StepTimeMetric | None) -> str:
     return "—" if m is None or m.skew is None else f"{m.skew:+.0%}"
 
 
+def resource_section(result: LiveStepTimeResult) -> dict:
+    """The analysis's resource figures as the final summary projects them (`resources`)."""
+    return project_resources(resource_window_of(result.analysis))
+
+
 def freshness_text(result: LiveStepTimeResult) -> str:
     age = "" if result.age_s is None else f", {result.age_s:.1f}s old"
     err = "" if not result.error else f" ({printable(result.error)})"
@@ -151,9 +164,12 @@ def render_live(
         table.add_row(label, _ms(None if m is None else m.median), _worst(m), _skew(m),
                       "—" if share is None or name == "step_time" else f"{share:.0%}")
 
+    resources = Text("\n".join(resource_lines(resource_section(result))), style="cyan")
+
     state = "" if run_state is None else f"run {printable(run_state)} · "
     footer = Text(f"{state}freshness: {freshness_text(result)}", style=_FRESHNESS_STYLE.get(result.freshness, ""))
-    return Panel(Group(header, diagnosis, table, footer), title=printable_text(title or "TraceML Step Time"),
+    return Panel(Group(header, diagnosis, table, resources, footer),
+                 title=printable_text(title or "TraceML Step Time"),
                  expand=False)
 
 
@@ -166,7 +182,8 @@ def format_live_line(
     last_step_age: str | None = None,
 ) -> str:
     """One plain line for logs and non-terminal output: `[ended]` in place of the freshness for a
-    run whose end was seen, else the freshness and, when given, how long ago the last step came."""
+    run whose end was seen, else the freshness and, when given, how long ago the last step came;
+    the median and worst process CPU, RSS, GPU and host CPU when they were measured."""
     window = result.analysis.window
     parts = [f"[{'ended' if ended else result.freshness}] run {printable(window.run_id)}"]
     if last_step_age is not None and not ended:
@@ -181,6 +198,9 @@ def format_live_line(
     step = window.metrics.get("step_time")
     if step is not None and step.median is not None:
         parts.append(f"step {step.median:.1f} ms (worst {_worst(step)})")
+    resources = live_resource_text(resource_section(result))
+    if resources is not None:
+        parts.append(resources)
     rate = _rate(steps_per_s, samples_per_s)
     if rate:
         parts.append(rate)

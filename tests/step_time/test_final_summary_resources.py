@@ -148,7 +148,7 @@ def test_the_new_findings_are_shown_as_every_issue_is_with_their_evidence():
     analysis = three_rank_analysis()
     creep = DiagnosisIssue(
         kind=d.MEMORY_CREEP, severity=d.SEVERITY_WARN, status=d.STATUS_CONFIRMED, score=0.18,
-        summary="rank 1's RSS rises 12.0 MiB per step from step 10", culprit_rank=1,
+        summary="rank 1's RSS rises 12.0 MiB per step from step 10", culprit_rank=1, component="rss",
         evidence={"signal": "rss", "rank": 1, "onset_step": 10, "slope_bytes_per_step": 12 * MiB,
                   "growth_bytes": 360 * MiB, "growth_ratio": 0.176, "level_bytes": 2 * GiB, "fit_r2": 0.97,
                   "ranks_rising": [1], "steps": 40})
@@ -161,6 +161,7 @@ def test_the_new_findings_are_shown_as_every_issue_is_with_their_evidence():
     summary = summary_with(busy_gpu_run("run-x"), analysis)
     assert [i["kind"] for i in summary["issues"]] == ["MEMORY_CREEP", "LOW_GPU_UTILIZATION"]
     assert summary["issues"][0]["evidence"]["ranks_rising"] == [1]
+    assert summary["issues"][0]["component"] == "rss"
     card = summary["card"]
     assert "Diagnosis: MEMORY_CREEP [warn, confirmed] score 0.180 rank 1\n  rank 1's RSS rises 12.0 MiB" in card
     assert "Also: LOW_GPU_UTILIZATION [warn, confirmed]\n  the GPUs ran kernels 62% of the time" in card

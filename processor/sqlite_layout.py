@@ -131,6 +131,8 @@ CREATE TABLE IF NOT EXISTS step_memory_samples (
     {_MEMORY_COLUMNS_DDL},
     UNIQUE (run_id, global_rank, step, device)
 );
+-- The resource analysis reads the window's steps of every rank (a range on step).
+CREATE INDEX IF NOT EXISTS step_memory_samples_run_step ON step_memory_samples (run_id, step);
 
 -- One row per run: strategy, rank-universe version (bumped when a rank appears or its
 -- identity changes) and the stored cursor (latest row id, latest step).

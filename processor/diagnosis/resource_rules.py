@@ -56,14 +56,19 @@ def memory_creep(ctx: RuleContext) -> DiagnosisIssue | None:
     rising = [t for t in resources.memory_trends.values() if creeping(t, ctx)]
     if not rising:
         return None
-    worst = max(rising, key=lambda t: (t.growth_ratio or 0.0, t.growth_bytes, -t.rank))
     p = ctx.policy
+    worst = max(rising, key=lambda t: (t.growth_ratio or 0.0, t.growth_bytes, -t.rank))
     uncapped = (SEVERITY_CRIT if p.at_least(worst.growth_ratio, p.creep_crit_growth)
                 and p.at_least(worst.growth_bytes, p.creep_crit_bytes) else SEVERITY_WARN)
     severity, caps = ctx.capped(uncapped)
-    fitted = len(resources.memory_trends)
-    # One rank's leak names it; most ranks rising is the job's (same code on every rank).
-    culprit = worst.rank if len(rising) * 2 <= fitted and fitted > 1 else None
+    # One rank's leak names it; most ranks rising is the job's (the same code on every rank). Ranks
+    # beyond the fitted ones count as rising by their growth estimate.
+    estimates = resources.memory_growth_estimates or {t.rank: t.growth_ratio or 0.0 for t in rising}
+    fitted = max(len(estimates), len(resources.memory_trends))
+    unfitted_rising = sum(1 for rank, growth in estimates.items()
+                          if rank not in resources.memory_trends and p.at_least(growth, p.creep_warn_growth))
+    rising_count = len(rising) + unfitted_rising
+    culprit = worst.rank if rising_count * 2 <= fitted and fitted > 1 else None
     evidence = {
         **ctx.common_evidence(),
         "signal": worst.signal,
@@ -75,7 +80,8 @@ def memory_creep(ctx: RuleContext) -> DiagnosisIssue | None:
         "level_bytes": worst.level_bytes,
         "fit_r2": worst.fit_r2,
         "ranks_rising": sorted(t.rank for t in rising),
-        "ranks_fitted": fitted,
+        "ranks_rising_estimated": rising_count,
+        "ranks_with_memory": fitted,
         "first_step": worst.first_step,
         "last_step": worst.last_step,
         "warn_growth": p.creep_warn_growth,
@@ -83,7 +89,7 @@ def memory_creep(ctx: RuleContext) -> DiagnosisIssue | None:
         "uncapped_severity": uncapped,
         "severity_caps": caps,
     }
-    who = f"rank {worst.rank}'s" if culprit is not None or fitted == 1 else f"{len(rising)} of {fitted} ranks'"
+    who = f"rank {worst.rank}'s" if culprit is not None or fitted == 1 else f"{rising_count} of {fitted} ranks'"
     summary = (f"{who} {_SIGNAL_WORDING.get(worst.signal, worst.signal)} rose {_mib(worst.growth_bytes)}"
                f" (+{worst.growth_ratio:.0%}) from step {worst.onset_step}, about "
                f"{_mib(worst.slope_bytes_per_step)} per step, and was still rising at step {worst.last_step}")

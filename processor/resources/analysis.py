@@ -48,7 +48,7 @@ from traceml.processor.resources.model import (
     RankResources,
     ResourceWindow,
 )
-from traceml.processor.resources.reader import ResourceSamples
+from traceml.processor.resources.reader import Aggregate, ResourceSamples
 from traceml.schema import resources as r
 
 # (figure, stored metric, statistic over the window)
@@ -80,45 +80,45 @@ def resource_window(samples: ResourceSamples, steps: Sequence[int],
                     step_end_times: Sequence[float]) -> ResourceWindow:
     """The window's figures and trends (`ResourceWindow.empty` shape when nothing was stored)."""
     ranks: dict[int, RankResources] = {}
-    for rank in sorted(set(samples.rank_series) | set(samples.peak_allocated)):
-        series = samples.rank_series.get(rank, {})
-        figures = {figure: _stat(series.get(metric), how) for figure, metric, how in _RANK_SOURCES}
+    for rank in sorted(set(samples.rank_figures) | set(samples.peak_allocated) | set(samples.rss)):
+        aggregates = samples.rank_figures.get(rank, {})
         placement = samples.placements.get(rank)
         ranks[rank] = RankResources(
             rank=rank, host=placement.host if placement else None, device=samples.rank_devices.get(rank),
-            figures={f: figures.get(f) for f in RANK_FIGURES},
-            samples=sum(len(t) for t, _ in series.values()))
+            figures={figure: _stat(aggregates.get(metric), how) for figure, metric, how in _RANK_SOURCES},
+            samples=sum(a.count for a in aggregates.values()))
     nodes: dict[str, NodeResources] = {}
     by_host: dict[str, list[int]] = {}
     for placement in samples.placements.values():
         if placement.host:
             by_host.setdefault(placement.host, []).append(placement.rank)
-    for host in sorted(samples.host_series):
-        series = samples.host_series[host]
-        figures = {figure: _stat(series.get(metric), how) for figure, metric, how in _NODE_SOURCES}
+    for host in sorted(set(samples.host_figures) | set(samples.host_series)):
+        aggregates = samples.host_figures.get(host, {})
+        figures = {figure: _stat(aggregates.get(metric), how) for figure, metric, how in _NODE_SOURCES}
         if figures[HOST_CPU_UTILIZATION] is None:
+            series = samples.host_series.get(host, {})
             figures[HOST_CPU_UTILIZATION] = _busy_from_times(series.get(r.SYSTEM_CPU_TIME_BUSY),
                                                              series.get(r.SYSTEM_CPU_TIME_TOTAL))
-        figures[HOST_MEMORY_UTILIZATION] = _memory_utilization(series.get(r.SYSTEM_MEMORY_USAGE),
-                                                               series.get(r.SYSTEM_MEMORY_LIMIT))
+        used, total = figures[HOST_MEMORY_USED_BYTES], figures[HOST_MEMORY_TOTAL_BYTES]
+        figures[HOST_MEMORY_UTILIZATION] = used / total if used is not None and total else None
         nodes[host] = NodeResources(host=host, ranks=tuple(sorted(by_host.get(host, ()))),
                                     figures={f: figures.get(f) for f in NODE_FIGURES},
-                                    samples=sum(len(t) for t, _ in series.values()),
+                                    samples=sum(a.count for a in aggregates.values()),
                                     sources=samples.host_sources.get(host, ()))
+    trends, estimates = _trends(samples, steps, step_end_times)
     return ResourceWindow(
         run_id=samples.run_id, start_time=samples.start_time, end_time=samples.end_time,
         ranks=ranks, nodes=nodes,
         rank_stats=_figure_stats({rank: rr.figures for rank, rr in ranks.items()}, RANK_FIGURES),
         node_stats=_figure_stats({host: nr.figures for host, nr in nodes.items()}, NODE_FIGURES),
-        memory_trends=_trends(samples, steps, step_end_times),
+        memory_trends=trends, memory_growth_estimates=estimates,
         sources=tuple(sorted({s for srcs in samples.host_sources.values() for s in srcs})))
 
 
-def _stat(series, how: str) -> float | None:
-    if series is None or not series[1]:
+def _stat(aggregate: Aggregate | None, how: str) -> float | None:
+    if aggregate is None or not aggregate.count:
         return None
-    values = series[1]
-    return float(max(values)) if how == "max" else float(sum(values) / len(values))
+    return aggregate.max if how == "max" else aggregate.mean
 
 
 def _busy_from_times(busy, total) -> float | None:
@@ -128,20 +128,13 @@ def _busy_from_times(busy, total) -> float | None:
     if busy is None or total is None:
         return None
     by_time = dict(zip(*busy))
-    pairs = [(t, by_time[t], v) for t, v in zip(*total) if t in by_time]
+    pairs = [(by_time[t], v) for t, v in zip(*total) if t in by_time]
     d_busy = d_total = 0.0
-    for (_, b0, t0), (_, b1, t1) in zip(pairs, pairs[1:]):
+    for (b0, t0), (b1, t1) in zip(pairs, pairs[1:]):
         if t1 > t0 and b1 >= b0:
             d_busy += b1 - b0
             d_total += t1 - t0
     return min(1.0, d_busy / d_total) if d_total > 0 else None
-
-
-def _memory_utilization(used, limit) -> float | None:
-    if used is None or limit is None or not used[1] or not limit[1]:
-        return None
-    total = max(limit[1])
-    return float(max(used[1]) / total) if total > 0 else None
 
 
 def _figure_stats(members: Mapping[object, Mapping[str, float | None]], figures: Sequence[str]
@@ -169,23 +162,45 @@ def _key(member) -> tuple:
 # --- Memory trends -------------------------------------------------------------------------
 
 
-def _trends(samples: ResourceSamples, steps: Sequence[int], end_times: Sequence[float]) -> dict[int, MemoryTrend]:
-    trends: dict[int, MemoryTrend] = {}
+TREND_CANDIDATES = 8
+"""Ranks fitted per window: the ones whose memory grew most by a cheap estimate (the fit is the
+costly part; a job of 1,024 ranks fits 8, not 1,024)."""
+
+
+def _trends(samples: ResourceSamples, steps: Sequence[int], end_times: Sequence[float]
+            ) -> tuple[dict[int, MemoryTrend], dict[int, float]]:
+    """Trends of the candidate ranks, and every rank's estimated growth (last third's median over
+    the first third's, minus 1), from per-step peaks where measured, else RSS placed on steps."""
     placer = _StepPlacer(steps, end_times)
-    for rank in sorted(set(samples.rank_series) | set(samples.peak_allocated)):
+    series: dict[int, tuple[str, np.ndarray, np.ndarray]] = {}
+    for rank in sorted(set(samples.peak_allocated) | set(samples.rss)):
         peaks = samples.peak_allocated.get(rank)
-        trend = None
         if peaks is not None and len(peaks[0]) >= MIN_TREND_POINTS:
-            trend = fit_trend(rank, TREND_PEAK_ALLOCATED, np.asarray(peaks[0]), np.asarray(peaks[1]))
-        if trend is None:
-            rss = samples.rank_series.get(rank, {}).get(r.PROCESS_MEMORY_USAGE)
-            if rss is not None:
-                x, y = placer.place(np.asarray(rss[0]), np.asarray(rss[1]))
-                if x.size >= MIN_TREND_POINTS:
-                    trend = fit_trend(rank, TREND_RSS, x, y)
+            series[rank] = (TREND_PEAK_ALLOCATED, np.asarray(peaks[0]), np.asarray(peaks[1]))
+            continue
+        rss = samples.rss.get(rank)
+        if rss is not None:
+            x, y = placer.place(np.asarray(rss[0]), np.asarray(rss[1]))
+            if x.size >= MIN_TREND_POINTS:
+                series[rank] = (TREND_RSS, x, y)
+    estimates = {rank: growth for rank, (_, _, y) in series.items() if (growth := _growth_estimate(y)) is not None}
+    candidates = sorted(estimates, key=lambda rank: (-estimates[rank], rank))[:TREND_CANDIDATES]
+    trends = {}
+    for rank in sorted(candidates):
+        signal, x, y = series[rank]
+        trend = fit_trend(rank, signal, x, y)
         if trend is not None:
             trends[rank] = trend
-    return trends
+    return trends, estimates
+
+
+def _growth_estimate(y: np.ndarray) -> float | None:
+    third = y.size // 3
+    if third < 1:
+        return None
+    values = y.tolist()
+    before = statistics.median(values[:third])
+    return statistics.median(values[-third:]) / before - 1.0 if before > 0 else None
 
 
 class _StepPlacer:
@@ -257,7 +272,7 @@ def _rolling_median(y: np.ndarray, width: int) -> np.ndarray:
     if y.size < width:
         return y
     windows = np.lib.stride_tricks.sliding_window_view(y, width)
-    return np.median(windows, axis=1)
+    return np.sort(windows, axis=1)[:, width // 2]
 
 
 def _late_slope(x: np.ndarray, y: np.ndarray) -> float | None:

@@ -124,7 +124,10 @@ class ResourceWindow:
     nodes: Mapping[str, NodeResources] = field(default_factory=dict)
     rank_stats: Mapping[str, FigureStat] = field(default_factory=dict)  # RANK_FIGURES measured by any rank
     node_stats: Mapping[str, FigureStat] = field(default_factory=dict)  # NODE_FIGURES measured on any host
-    memory_trends: Mapping[int, MemoryTrend] = field(default_factory=dict)  # rank -> its steepest fitted trend
+    memory_trends: Mapping[int, MemoryTrend] = field(default_factory=dict)  # fitted ranks (the likeliest to creep)
+    memory_growth_estimates: Mapping[int, float] = field(default_factory=dict)
+    """Every rank with a memory series: its last third's median over its first third's, minus 1
+    (a cheap estimate: the fit runs only for the ranks that grew most)."""
     sources: tuple[str, ...] = ()
 
     @property

@@ -49,6 +49,10 @@ PROFILE_SUMMARY = "summary"
 PROFILES = (PROFILE_LIVE, PROFILE_SUMMARY)
 
 BRIDGE_TTL_S = 30.0
+RESOURCE_REFRESH_S = 5.0
+"""How long the live session reuses the resource figures it read (the sampler's default interval:
+nothing newer can have arrived sooner); a run of 1,024 ranks costs one read per 5 s, not per tick."""
+_READ = object()  # `StepTimePipeline.analyze`: read the resources from the store
 
 Diagnose = Callable[..., StepTimeDiagnosis]
 """`diagnose(window, resources=None)`: the window, and the run's resource figures over it."""
@@ -136,11 +140,13 @@ class StepTimePipeline:
         return self.analyze(snapshot, request.window_steps, db_path=request.db_path)
 
     def analyze(self, snapshot: StepTimeRepositorySnapshot, max_steps: int, *,
-                db_path: str | Path | None = None) -> StepTimeAnalysis:
+                db_path: str | Path | None = None, resources=_READ) -> StepTimeAnalysis:
         """Analyse a snapshot; with `db_path`, the run's resource samples over the window are read
-        from that store and diagnosed with it (`StepTimeAnalysis.resources`)."""
+        from that store and diagnosed with it (`StepTimeAnalysis.resources`), unless `resources`
+        gives the `ResourceWindow` to use (the live session's recent one)."""
         window = analyze_snapshot(snapshot, max_steps)
-        resources = window_resources(db_path, window)
+        if resources is _READ:
+            resources = window_resources(db_path, window)
         return StepTimeAnalysis(window=window, diagnosis=self._diagnose(window, resources=resources),
                                 cursor=snapshot.cursor, resources=resources)
 
@@ -176,6 +182,9 @@ class LiveStepTimeSession:
         self._last_good_at: float | None = None
         self._current: StepTimeAnalysis | None = None  # analysis of the latest read
         self._empty: StepTimeAnalysis | None = None
+        self._resources = None  # the latest ResourceWindow read, and when (monotonic)
+        self._resources_at: float | None = None
+        self.resource_refresh_s = RESOURCE_REFRESH_S
         self.analyses = 0  # how many times the analyzer ran (reuse is visible in tests)
 
     def refresh(self) -> LiveStepTimeResult:
@@ -193,7 +202,7 @@ class LiveStepTimeSession:
                 if read.unchanged and self._current is not None:
                     analysis = self._current
                 elif read.snapshot is not None:
-                    analysis = self._pipeline.analyze(read.snapshot, self.window, db_path=self.db_path)
+                    analysis = self._analyze(read.snapshot, now)
                     self.analyses += 1
                     self._current = analysis
                 else:  # unchanged, but nothing analysed yet (cannot happen after a full read)
@@ -202,6 +211,16 @@ class LiveStepTimeSession:
                     self._last_good, self._last_good_at = analysis, now
                     return LiveStepTimeResult(analysis, FRESHNESS_LIVE, 0.0, None)
             return self._fallback(now, error)
+
+    def _analyze(self, snapshot: StepTimeRepositorySnapshot, now: float) -> StepTimeAnalysis:
+        """The pipeline's analysis, with resource figures re-read at most every `resource_refresh_s`."""
+        fresh = self._resources_at is not None and now - self._resources_at < self.resource_refresh_s
+        if fresh:
+            return self._pipeline.analyze(snapshot, self.window, resources=self._resources)
+        analysis = self._pipeline.analyze(snapshot, self.window, db_path=self.db_path)
+        if analysis.resources is not None:
+            self._resources, self._resources_at = analysis.resources, now
+        return analysis
 
     def _fallback(self, now: float, error: str | None) -> LiveStepTimeResult:
         if self._last_good is None or self._last_good_at is None:

@@ -282,3 +282,38 @@ def test_samples_outside_the_window_are_left_out(tmp_path):
     res = _summary(db, run).resources
     assert res.ranks[0].figures[m.CPU_UTILIZATION] == pytest.approx(0.5)
     assert res.start_time < _step_time(1) and res.end_time == pytest.approx(_step_time(100))
+
+
+def test_the_live_session_rereads_resources_only_after_its_refresh_interval(tmp_path):
+    from traceml.processor.step_time.pipeline import LiveStepTimeSession
+
+    run = "complete_gpu"
+    db = build_scenario(run, tmp_path / "s.db")
+    _rows(db, _gpu_rows(run, 0, 0.9, "GPU-a"))
+    now = [100.0]
+    session = LiveStepTimeSession(db, run, clock=lambda: now[0])
+    first = session.refresh().analysis
+    assert first.resources.ranks[0].figures[m.GPU_UTILIZATION] == pytest.approx(0.9)
+    _rows(db, [(run, 0, "node0", "GPU-a", r.GPU_UTILIZATION, _step_time(100), 0.1, r.SOURCE_TRACEML, None)])
+    with StepTimeStore(db) as store:  # a new step: the session analyses again
+        store.write([_record(run, step=101)], receive_time=START_TIME + 3700.0)
+    now[0] += 1.0
+    second = session.refresh().analysis
+    assert second is not first and second.resources is first.resources  # within 5 s: reused
+    with StepTimeStore(db) as store:
+        store.write([_record(run, step=102)], receive_time=START_TIME + 3701.0)
+    now[0] += session.resource_refresh_s
+    third = session.refresh().analysis
+    assert third.resources is not first.resources
+    assert third.resources.ranks[0].figures[m.GPU_UTILIZATION] < 0.9  # the newer sample counted
+
+
+def _record(run, step, rank=0):
+    start = START_TIME + step * STEP_SECONDS
+    events = {raw: RawEventValue(value * 2, value, 1) for raw, value in
+              ((v.RAW_DATALOADER_NEXT, 5.0), (v.RAW_H2D, 5.0), (v.RAW_FORWARD, 30.0), (v.RAW_BACKWARD, 45.0),
+               (v.RAW_OPTIMIZER_STEP, 10.0), (v.RAW_STEP_TIME, 95.0))}
+    return StepTimeIngestRecord(run_id=run, identity=RankIdentity(rank, local_rank=rank, node_rank=0, world_size=2,
+                                                                  local_world_size=2, hostname="node0"),
+                                step=step, start_time=start, sample_time=start + STEP_SECONDS * 0.9,
+                                events=events, training_strategy="ddp")

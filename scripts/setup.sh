@@ -10,5 +10,5 @@ fi
 # Strict editable mode: each import name maps exactly onto its folder (setup.py's
 # PACKAGE_ROOTS), which tools can follow; a new module needs this script run again.
 .venv/bin/python -m pip install -q --disable-pip-version-check \
-  "torch==2.13.0" -e ".[dev,huggingface,lightning]" --config-settings editable_mode=strict 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
+  "torch==2.13.0" -e ".[dev,huggingface,lightning,gpu]" --config-settings editable_mode=strict 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
 .venv/bin/python -c "import torch, traceml, traceml.processor" >/dev/null

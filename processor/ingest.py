@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from traceml.processor.decode import DecodedBatch
+from traceml.processor.decode import IGNORED_UNKNOWN_HOST, DecodedBatch
 from traceml.processor.self_telemetry import SelfTelemetry
 from traceml.schema import vocabulary as v
 
@@ -170,11 +170,29 @@ class IngestQueue:
                 self.in_flight_records = 0
 
     def _commit(self, tickets: list[_Ticket]) -> None:
-        steps, memory = [], []
+        steps, memory, resources = [], [], []
         for t in tickets:
             steps.extend(t.batch.step_records)
             memory.extend(t.batch.memory_records)
-        result = self._store.write(steps, memory)
+            resources.extend(t.batch.resource_records)
+        result = self._store.write(steps, memory, resources)
+        # Foreign resource samples the store left out (no stored rank on their host): the
+        # decoder could not know, so they become the batch's ignored here, before the
+        # intake counts and answers it.
+        unjoined = [0] * len(tickets)
+        if result.unjoined_resources:
+            ends, end = [], 0
+            for t in tickets:
+                end += len(t.batch.resource_records)
+                ends.append(end)
+            k = 0
+            for position in result.unjoined_resources:  # ascending
+                while position >= ends[k]:
+                    k += 1
+                unjoined[k] += 1
+            for t, n in zip(tickets, unjoined):
+                if n:
+                    t.batch.ignored[IGNORED_UNKNOWN_HOST] += n
         for t in tickets:
             for marker in t.batch.run_ends:
                 self._store.mark_rank_finished(marker.run_id, marker.global_rank, dict(marker.final_counts),
@@ -196,8 +214,8 @@ class IngestQueue:
         # The store reports one merged result; split its duplicates over the tickets in
         # order. It refuses nothing: every record passed the decoder.
         duplicates_left = result.duplicates
-        for t in tickets:
-            written = len(t.batch.step_records) + len(t.batch.memory_records)
+        for t, left_out in zip(tickets, unjoined):
+            written = len(t.batch.step_records) + len(t.batch.memory_records) + len(t.batch.resource_records) - left_out
             dup = min(duplicates_left, written)
             duplicates_left -= dup
             accepted = written - dup + len(t.batch.run_ends) + len(t.batch.drops)

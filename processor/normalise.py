@@ -5,7 +5,8 @@ Raw event names (`_traceml_internal:*`) become the canonical metric columns here
 decodes JSON. The raw events are kept as JSON text in `payload` (raw event name
 -> [cpu_ms, gpu_ms, count]) for audit and for event names this version does not
 know. Each step row also gets the `packed` BLOB (`sqlite_layout.PACKED_FORMAT`)
-and a content digest, by which the writer recognises a resend.
+and a content digest, by which the writer recognises a resend. A resource record
+(`schema.resources`) is one `resource_samples` row as it is.
 
 What arrives is what `decode.py` lets through, and it is not checked again here:
 run id, rank, step and timestamps are valid; every duration is None or a finite
@@ -25,7 +26,7 @@ import struct
 from typing import Mapping
 
 from traceml.processor.sqlite_layout import METRIC_VALUE_COLUMNS, PACKED_FORMAT, PACKED_METRICS
-from traceml.processor.step_time.model import StepMemoryIngestRecord, StepTimeIngestRecord
+from traceml.processor.step_time.model import ResourceIngestRecord, StepMemoryIngestRecord, StepTimeIngestRecord
 from traceml.schema.vocabulary import RAW_EVENT_TO_METRIC
 
 UNKNOWN_DEVICE = "unknown"
@@ -123,4 +124,10 @@ def normalise_memory_record(record: StepMemoryIngestRecord, receive_time: float)
             receive_time)
 
 
-__all__ = ["UNKNOWN_DEVICE", "normalise_memory_record", "normalise_step_record"]
+def normalise_resource_record(record: ResourceIngestRecord, receive_time: float) -> tuple:
+    """One decoded resource record -> its `resource_samples` row in `RESOURCE_COLUMNS` order."""
+    return (record.run_id, record.global_rank, record.host, record.device, record.metric, record.sample_time,
+            record.value, record.source, record.pid, receive_time)
+
+
+__all__ = ["UNKNOWN_DEVICE", "normalise_memory_record", "normalise_resource_record", "normalise_step_record"]

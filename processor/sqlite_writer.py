@@ -13,6 +13,16 @@ stored again and what replaces what):
 - Per run, the cursor (latest row id and step) and the rank universe, whose
   version moves when a rank appears or its identity changes; end-of-run markers
   and reported drops.
+- Resource samples (`resource_samples`), in the same transaction as the steps: a
+  rank's own always; a foreign sender's (`hostmetrics`, DCGM: no run) only on a
+  host where a stored run has a rank (its step rows' `hostname`, or that rank's own
+  resource rows) and was heard from in the last `HOST_ACTIVE_S`, and a foreign
+  process's figures only for a pid that a rank's own rows on that host named
+  shortly before (`PID_WINDOW_S`). Anything else is not stored (`unjoined_resources`,
+  which the ingest queue counts as ignored): a shared Collector's other hosts and
+  processes would otherwise fill the table. A re-sent sample (same sender, host,
+  device, metric and time) adds nothing. Resource rows are keyed by time, not by
+  attempt: an elastic restart leaves them where they are.
 
 It validates nothing: every record has passed `decode.py`, the processor's one
 judge of values (it rejects a span whole, with a counted reason, rather than
@@ -36,17 +46,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from traceml.processor.normalise import normalise_memory_record, normalise_step_record
+from traceml.processor.normalise import normalise_memory_record, normalise_resource_record, normalise_step_record
 from traceml.processor.sqlite_guard import DatabaseUnusable, check_database, note_database_error
 from traceml.processor.sqlite_layout import (
     ADDED_COLUMNS,
     BUSY_TIMEOUT_S,
     DDL,
     MEMORY_COLUMNS,
+    RESOURCE_COLUMNS,
     SAMPLE_COLUMNS,
     SCHEMA_USER_VERSION,
 )
-from traceml.processor.step_time.model import StepMemoryIngestRecord, StepTimeIngestRecord
+from traceml.processor.step_time.model import ResourceIngestRecord, StepMemoryIngestRecord, StepTimeIngestRecord
+from traceml.schema import resources as sr
 
 LOG = logging.getLogger(__name__)
 
@@ -66,6 +78,26 @@ _INSERT_MEMORY = (
     f"INSERT OR IGNORE INTO step_memory_samples ({', '.join(MEMORY_COLUMNS)})"
     f" VALUES ({', '.join('?' * len(MEMORY_COLUMNS))})"
 )
+_INSERT_RESOURCE = (
+    f"INSERT INTO resource_samples ({', '.join(RESOURCE_COLUMNS)})"
+    f" SELECT {', '.join('?' * len(RESOURCE_COLUMNS))}"
+    " WHERE NOT EXISTS (SELECT 1 FROM resource_samples WHERE host = ? AND sample_time = ? AND metric = ?"
+    " AND device = ? AND source = ? AND run_id IS ? AND global_rank IS ? AND pid IS ?)"
+)  # the (host, sample_time) index finds a resend
+_R_RUN, _R_RANK, _R_HOST, _R_DEVICE, _R_METRIC, _R_TIME, _R_VALUE, _R_SOURCE, _R_PID = range(9)
+_PROCESS_METRICS = frozenset({sr.PROCESS_CPU_UTILIZATION, sr.PROCESS_MEMORY_USAGE})
+
+HOST_ACTIVE_S = 600.0
+"""A foreign sample is stored while a run with a rank on its host was heard from this recently
+(twice the run monitor's default idle timeout): a shared Collector's samples of a host whose
+runs ended long ago would fall outside every run's window, so they are not kept."""
+HOST_RECHECK_S = 5.0
+"""How long a host (or its pids) found unknown is not looked up again: another ingest worker
+may have stored its rank since; this process's own writes count at once."""
+PID_WINDOW_S = 300.0
+"""A foreign process figure joins a pid that a rank's own rows on that host named within this
+much before the figure's time (a rank samples every few seconds): a short index range."""
+_MAX_REMEMBERED = 4096  # hosts per cache before it starts over
 
 
 @dataclass(frozen=True)
@@ -78,6 +110,9 @@ class WriteResult:
     duplicates: int
     replaced: int = 0
     unknown_events: int = 0
+    # Positions in the `resource_records` given of foreign records not stored: no stored
+    # rank on their host (or, for a process's figures, with their pid there).
+    unjoined_resources: tuple[int, ...] = ()
 
 
 def ensure_schema(conn: sqlite3.Connection) -> None:
@@ -123,6 +158,9 @@ class StepTimeStore:
                                    " free disk space, or point --db at a new file") from None
         self._unknown_logged = False
         self._closed = False
+        self._host_seen: dict[str, float] = {}  # host -> latest wall time a stored rank there was heard
+        self._host_misses: dict[str, float] = {}  # host -> monotonic time it was found inactive
+        self._host_pids: dict[str, tuple[set[int], float]] = {}  # host -> (its ranks' pids, monotonic loaded)
         self._restarted = self._has_restarts()  # any run past attempt 0: check every batch
 
     # --- writing ---------------------------------------------------------------------
@@ -131,11 +169,16 @@ class StepTimeStore:
         self,
         step_records: Iterable[StepTimeIngestRecord] = (),
         memory_records: Iterable[StepMemoryIngestRecord] = (),
+        resource_records: Iterable[ResourceIngestRecord] = (),
         *,
         receive_time: float | None = None,
     ) -> WriteResult:
-        """Normalise, deduplicate and commit decoded records of both kinds; returns after commit."""
+        """Normalise, deduplicate and commit decoded records of every kind; returns after commit."""
         now = time.time() if receive_time is None else receive_time
+        resource_rows = [normalise_resource_record(record, now) for record in resource_records]
+        unjoined: list[int] = []
+        learned_hosts: set[str] = set()
+        learned_pids: set[tuple[str, int]] = set()
 
         step_rows: dict[tuple[str, int, int, int], tuple] = {}  # (run, attempt, rank, step) -> row
         duplicates = 0
@@ -216,15 +259,128 @@ class StepTimeStore:
                     inserted = conn.total_changes - before
                     accepted += inserted
                     duplicates += len(rows) - inserted
+                learned_hosts.update(row[6] for row in step_rows.values() if row[6])
+                if resource_rows:
+                    inserted, stored = self._write_resources(conn, resource_rows, now, unjoined, learned_hosts,
+                                                             learned_pids)
+                    accepted += inserted
+                    duplicates += stored - inserted
                 conn.commit()
             except BaseException as exc:
                 note_database_error(self.path, exc)
                 conn.rollback()
                 raise
+            for host in learned_hosts:  # only what is committed
+                self._host_seen[host] = now
+                self._host_misses.pop(host, None)
+            if len(self._host_seen) > _MAX_REMEMBERED:
+                self._host_seen = {h: t for h, t in self._host_seen.items() if now - t <= HOST_ACTIVE_S}
+            for host, pid in learned_pids:
+                if host in self._host_pids:
+                    self._host_pids[host][0].add(pid)
         if unknown_events:
             self._log_unknown_events(unknown_events)
         return WriteResult(accepted=accepted, duplicates=duplicates, replaced=replaced,
-                           unknown_events=unknown_events)
+                           unknown_events=unknown_events, unjoined_resources=tuple(unjoined))
+
+    # --- resource samples ------------------------------------------------------------
+
+    def _write_resources(self, conn: sqlite3.Connection, rows: list[tuple], now: float, unjoined: list[int],
+                         learned_hosts: set[str], learned_pids: set[tuple[str, int]]) -> tuple[int, int]:
+        """Insert a rank's own rows and the foreign rows that join a stored rank (inside the write
+        transaction, after the batch's steps); returns (inserted, offered for insertion) and fills
+        `unjoined` with the positions of the foreign rows left out."""
+        keep: list[tuple] = []
+        foreign: list[int] = []
+        for i, row in enumerate(rows):
+            if row[_R_RUN] is None:
+                foreign.append(i)
+                continue
+            keep.append(row)
+            if row[_R_HOST]:
+                learned_hosts.add(row[_R_HOST])
+                if row[_R_PID] is not None:
+                    learned_pids.add((row[_R_HOST], row[_R_PID]))
+        if foreign:
+            clock = time.monotonic()
+            active: dict[str, bool] = {}
+            earliest: dict[str, float] = {}  # host -> its earliest foreign process figure in the batch
+            for i in foreign:
+                row = rows[i]
+                if row[_R_METRIC] in _PROCESS_METRICS:
+                    earliest[row[_R_HOST]] = min(earliest.get(row[_R_HOST], row[_R_TIME]), row[_R_TIME])
+            pids: dict[str, set[int]] = {}
+            for i in foreign:
+                row = rows[i]
+                host = row[_R_HOST]
+                ok = active.get(host)
+                if ok is None:
+                    ok = active[host] = host in learned_hosts or self._host_active(conn, host, now, clock)
+                if ok and row[_R_METRIC] in _PROCESS_METRICS:
+                    pid = row[_R_PID]
+                    if pid is not None and (host, pid) not in learned_pids:
+                        host_pids = pids.get(host)
+                        if host_pids is None:
+                            host_pids = pids[host] = self._pids_on(conn, host, earliest[host] - PID_WINDOW_S,
+                                                                   clock, pid)
+                        ok = pid in host_pids
+                    else:
+                        ok = pid is not None
+                if ok:
+                    keep.append(row)
+                else:
+                    unjoined.append(i)
+        if not keep:
+            return 0, 0
+        before = conn.total_changes
+        conn.executemany(_INSERT_RESOURCE, [(*row, row[_R_HOST], row[_R_TIME], row[_R_METRIC], row[_R_DEVICE],
+                                             row[_R_SOURCE], row[_R_RUN], row[_R_RANK], row[_R_PID])
+                                            for row in keep])
+        return conn.total_changes - before, len(keep)
+
+    def _host_active(self, conn: sqlite3.Connection, host: str, now: float, clock: float) -> bool:
+        """Was a run with a rank on `host` heard from in the last `HOST_ACTIVE_S` (the run's receive
+        time, through its ranks' hostname; or a rank's own resource sample there)?"""
+        if not host:
+            return False
+        seen = self._host_seen.get(host)
+        if seen is not None and now - seen <= HOST_ACTIVE_S:
+            return True
+        missed = self._host_misses.get(host)
+        if missed is not None and clock - missed < HOST_RECHECK_S:
+            return False
+        since = now - HOST_ACTIVE_S
+        (by_steps,) = conn.execute(
+            "SELECT max(u.last_receive_time) FROM step_time_ranks AS k JOIN step_time_runs AS u"
+            " ON u.run_id = k.run_id WHERE k.hostname = ?", (host,)).fetchone()
+        (by_samples,) = conn.execute(
+            "SELECT max(sample_time) FROM resource_samples WHERE host = ? AND sample_time >= ?"
+            " AND run_id IS NOT NULL", (host, since)).fetchone()
+        latest = max((t for t in (by_steps, by_samples) if t is not None), default=None)
+        if latest is not None and latest >= since:
+            self._host_misses.pop(host, None)
+            self._host_seen[host] = min(latest, now)  # a clock ahead of ours counts as now
+            return True
+        if len(self._host_misses) >= _MAX_REMEMBERED:
+            self._host_misses.clear()
+        self._host_misses[host] = clock
+        return False
+
+    def _pids_on(self, conn: sqlite3.Connection, host: str, since: float, clock: float, wanted: int) -> set[int]:
+        """The pids a rank's own rows on `host` named since `since` (cached; looked up again, at most
+        every `HOST_RECHECK_S`, when a foreign process figure names a pid not among them)."""
+        cached = self._host_pids.get(host)
+        if cached is not None and (wanted in cached[0] or clock - cached[1] < HOST_RECHECK_S):
+            return cached[0]
+        found = {int(pid) for (pid,) in conn.execute(
+            "SELECT DISTINCT pid FROM resource_samples WHERE host = ? AND sample_time >= ?"
+            " AND run_id IS NOT NULL AND pid IS NOT NULL", (host, since))}
+        if cached is not None:
+            found |= cached[0]
+        if len(self._host_pids) >= _MAX_REMEMBERED:
+            self._host_pids.clear()
+        self._host_pids[host] = (found, clock)
+        return found
 
     @staticmethod
     def _update_runs_and_ranks(conn: sqlite3.Connection, rows: Sequence[tuple], now: float) -> None:

@@ -47,7 +47,7 @@ _OWNERS = {
 }
 _OWNER_OF = {name: module for module, names in _OWNERS.items() for name in names}
 
-_LIVE = frozenset({"_exporter_sink", "_time_sampler", "_memory_sampler"})
+_LIVE = frozenset({"_exporter_sink", "_time_sampler", "_memory_sampler", "_resource_sampler"})
 """Lifecycle state that tests and benchmarks read through the package: looked up on
 every access (never bound here), since init() and shutdown() replace it."""
 

@@ -1,9 +1,9 @@
 """TraceML's life in one process: init, shutdown, the forked child, the exit flush.
 
-`init()` starts the two samplers, installs the automatic patches in `auto` mode,
-starts the OTLP exporter when one is configured and claims the calling thread as
-the training thread; `shutdown()` undoes all of it in order (recording off, the
-samplers drained, the exporter flushed, the patches removed). What the hot path
+`init()` starts the two step samplers and the resource sampler (`resources`), installs
+the automatic patches in `auto` mode, starts the OTLP exporter when one is configured
+and claims the calling thread as the training thread; `shutdown()` undoes all of it in
+order (recording off, the samplers drained, the exporter flushed, the patches removed). What the hot path
 needs of this (disabled, initialised, mode, default device) is written to
 `process_state.session`; the samplers and the exporter sink stay here.
 This module does not time anything itself: see `traced_step`, `timing`, `hooks`.
@@ -21,6 +21,7 @@ from . import step_boundary
 from . import step_events as _se
 from . import timing as _timing
 from .process_state import session as _session
+from .resources import ResourceSampler, start_resource_sampler
 from .samplers import StepMemorySampler, StepTimeSampler, register_sink, unregister_sink
 from .traced_step import reset_tracker_cache
 
@@ -28,6 +29,7 @@ _log = logging.getLogger("traceml")
 _lock = threading.RLock()
 _time_sampler: StepTimeSampler | None = None
 _memory_sampler: StepMemorySampler | None = None
+_resource_sampler: ResourceSampler | None = None
 _exporter_sink = None
 _atexit_registered = False
 _exporter_failure_logged = False
@@ -47,12 +49,12 @@ def init(mode: str | None = None, *, endpoint: str | None = None, protocol: str 
          phase_spans: bool | None = None) -> None:
     """Start TraceML in this process (idempotent; a no-op under TRACEML_DISABLE).
 
-    Starts the two samplers, installs the automatic patches in `auto` mode, and starts
-    the OTLP exporter when an endpoint is configured (argument or
-    OTEL_EXPORTER_OTLP_ENDPOINT). An invalid mode raises ValueError; a failing
+    Starts the two step samplers and the resource sampler, installs the automatic
+    patches in `auto` mode, and starts the OTLP exporter when an endpoint is configured
+    (argument or OTEL_EXPORTER_OTLP_ENDPOINT). An invalid mode raises ValueError; a failing
     exporter is logged and training continues without export.
     """
-    global _time_sampler, _memory_sampler, _exporter_sink, _atexit_registered
+    global _time_sampler, _memory_sampler, _resource_sampler, _exporter_sink, _atexit_registered
     session = _session
     with _lock:
         config = _settings.read_settings(mode)
@@ -80,6 +82,11 @@ def init(mode: str | None = None, *, endpoint: str | None = None, protocol: str 
         _memory_sampler = StepMemorySampler()
         _time_sampler.start()
         _memory_sampler.start()
+        try:
+            _resource_sampler = start_resource_sampler()  # None under TRACEML_RESOURCES=0
+        except Exception:  # resource figures are optional; the step telemetry is not
+            _log.exception("TraceML: the resource sampler could not be started")
+            _resource_sampler = None
         _exporter_sink = _start_exporter(endpoint=endpoint, protocol=protocol, run_id=run_id,
                                          strategy=strategy, phase_spans=phase_spans)
         if not _atexit_registered:
@@ -133,21 +140,22 @@ def _start_exporter(**kwargs):
 
 
 def shutdown(timeout_s: float = 5.0) -> None:
-    """Stop recording, drain both samplers, then flush and close the exporter (idempotent).
+    """Stop recording, drain both step samplers, take the resource sampler's last sample, then
+    flush and close the exporter (idempotent).
 
     The exporter sink gets `on_run_end(steps_completed, dropped_counts, step_boundary=...)`
     (when it has that method; `step_boundary.boundary_kind()`) after the samplers
     drained, then `shutdown(timeout_s)`. An auto-mode process that completed no step
     and saw no optimizer update warns once first (`step_boundary.warn_if_no_boundary`).
     """
-    global _time_sampler, _memory_sampler, _exporter_sink
+    global _time_sampler, _memory_sampler, _resource_sampler, _exporter_sink
     session = _session
     with _lock:
         if not session.initialized:
             return
         _se.set_recording(False)
         step_boundary.warn_if_no_boundary()
-        for sampler in (_time_sampler, _memory_sampler):
+        for sampler in (_time_sampler, _memory_sampler, _resource_sampler):
             if sampler is not None:
                 try:
                     sampler.stop(timeout_s)
@@ -171,7 +179,7 @@ def shutdown(timeout_s: float = 5.0) -> None:
             from . import patches
 
             patches.uninstall()
-        _time_sampler = _memory_sampler = _exporter_sink = None
+        _time_sampler = _memory_sampler = _resource_sampler = _exporter_sink = None
         reset_tracker_cache()  # a later init re-selects and re-hooks
         session.initialized = False
         session.mode = None
@@ -183,10 +191,10 @@ def _after_fork_in_child() -> None:
     Its copies of the sampler threads do not exist after fork; queues and captures
     inherited from the parent are left alone and never published.
     """
-    global _time_sampler, _memory_sampler, _exporter_sink
+    global _time_sampler, _memory_sampler, _resource_sampler, _exporter_sink
     _se.set_recording(False)
     _session.initialized = False
-    _time_sampler = _memory_sampler = _exporter_sink = None
+    _time_sampler = _memory_sampler = _resource_sampler = _exporter_sink = None
 
 
 def _shutdown_at_exit() -> None:

@@ -7,10 +7,12 @@ reader of TRACEML_DISABLE goes through `kill_switch()`.
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Mapping
 
+from traceml.schema import env_values
 from traceml.schema import environment as env_names
 
 MODE_AUTO = "auto"
@@ -46,3 +48,46 @@ def read_settings(mode: str | None = None, environ: Mapping[str, str] | None = N
     if disabled:
         return TrainingSettings(disabled=True, mode=MODE_MANUAL)
     return TrainingSettings(disabled=False, mode=resolve_mode(mode, environ))
+
+
+DEFAULT_RESOURCE_INTERVAL_S = 5.0
+"""A few seconds: resource figures move slowly, and each sample costs the process a GIL hand-off."""
+MIN_RESOURCE_INTERVAL_S = 0.1
+"""A shorter interval (valid, but a sampler waking every few milliseconds takes the GIL from the
+training thread as often) is raised to this."""
+
+
+@dataclass(frozen=True)
+class ResourceSettings:
+    enabled: bool
+    interval_s: float
+
+
+def read_resource_settings(environ: Mapping[str, str] | None = None) -> ResourceSettings:
+    """TRACEML_RESOURCES (on unless 0/false/no/off) and TRACEML_RESOURCE_INTERVAL (seconds).
+
+    A value that is neither a switch spelling nor a positive number is warned about once
+    and ignored, as every numeric TraceML variable is (`env_values`): the sampler keeps
+    its default rather than the run losing its resource figures to a typo.
+    """
+    env = os.environ if environ is None else environ
+    enabled = True
+    raw = env.get(env_names.TRACEML_RESOURCES)
+    if raw is not None and raw.strip():
+        value = raw.strip().lower()
+        if value in env_names.FALSE_VALUES:
+            enabled = False
+        elif value not in env_names.TRUE_VALUES:
+            env_values.warn_ignored(env_names.TRACEML_RESOURCES, raw, "1/true/yes/on or 0/false/no/off")
+    interval = DEFAULT_RESOURCE_INTERVAL_S
+    raw = env.get(env_names.TRACEML_RESOURCE_INTERVAL)
+    if raw is not None and raw.strip():
+        try:
+            seconds = float(raw.strip())
+        except ValueError:
+            seconds = float("nan")
+        if math.isfinite(seconds) and seconds > 0:
+            interval = max(MIN_RESOURCE_INTERVAL_S, seconds)
+        else:
+            env_values.warn_ignored(env_names.TRACEML_RESOURCE_INTERVAL, raw, "a positive number of seconds")
+    return ResourceSettings(enabled=enabled, interval_s=interval)

@@ -70,6 +70,16 @@ def reset_tracker_cache() -> None:
     _tracker_cache[0], _tracker_cache[1] = _no_model, None
 
 
+def tracked_cuda_index() -> int | None:
+    """The CUDA device index the steps' memory tracker follows (None: no step yet, or not CUDA).
+
+    For the resource sampler's thread, which must not ask CUDA for its own current
+    device (that is per thread): one read of the cache, no lock.
+    """
+    tracker = _tracker_cache[1]
+    return None if tracker is None else tracker.cuda_index
+
+
 def _tracker_for(model) -> StepMemoryTracker:
     """Select (and, when decided, cache) the memory tracker for `model`; trace_step
     calls this only when the cache does not hold `model`'s."""

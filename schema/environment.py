@@ -113,6 +113,9 @@ SLURM_NODEID = "SLURM_NODEID"
 SLURM_NTASKS = "SLURM_NTASKS"
 SLURM_NTASKS_PER_NODE = "SLURM_NTASKS_PER_NODE"
 SLURM_NNODES = "SLURM_NNODES"
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+"""Only read by the resource sampler: maps the rank's CUDA device index (the process's own
+numbering) onto the host's NVML device, by index or UUID."""
 OMP_NUM_THREADS = "OMP_NUM_THREADS"
 """Only looked at by `traceml run` / `traceml demo`: set to 1 for the ranks when the user has not
 set it (torchrun's own default for several local ranks, set quietly)."""
@@ -139,6 +142,11 @@ TRACEML_EXIT_AFTER_FLUSH = "TRACEML_EXIT_AFTER_FLUSH"
 atexit handlers, flush stdio and leave with os._exit, skipping interpreter teardown (where
 torch 2.13 DDP on gloo can abort under CPU load). Unclosed files are not finalised: opt in
 only for scripts that close what they open."""
+TRACEML_RESOURCES = "TRACEML_RESOURCES"
+"""The resource sampler (process, host and GPU metrics, `traceml.resources`): on by default;
+0/false/no/off turns it off; any other value is warned about and ignored."""
+TRACEML_RESOURCE_INTERVAL = "TRACEML_RESOURCE_INTERVAL"
+"""Seconds between two resource samples (default 5; a positive number, below 0.1 raised to 0.1)."""
 
 # --- TraceML processor ----------------------------------------------------------
 TRACEML_PROCESSOR_DB = "TRACEML_PROCESSOR_DB"
@@ -185,6 +193,8 @@ TRACEML_PROCESSOR_HTTP_MAX_CONNECTIONS = "TRACEML_PROCESSOR_HTTP_MAX_CONNECTIONS
 at the cap the longest-idle one is closed, or the newcomer answered 503 + Retry-After (default 1024)."""
 
 TRUE_VALUES = frozenset({"1", "true", "yes", "on"})
+FALSE_VALUES = frozenset({"0", "false", "no", "off"})
+"""What turns off a TraceML switch that is on by default (`TRACEML_RESOURCES`)."""
 
 
 def env_flag(value: str | None, default: bool = False) -> bool:

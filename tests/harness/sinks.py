@@ -9,14 +9,18 @@ from __future__ import annotations
 
 
 class RecordingSink:
-    """Keeps every step-time and step-memory record it is handed, in arrival order."""
+    """Keeps every step-time, step-memory and resource record it is handed, in arrival order."""
 
     def __init__(self) -> None:
         self.steps = []
         self.memory = []
+        self.resources = []
 
     def on_step_time(self, record) -> None:
         self.steps.append(record)
 
     def on_step_memory(self, record) -> None:
         self.memory.append(record)
+
+    def on_resources(self, snapshot) -> None:
+        self.resources.append(snapshot)

@@ -3,9 +3,10 @@
 Why not the SDK objects: measured here, an SDK span costs about 30 us to create and
 35 us to encode, so a step with six phase children (seven spans) would cost about
 240 us of background CPU; building the protobuf messages directly costs about a
-third of that. The only metrics are the cumulative telemetry counters, whose
-attributes are bounded (run, rank, one closed set): per-step peak memory rides on
-the step span, so nothing here makes a new metric series per step.
+third of that. The metrics are the cumulative telemetry counters and the resource
+sampler's figures (`schema.resources`: gauges and non-monotonic cumulative sums), all
+with bounded attributes (run, rank, one closed set or one device): per-step peak
+memory rides on the step span, so nothing here makes a new metric series per step.
 
 Durations go out in seconds (`traceml.phase.<phase>.cpu.duration`), as OpenTelemetry's
 conventions use; the samplers measure milliseconds, divided here by 1000 (a
@@ -22,6 +23,7 @@ step span is that span's child, in its trace.
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 from typing import Mapping, Sequence
 
@@ -33,7 +35,8 @@ from opentelemetry.proto.resource.v1 import resource_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from .identity import RunIdentity
-from traceml.records import ResolvedStepTime, StepMemorySnapshot
+from traceml.records import ResolvedStepTime, ResourceSnapshot, StepMemorySnapshot
+from traceml.schema import resources as r
 from traceml.schema import vocabulary as v
 from traceml.schema.distribution import package_version
 
@@ -42,7 +45,8 @@ from .settings import ExporterSettings
 SCOPE_VERSION = package_version()
 _SPAN_KIND_INTERNAL = trace_pb2.Span.SpanKind.SPAN_KIND_INTERNAL
 _CUMULATIVE = metrics_pb2.AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
-_SPECS = {spec.name: spec for spec in v.TRAINING_METRICS}
+_SPECS = {spec.name: spec for spec in (*v.TRAINING_METRICS, *r.RESOURCE_METRICS)}
+_SUM_KINDS = {"counter": True, "updowncounter": False}  # kind -> is_monotonic (cumulative sums)
 _CACHE_MAX = 256
 _FLAGS_HAS_IS_REMOTE = trace_pb2.SpanFlags.SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
 _FLAGS_IS_REMOTE = trace_pb2.SpanFlags.SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK
@@ -117,6 +121,7 @@ def resource_attributes(identity: RunIdentity, settings: ExporterSettings,
     attrs[v.ATTR_LOCAL_WORLD_SIZE] = identity.local_world_size
     attrs[v.ATTR_TRAINING_STRATEGY] = identity.strategy
     attrs[v.ATTR_RUN_ATTEMPT] = identity.attempt
+    attrs[r.RES_PROCESS_PID] = os.getpid()  # how a foreign `process.*` sender's points find the rank
     attrs.update(telemetry_attributes())
     return attrs
 
@@ -185,6 +190,7 @@ class OtlpEncoder:
         self._event_keys: dict[str, tuple[str, str, str]] = {}
         self._phase_names: dict[str, tuple[str, common_pb2.KeyValue]] = {}
         self._device_kvs: dict[str, common_pb2.KeyValue] = {}
+        self._resource_kvs: dict[tuple[str, str], common_pb2.KeyValue] = {}
 
     @property
     def resource(self) -> resource_pb2.Resource:
@@ -330,10 +336,74 @@ class OtlpEncoder:
                                    common_pb2.KeyValue(key=attribute, value=any_value(label))))
         return len(values)
 
+    def _kv(self, key: str, value: str) -> common_pb2.KeyValue:
+        """A cached string attribute (modes, states, the device): a handful per rank."""
+        kv = self._resource_kvs.get((key, value))
+        if kv is None:
+            kv = common_pb2.KeyValue(key=key, value=common_pb2.AnyValue(string_value=value))
+            if len(self._resource_kvs) < _CACHE_MAX:
+                self._resource_kvs[(key, value)] = kv
+        return kv
+
+    def add_resource_points(self, batch: "MetricsBatch", snapshot: ResourceSnapshot, start_ns: int) -> int:
+        """One resource snapshot's points (`schema.resources.RESOURCE_METRICS`); returns how many.
+
+        A field that was not measured (None) sends no point, so an absent GPU or a rank
+        other than the node's local rank 0 shows as no series, never as zeros. Sums are
+        cumulative from `start_ns` (the exporter's start), gauges carry only their time.
+        Every point has run and rank, as the telemetry counters do. All of a snapshot's
+        values are converted before its first point is added: a bad one adds nothing.
+        """
+        gauges: list[tuple[str, float, tuple]] = []
+        levels: list[tuple[str, int, tuple]] = []
+        if snapshot.process_cpu_utilization is not None:
+            gauges.append((r.PROCESS_CPU_UTILIZATION, float(snapshot.process_cpu_utilization), ()))
+        if snapshot.process_rss_bytes is not None:
+            levels.append((r.PROCESS_MEMORY_USAGE, int(snapshot.process_rss_bytes), ()))
+        for mode, share in (snapshot.host_cpu_modes or {}).items():
+            gauges.append((r.SYSTEM_CPU_UTILIZATION, float(share), (self._kv(r.ATTR_CPU_MODE, str(mode)),)))
+        if snapshot.host_cpu_count is not None:
+            levels.append((r.SYSTEM_CPU_LOGICAL_COUNT, int(snapshot.host_cpu_count), ()))
+        states = dict(snapshot.host_memory_by_state or {})
+        if snapshot.host_memory_used_bytes is not None:
+            states.setdefault(r.MEMORY_STATE_USED, snapshot.host_memory_used_bytes)
+        for state, size in states.items():
+            levels.append((r.SYSTEM_MEMORY_USAGE, int(size), (self._kv(r.ATTR_MEMORY_STATE, str(state)),)))
+        if snapshot.host_memory_total_bytes is not None:
+            levels.append((r.SYSTEM_MEMORY_LIMIT, int(snapshot.host_memory_total_bytes), ()))
+        gpu = snapshot.gpu
+        if gpu is not None:
+            hw = (self._kv(r.ATTR_HW_ID, str(gpu.hw_id)), self._kv(r.ATTR_HW_TYPE, r.HW_TYPE_GPU))
+            if gpu.utilization is not None:
+                gauges.append((r.GPU_UTILIZATION, float(gpu.utilization), hw))
+            if gpu.memory_used_bytes is not None:
+                levels.append((r.GPU_MEMORY_USAGE, int(gpu.memory_used_bytes), hw))
+            if gpu.memory_total_bytes is not None:
+                levels.append((r.GPU_MEMORY_LIMIT, int(gpu.memory_total_bytes), hw))
+            if gpu.temperature_c is not None:
+                gauges.append((r.HW_TEMPERATURE, float(gpu.temperature_c), hw))
+            if gpu.power_w is not None:
+                gauges.append((r.HW_POWER, float(gpu.power_w), hw))
+        if snapshot.cuda_device is not None:
+            device = (self._kv(v.ATTR_DEVICE, str(snapshot.cuda_device)),)
+            if snapshot.cuda_allocated_bytes is not None:
+                levels.append((r.CUDA_MEMORY_ALLOCATED, int(snapshot.cuda_allocated_bytes), device))
+            if snapshot.cuda_reserved_bytes is not None:
+                levels.append((r.CUDA_MEMORY_RESERVED, int(snapshot.cuda_reserved_bytes), device))
+        now = int(snapshot.time_ns)
+        run_rank = (self._run_kv, self._rank_kv)
+        for name, value, extra in gauges:
+            batch.points(name).add(time_unix_nano=now, as_double=value, attributes=(*run_rank, *extra))
+        for name, value, extra in levels:
+            batch.points(name).add(start_time_unix_nano=start_ns, time_unix_nano=now, as_int=value,
+                                   attributes=(*run_rank, *extra))
+        return len(gauges) + len(levels)
+
 
 class MetricsBatch:
-    """One ExportMetricsServiceRequest being filled in place: cumulative monotonic sums
-    for the telemetry counters (gauges for any gauge spec), each metric created on first use."""
+    """One ExportMetricsServiceRequest being filled in place, each metric created on first use
+    as its spec's kind says: `counter` a cumulative monotonic sum, `updowncounter` a cumulative
+    non-monotonic sum, `gauge` a gauge."""
 
     def __init__(self, encoder: OtlpEncoder):
         self.request = metrics_service_pb2.ExportMetricsServiceRequest()
@@ -349,8 +419,8 @@ class MetricsBatch:
         if points is None:
             spec = _SPECS[name]
             metric = self._metrics.add(name=spec.name, unit=spec.unit, description=spec.description)
-            if spec.kind == "counter":
-                metric.sum.is_monotonic = True
+            if spec.kind in _SUM_KINDS:
+                metric.sum.is_monotonic = _SUM_KINDS[spec.kind]
                 metric.sum.aggregation_temporality = _CUMULATIVE
                 points = metric.sum.data_points
             else:

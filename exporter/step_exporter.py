@@ -12,6 +12,10 @@ sampler threads, so the worker joins them by step number: a measured snapshot wa
 for its step (`_memory_by_step`), and while the job's snapshots carry measured peaks
 a step waits up to `MEMORY_JOIN_WAIT_S` for its snapshot. A measured snapshot whose
 step was already sent is counted as dropped (queue `metrics`, the memory queue).
+
+Resource snapshots (`on_resources`, from the resource sampler's thread) wait in a bounded
+queue of their own, dropped and counted under the same `metrics` queue when it is full,
+and leave as one OTLP metrics request per drain (`OtlpEncoder.add_resource_points`).
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from .identity import RunIdentity
-from traceml.records import ResolvedStepTime, StepMemorySnapshot
+from traceml.records import ResolvedStepTime, ResourceSnapshot, StepMemorySnapshot
 from traceml.schema import vocabulary as v
 
 from .encoding import OtlpEncoder
@@ -34,7 +38,11 @@ from .transport import ExportOutcome, make_transport
 _log = logging.getLogger("traceml.exporter")
 
 QUEUE_SPANS = "spans"
-QUEUE_METRICS = "metrics"  # the memory snapshots' queue (the vocabulary's name for it)
+QUEUE_METRICS = "metrics"  # the memory snapshots' and resource snapshots' queue (the vocabulary's name)
+
+RESOURCE_QUEUE_SIZE = 1024
+"""Resource snapshots held at most (or the queue size, if smaller) while the endpoint is away:
+over an hour at the default 5 s interval, about 1 kB each."""
 
 MEMORY_JOIN_WAIT_S = 2.0
 """How long a step waits for its memory snapshot: a few sampler intervals (both
@@ -54,6 +62,8 @@ class ExporterStats:
     retries: Mapping[str, int]
     queued_steps: int
     queued_memory: int
+    resources_exported: int = 0  # resource snapshots delivered (one OTLP metrics request per drain)
+    queued_resources: int = 0
 
 
 def _instrumentation_drops() -> Mapping[str, int]:
@@ -83,6 +93,9 @@ class OtlpStepExporter:
         self._steps: collections.deque[ResolvedStepTime] = collections.deque()
         self._memory: collections.deque[StepMemorySnapshot] = collections.deque()
         self._memory_by_step: dict[int, StepMemorySnapshot] = {}  # measured, waiting for their step
+        self._resources: collections.deque[ResourceSnapshot] = collections.deque()
+        self._resource_capacity = min(RESOURCE_QUEUE_SIZE, settings.queue_size)
+        self._resources_exported = 0
         self._expect_memory = False  # the latest snapshot had a measured peak: steps wait for theirs
         self._head_since: float | None = None  # when the step at the queue's head began waiting
         self._capacity = settings.queue_size
@@ -128,6 +141,13 @@ class OtlpStepExporter:
         if len(self._memory) >= self._wake_at:
             self._wake.set()
 
+    def on_resources(self, snapshot: ResourceSnapshot) -> None:
+        """One resource sampler tick; sent with the next drain (they are seconds apart)."""
+        if self._closing or len(self._resources) >= self._resource_capacity:
+            self._dropped[QUEUE_METRICS] += 1
+            return
+        self._resources.append(snapshot)
+
     def on_run_end(self, steps_completed: int, dropped_counts: Mapping[str, int],
                    step_boundary: str | None = None) -> None:
         """Final counts from the instrumentation (called by `traceml.shutdown()` before `shutdown`).
@@ -149,7 +169,8 @@ class OtlpStepExporter:
             steps_received=self._steps_received, steps_exported=self._steps_exported,
             spans_exported=self._spans_exported, memory_exported=self._memory_exported,
             dropped=self._all_drops(), failures=dict(self._failures), retries=dict(self._retries),
-            queued_steps=len(self._steps), queued_memory=len(self._memory) + len(self._memory_by_step))
+            queued_steps=len(self._steps), queued_memory=len(self._memory) + len(self._memory_by_step),
+            resources_exported=self._resources_exported, queued_resources=len(self._resources))
 
     def force_flush(self, timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S) -> bool:
         """Export everything queued so far; True when done within `timeout_s`."""
@@ -233,6 +254,7 @@ class OtlpStepExporter:
                 break
             self._send_steps(ready)
         self._forget_unmatched_memory(final)
+        self._send_resources()
 
     def _collect_memory(self) -> None:
         """Queued snapshots -> `_memory_by_step`; unmeasured ones (non-CUDA) carry nothing."""
@@ -283,6 +305,9 @@ class OtlpStepExporter:
         self._steps.clear()
         self._memory.clear()
         self._memory_by_step.clear()
+        if self._resources:
+            self._failures[v.SIGNAL_METRICS] += len(self._resources)
+            self._resources.clear()
 
     def _send_steps(self, records: list[tuple[ResolvedStepTime, StepMemorySnapshot | None]]) -> None:
         request, spans = self._encoder.new_trace_request()
@@ -308,6 +333,31 @@ class OtlpStepExporter:
             self._spans_exported += n_spans - outcome.rejected
             if not outcome.rejected:
                 self._memory_exported += memory
+
+    def _send_resources(self) -> None:
+        """The queued resource snapshots, up to `max_batch` of them per metrics request.
+
+        Failures are counted in points, as for the telemetry counters; a snapshot that
+        cannot be encoded counts as one (it adds no point: `add_resource_points`).
+        """
+        queue = self._resources
+        while queue:
+            batch = self._encoder.new_metrics_batch()
+            points = snapshots = 0
+            while queue and snapshots < self.settings.max_batch:
+                snapshot = queue.popleft()
+                try:
+                    points += self._encoder.add_resource_points(batch, snapshot, self._start_ns)
+                    snapshots += 1
+                except Exception as exc:
+                    self._failures[v.SIGNAL_METRICS] += 1
+                    self._note_failure(f"resource snapshot not encodable ({type(exc).__name__}: {exc}): "
+                                       f"{snapshot!r:.200}")
+            if not points:
+                continue
+            outcome = self._export(v.SIGNAL_METRICS, batch.request, points)
+            if outcome.delivered and not outcome.rejected:
+                self._resources_exported += snapshots
 
     def _all_drops(self) -> dict[str, int]:
         drops = {q: 0 for q in v.QUEUE_NAMES}

@@ -17,6 +17,7 @@ import pytest
 from tests.harness import free_port
 
 from traceml.schema import vocabulary as v
+from traceml.schema.resources import RESOURCE_METRICS
 
 pytestmark = pytest.mark.slow
 
@@ -94,7 +95,7 @@ def _assert_arrived_exactly(receiver, run: dict) -> None:
                                                if e != v.RAW_STEP_TIME}
     assert {s.name for _, s in spans} <= allowed
     metric_names = {m.name for res, m, p in receiver.metric_points() if res.get(v.ATTR_RUN_ID) == run_id}
-    assert metric_names and metric_names <= {spec.name for spec in v.TRAINING_METRICS}
+    assert metric_names and metric_names <= {spec.name for spec in (*v.TRAINING_METRICS, *RESOURCE_METRICS)}
 
 
 def test_two_rank_gloo_training_over_grpc_and_http(receiver, tmp_path):

@@ -6,6 +6,7 @@ from tests.exporter.exporter_records import BASE_NS, identity, memory_record, st
 
 from traceml.exporter import OtlpStepExporter, resolve_settings
 from traceml.schema import vocabulary as v
+from traceml.schema.resources import RES_PROCESS_PID
 
 PROTOCOLS = ["grpc", "http/protobuf"]
 
@@ -231,7 +232,8 @@ def test_emitted_names_are_exactly_the_schema_vocabulary(receiver):
     resource_keys = {v.RES_SERVICE_NAME, v.RES_SERVICE_INSTANCE_ID, v.RES_HOST_NAME, v.ATTR_RUN_ID, v.ATTR_RANK,
                      v.ATTR_LOCAL_RANK, v.ATTR_NODE_RANK, v.ATTR_WORLD_SIZE, v.ATTR_LOCAL_WORLD_SIZE,
                      v.ATTR_TRAINING_STRATEGY, v.ATTR_RUN_ATTEMPT, v.RES_TELEMETRY_SDK_NAME, v.RES_TELEMETRY_SDK_LANGUAGE,
-                     v.RES_TELEMETRY_SDK_VERSION, v.RES_TELEMETRY_DISTRO_NAME, v.RES_TELEMETRY_DISTRO_VERSION}
+                     v.RES_TELEMETRY_SDK_VERSION, v.RES_TELEMETRY_DISTRO_NAME, v.RES_TELEMETRY_DISTRO_VERSION,
+                     RES_PROCESS_PID}
     for res, span in receiver.spans():
         if res.get(v.ATTR_RUN_ID) == run_id:
             assert set(res) == resource_keys

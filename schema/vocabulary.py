@@ -413,7 +413,47 @@ SUMMARY_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("traceml.run.exported_ranks", "{rank}",
                "Ranks of the run that have per-rank series (culprits, worst, representative, top-k by score).",
                (ATTR_RUN_ID,)),
+    # Resource figures over the window (the analysis's `ResourceWindow`; which figure feeds which
+    # name: processor/reporting/summary_metrics.py): the median and the worst rank or host of the
+    # run, per rank for the exported ranks only. Under `traceml.run.` / `traceml.rank.`, never the
+    # semantic conventions' own names (`process.cpu.utilization`, `hw.gpu.utilization`, ...), which
+    # a Collector's hostmetrics or DCGM pipeline may carry into the same backend.
+    MetricSpec("traceml.run.process.cpu.utilization", "1",
+               "Mean CPU utilisation of the run's rank processes over the window (median/worst rank).",
+               (ATTR_RUN_ID, ATTR_STATISTIC)),
+    MetricSpec("traceml.run.process.memory.usage", "By",
+               "Highest resident set size of the run's rank processes over the window (median/worst rank).",
+               (ATTR_RUN_ID, ATTR_STATISTIC)),
+    MetricSpec("traceml.run.gpu.utilization", "1",
+               "Mean utilisation of the ranks' GPUs over the window (median rank; worst: the least busy).",
+               (ATTR_RUN_ID, ATTR_STATISTIC)),
+    MetricSpec("traceml.run.gpu.memory.usage", "By",
+               "Highest memory in use on the ranks' GPUs over the window (median/worst rank).",
+               (ATTR_RUN_ID, ATTR_STATISTIC)),
+    MetricSpec("traceml.run.gpu.temperature", "Cel",
+               "Highest temperature of the ranks' GPUs over the window (median/worst rank).",
+               (ATTR_RUN_ID, ATTR_STATISTIC)),
+    MetricSpec("traceml.run.gpu.power", "W",
+               "Mean power draw of the ranks' GPUs over the window (median/worst rank).",
+               (ATTR_RUN_ID, ATTR_STATISTIC)),
+    MetricSpec("traceml.run.host.cpu.utilization", "1",
+               "Mean busy fraction of the CPUs of the run's hosts over the window (median/worst host).",
+               (ATTR_RUN_ID, ATTR_STATISTIC)),
+    MetricSpec("traceml.run.host.memory.utilization", "1",
+               "Highest used / total memory of the run's hosts over the window (median/worst host).",
+               (ATTR_RUN_ID, ATTR_STATISTIC)),
+    MetricSpec("traceml.rank.process.cpu.utilization", "1",
+               "Mean CPU utilisation of a rank's process over the window.", (ATTR_RUN_ID, ATTR_RANK)),
+    MetricSpec("traceml.rank.process.memory.usage", "By",
+               "Highest resident set size of a rank's process over the window.", (ATTR_RUN_ID, ATTR_RANK)),
+    MetricSpec("traceml.rank.gpu.utilization", "1",
+               "Mean utilisation of a rank's GPU over the window.", (ATTR_RUN_ID, ATTR_RANK)),
+    MetricSpec("traceml.rank.gpu.memory.usage", "By",
+               "Highest memory in use on a rank's GPU over the window.", (ATTR_RUN_ID, ATTR_RANK)),
 )
+RESOURCE_STATISTICS: tuple[str, ...] = STATISTICS[:2]
+"""The statistics of the run-level resource gauges: the median and the worst member (no average:
+the worst member is what a dashboard or an alert looks for)."""
 
 PROCESSOR_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(METRIC_PROCESSOR_RECORDS, "{record}",
@@ -457,7 +497,10 @@ TRAINING_METRICS: tuple[MetricSpec, ...] = (
                (ATTR_RUN_ID, ATTR_RANK, ATTR_SIGNAL), kind="counter"),
 )
 
-_UNIT_SUFFIX = {"s": "seconds", "By": "bytes", "1": "ratio", "ms": "milliseconds"}
+_UNIT_SUFFIX = {"s": "seconds", "By": "bytes", "1": "ratio", "ms": "milliseconds", "Cel": "celsius",
+                "W": "watts"}
+"""OpenTelemetry unit -> Prometheus base-unit suffix (the Collector's Prometheus translation:
+`Cel` -> `celsius`, `W` -> `watts`)."""
 
 
 def prometheus_name(otel_name: str, unit: str, *, counter: bool = False) -> str:

@@ -17,11 +17,14 @@ SQLite and in the final summary, which this module does not build.
 """
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from traceml.processor.reporting.inputs import RankMemory, RankTelemetry
+from traceml.processor.reporting.resources import resource_window_of
+from traceml.processor.resources import model as res
 from traceml.processor.step_time.model import FRESHNESS_STATES, StepTimeAnalysis, StepTimeWindow, finite_ratio
 from traceml.schema.vocabulary import (
     ATTR_CULPRIT_RANK,
@@ -36,6 +39,7 @@ from traceml.schema.vocabulary import (
     ATTR_STATISTIC,
     METRIC_STEP_TIME,
     QUEUE_NAMES,
+    RESOURCE_STATISTICS,
     STATISTICS,
     SUMMARY_METRICS,
     MetricSpec,
@@ -55,6 +59,30 @@ RANK_TELEMETRY_DROPPED = "traceml.rank.telemetry.dropped"
 RUN_TELEMETRY_DROPPED = "traceml.run.telemetry.dropped"
 RUN_MEMORY_PEAK = "traceml.run.memory.peak"
 RUN_EXPORTED_RANKS = "traceml.run.exported_ranks"
+
+# The analysis's resource figures (`processor.resources.model`) -> the summary metric each feeds.
+# Rank figures and node figures are separate maps: they share keys (`cpu_utilization`). Left
+# out on purpose: capacities (GPU memory size, host CPUs and memory), which describe the
+# machine rather than the run, and the allocator figures, which `traceml.run.memory.peak`
+# already carries from the step spans.
+RUN_RANK_FIGURE_METRICS: Mapping[str, str] = {
+    res.CPU_UTILIZATION: "traceml.run.process.cpu.utilization",
+    res.RSS_BYTES: "traceml.run.process.memory.usage",
+    res.GPU_UTILIZATION: "traceml.run.gpu.utilization",
+    res.GPU_MEMORY_USED_BYTES: "traceml.run.gpu.memory.usage",
+    res.GPU_TEMPERATURE_C: "traceml.run.gpu.temperature",
+    res.GPU_POWER_W: "traceml.run.gpu.power",
+}
+RUN_NODE_FIGURE_METRICS: Mapping[str, str] = {
+    res.HOST_CPU_UTILIZATION: "traceml.run.host.cpu.utilization",
+    res.HOST_MEMORY_UTILIZATION: "traceml.run.host.memory.utilization",
+}
+RANK_FIGURE_METRICS: Mapping[str, str] = {
+    res.CPU_UTILIZATION: "traceml.rank.process.cpu.utilization",
+    res.RSS_BYTES: "traceml.rank.process.memory.usage",
+    res.GPU_UTILIZATION: "traceml.rank.gpu.utilization",
+    res.GPU_MEMORY_USED_BYTES: "traceml.rank.gpu.memory.usage",
+}
 
 DEFAULT_RANK_SERIES_TOP_K = 8
 """Ranks per run exported by deviation score, beyond the culprits, victims, worst and
@@ -80,6 +108,9 @@ _BUILT_ORDER: Mapping[str, tuple[str, ...]] = {
     RUN_TELEMETRY_DROPPED: (ATTR_RUN_ID, ATTR_QUEUE),
     RUN_MEMORY_PEAK: (ATTR_RUN_ID, ATTR_STATISTIC),
     RUN_EXPORTED_RANKS: (ATTR_RUN_ID,),
+    **{name: (ATTR_RUN_ID, ATTR_STATISTIC)
+       for name in (*RUN_RANK_FIGURE_METRICS.values(), *RUN_NODE_FIGURE_METRICS.values())},
+    **{name: (ATTR_RUN_ID, ATTR_RANK) for name in RANK_FIGURE_METRICS.values()},
 }
 for _name, _order in _BUILT_ORDER.items():
     if SPECS[_name].attributes != _order:  # pragma: no cover - guards a vocabulary edit
@@ -195,7 +226,7 @@ def summary_metric_points(
     `first_step_stored` (the run's lowest stored step, `RunTelemetry`) becomes
     `traceml.run.first_step`: above 0 for a run the processor first saw part-way.
     Per-rank points (`traceml.rank.*`) exist for `exported_ranks(analysis, top_k)`
-    only; memory and drops of every rank reach the `traceml.run.*` aggregates.
+    only; memory, resources and drops of every rank reach the `traceml.run.*` aggregates.
     """
     window = analysis.window
     run = window.run_id
@@ -255,6 +286,8 @@ def summary_metric_points(
                                  (average, statistics.fmean(peaks))):
             points.append(_point(RUN_MEMORY_PEAK, (run, statistic), float(value)))
 
+    points += _resource_points(analysis, run, ranks)
+
     for issue in analysis.diagnosis.issues:
         culprit = NO_RANK if issue.culprit_rank is None else str(issue.culprit_rank)
         points.append(_point(DIAGNOSIS_ACTIVE, (run, issue.kind, issue.severity, issue.status, culprit),
@@ -271,3 +304,30 @@ def summary_metric_points(
         for queue in QUEUE_NAMES:
             points.append(_point(RUN_TELEMETRY_DROPPED, (run, queue), float(totals[queue])))
     return tuple(points)
+
+
+def _resource_points(analysis: StepTimeAnalysis, run: str, ranks: Sequence[int]) -> list[MetricPoint]:
+    """The resource figures: median and worst member per run, and the exported ranks' own.
+
+    The statistics are the analysis's (`FigureStat`: the worst GPU is the least busy);
+    a figure nobody measured sends no point, a measured zero does."""
+    window = resource_window_of(analysis)
+    points: list[MetricPoint] = []
+    for stats, names in ((window.rank_stats, RUN_RANK_FIGURE_METRICS), (window.node_stats, RUN_NODE_FIGURE_METRICS)):
+        for figure, name in names.items():
+            stat = stats.get(figure)
+            if stat is None:
+                continue
+            median, worst = RESOURCE_STATISTICS
+            for statistic, value in ((median, stat.median), (worst, stat.worst)):
+                if value is not None and math.isfinite(value):
+                    points.append(_point(name, (run, statistic), float(value)))
+    for rank in ranks:
+        facts = window.ranks.get(rank)
+        if facts is None:
+            continue
+        for figure, name in RANK_FIGURE_METRICS.items():
+            value = facts.figures.get(figure)
+            if value is not None and math.isfinite(value):
+                points.append(_point(name, (run, str(rank)), float(value)))
+    return points

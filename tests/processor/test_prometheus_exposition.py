@@ -6,6 +6,7 @@ import gzip
 import json
 import shutil
 import subprocess
+import time
 import urllib.request
 from importlib.metadata import version
 
@@ -18,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 
 from tests.harness import wait_until
 from tests.harness.processor_service import make_service
+from tests.harness.sampler_payloads import sampler_request
 from tests.processor.otlp_payloads import memory_request, run_end_span, steps_request, trace_request
 from tests.processor.test_runs import send_straggler_run, summary_written
 from traceml.processor.prometheus_exposition import BUILD_INFO
@@ -52,6 +54,16 @@ def promtool_check(text: str) -> subprocess.CompletedProcess:
 def served(tmp_path_factory):
     svc = make_service(tmp_path_factory.mktemp("expo"))
     try:
+        # Resource samples of both ranks inside the steps' time span (their ends run from now to
+        # now + 2.3 s), sent first so the run's first analysis reads them; the GPU is faked.
+        start = time.time()
+        with grpc.insecure_channel(f"127.0.0.1:{svc.grpc_port}") as channel:
+            metrics = metrics_service_pb2_grpc.MetricsServiceStub(channel)
+            for offset in (0.5, 1.0, 1.5):
+                for rank in (0, 1):
+                    modes = {"user": 0.55, "system": 0.05, "idle": 0.4} if rank == 0 else None
+                    metrics.Export(sampler_request("expo-run", rank, int((start + offset) * 1e9), cpu=0.3 + 0.4 * rank,
+                                                   gpu_util=0.9 - 0.5 * rank, host_cpu_modes=modes), timeout=10)
         send_straggler_run(svc.grpc_port, "expo-run", end_markers=())
         assert wait_until(lambda: b'traceml_diagnosis_culprit_rank="0"' in get(svc.prometheus_port)[2], 30)
         yield svc
@@ -146,12 +158,31 @@ def test_every_name_the_dashboards_and_rules_query_is_served_in_both_formats(ser
     expected = {M.window_metric, M.window_skew, M.rank_metric, M.window_steps, M.window_ranks,
                 M.window_last_step, M.run_first_step, M.run_fresh, M.rank_memory_peak, M.diagnosis_active,
                 M.rank_dropped, M.run_dropped, M.records, M.analysis_duration, M.run_lag, M.runs,
-                M.export_failures}
+                M.export_failures,
+                M.run_process_cpu, M.run_process_memory, M.run_gpu_utilization, M.run_gpu_memory,
+                M.run_gpu_temperature, M.run_gpu_power, M.run_host_cpu, M.run_host_memory,
+                M.rank_process_cpu, M.rank_process_memory, M.rank_gpu_utilization, M.rank_gpu_memory}
     for accept in (None, PROMETHEUS_ACCEPT):
         body = get(served.prometheus_port, **({"Accept": accept} if accept else {}))[2].decode()
         parse = parse_openmetrics if accept else parse_text
         names = {s.name for family in parse(body) for s in family.samples}
         assert expected <= names, expected - names
+
+
+def test_resource_series_are_the_runs_median_and_worst_and_the_ranks_own(served):
+    families = {f.name: f for f in parse_text(get(served.prometheus_port)[2].decode())}
+    run = v.prometheus_label(v.ATTR_RUN_ID)
+
+    def by(name, label):
+        return {s.labels[label]: s.value for s in families[name].samples if s.labels.get(run) == "expo-run"}
+
+    statistic, rank = v.prometheus_label(v.ATTR_STATISTIC), v.prometheus_label(v.ATTR_RANK)
+    assert by("traceml_run_gpu_utilization_ratio", statistic) == pytest.approx({"median": 0.65, "worst": 0.4})
+    assert by("traceml_rank_gpu_utilization_ratio", rank) == pytest.approx({"0": 0.9, "1": 0.4})
+    assert by("traceml_rank_process_cpu_utilization_ratio", rank) == pytest.approx({"0": 0.3, "1": 0.7})
+    assert by("traceml_run_host_cpu_utilization_ratio", statistic) == pytest.approx({"median": 0.6, "worst": 0.6})
+    assert by("traceml_run_gpu_temperature_celsius", statistic)["worst"] == 60.0
+    assert by("traceml_run_gpu_power_watts", statistic)["worst"] == 200.0
 
 
 # --- bounded per-rank series -----------------------------------------------------------------

@@ -1,8 +1,11 @@
 """The summary-metrics projection: vocabulary-only names and attributes, seconds, no step."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from tests.harness.resource_windows import busy_gpu_run
 from tests.step_time.handbuilt_windows import rank_values, window
 from traceml.processor.diagnosis import diagnose
 from traceml.processor.reporting import RankMemory, RankTelemetry, summary_metric_points
@@ -30,7 +33,8 @@ def by_name(points, name):
 def test_only_vocabulary_names_and_attribute_keys_and_never_a_step():
     specs = {s.name: s for s in SUMMARY_METRICS}
     points = summary_metric_points(
-        straggler(), freshness="live", memory=[RankMemory(0, "cuda:0", 1024, 2048)],
+        dataclasses.replace(straggler(), resources=busy_gpu_run("run-test")), freshness="live",
+        memory=[RankMemory(0, "cuda:0", 1024, 2048)],
         telemetry=[RankTelemetry(1, False, {"spans": 4})], first_step_stored=0)
     assert {p.name for p in points} == set(specs)  # every summary metric is produced here
     for p in points:

@@ -47,6 +47,18 @@ class Names:
     run_dropped: str = metric("traceml.run.telemetry.dropped")
     run_memory_peak: str = metric("traceml.run.memory.peak")
     run_exported_ranks: str = metric("traceml.run.exported_ranks")
+    run_process_cpu: str = metric("traceml.run.process.cpu.utilization")
+    run_process_memory: str = metric("traceml.run.process.memory.usage")
+    run_gpu_utilization: str = metric("traceml.run.gpu.utilization")
+    run_gpu_memory: str = metric("traceml.run.gpu.memory.usage")
+    run_gpu_temperature: str = metric("traceml.run.gpu.temperature")
+    run_gpu_power: str = metric("traceml.run.gpu.power")
+    run_host_cpu: str = metric("traceml.run.host.cpu.utilization")
+    run_host_memory: str = metric("traceml.run.host.memory.utilization")
+    rank_process_cpu: str = metric("traceml.rank.process.cpu.utilization")
+    rank_process_memory: str = metric("traceml.rank.process.memory.usage")
+    rank_gpu_utilization: str = metric("traceml.rank.gpu.utilization")
+    rank_gpu_memory: str = metric("traceml.rank.gpu.memory.usage")
     records: str = metric("traceml.processor.records")
     requests: str = metric(v.METRIC_PROCESSOR_REQUESTS)
     http_connection_events: str = metric(v.METRIC_PROCESSOR_HTTP_CONNECTION_EVENTS)
@@ -87,11 +99,17 @@ PHASES: tuple[str, ...] = (v.METRIC_INPUT_WAIT, v.METRIC_H2D, v.METRIC_FORWARD, 
                            v.METRIC_OPTIMIZER_STEP, v.METRIC_RESIDUAL)
 MEDIAN, WORST, AVERAGE = v.STATISTICS
 STRAGGLER_KINDS = d.STRAGGLER_KINDS
+MEMORY_CREEP, LOW_GPU_UTILIZATION = d.MEMORY_CREEP, d.LOW_GPU_UTILIZATION
+RESOURCE_FINDINGS: tuple[str, ...] = (d.MEMORY_CREEP, d.LOW_GPU_UTILIZATION, d.INPUT_BOUND, d.INPUT_STRAGGLER)
+"""The findings that read resource evidence: memory creep, idle GPUs, and the input findings,
+which say whether their hosts' CPUs were saturated."""
 SEVERITY_CRIT, SEVERITY_WARN = d.SEVERITY_CRIT, d.SEVERITY_WARN
 FRESHNESS = FRESHNESS_STATES
 OUTCOME_REJECTED = "rejected"
 WARN_SHARE = DEFAULT_POLICY.warn_share
 CRIT_SHARE = DEFAULT_POLICY.crit_share
+GPU_UTIL_WARN = DEFAULT_POLICY.gpu_util_warn
+GPU_UTIL_CRIT = DEFAULT_POLICY.gpu_util_crit
 
 
 def sel(**matchers: str) -> str:

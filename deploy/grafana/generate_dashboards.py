@@ -55,6 +55,8 @@ def thresholds(*steps: tuple[float | None, str]) -> dash.ThresholdsConfig:
 
 
 SHARE_THRESHOLDS = ((None, "green"), (n.WARN_SHARE, "orange"), (n.CRIT_SHARE, "red"))
+GPU_UTIL_THRESHOLDS = ((None, "red"), (n.GPU_UTIL_CRIT, "orange"), (n.GPU_UTIL_WARN, "green"))
+"""Below the low-GPU-utilisation rule's warn and crit figures (the diagnosis policy's own)."""
 
 
 def kpi(title: str, expr: str, unit: str, description: str, legend: str = "",
@@ -104,6 +106,19 @@ def window(metric: str, statistic: str) -> str:
     return f"{M.window_metric}{sel(run=RUN, metric=metric, statistic=statistic)}"
 
 
+def per_rank_and_run(rank_name: str, run_name: str, worst_legend: str = "worst rank") -> list[prometheus.Dataquery]:
+    """A resource figure of the selected ranks (exported ranks only) beside the run's median and
+    worst rank (every rank)."""
+    return [q(f"{rank_name}{sel(run=RUN, rank=RANK)}", f"rank {{{{{L.rank}}}}}"),
+            q(f"{run_name}{sel(run=RUN, statistic=n.MEDIAN)}", "median rank", ref="B"),
+            q(f"{run_name}{sel(run=RUN, statistic=n.WORST)}", worst_legend, ref="C")]
+
+
+def run_statistics(run_name: str, member: str = "rank") -> list[prometheus.Dataquery]:
+    return [q(f"{run_name}{sel(run=RUN, statistic=n.MEDIAN)}", f"median {member}"),
+            q(f"{run_name}{sel(run=RUN, statistic=n.WORST)}", f"worst {member}", ref="B")]
+
+
 # --- the run dashboard -----------------------------------------------------------------------
 
 
@@ -123,7 +138,8 @@ def run_dashboard() -> dash.Dashboard:
         dash.Dashboard("TraceML run").uid("traceml-run").tags(TAGS).time("now-1h", "now").refresh("10s")
         .timezone("browser").editable()
         .description("One training run as the TraceML processor sees it: verdict, KPIs, per-rank phases, "
-                     "stragglers and memory. Values are over the live window of aligned steps.")
+                     "stragglers, process, GPU and host resources, and memory. Values are over the live "
+                     "window of aligned steps.")
         .with_variable(datasource_variable()).with_variable(run_variable()).with_variable(rank_variable())
         .with_row(dash.Row("Overview"))
         .with_panel(verdict)
@@ -196,6 +212,48 @@ def run_dashboard() -> dash.Dashboard:
             "culprit rank (the one the others wait for).", "percentunit",
             q(f"{M.diagnosis_active}{sel(run=RUN, kind='~' + n.regex(n.STRAGGLER_KINDS))}",
               f"{{{{{L.kind}}}}} culprit={{{{{L.culprit}}}}}"), width=24, steps=SHARE_THRESHOLDS))
+        .with_row(dash.Row("Resources"))
+        .with_panel(series("Process CPU per rank",
+                           "Mean CPU utilisation of each selected rank's process over the window (CPU time / "
+                           "elapsed time x the CPUs available to it), beside the run's median and busiest rank. "
+                           "Absent when the ranks send no resource samples.", "percentunit",
+                           *per_rank_and_run(M.rank_process_cpu, M.run_process_cpu, "busiest rank")))
+        .with_panel(series("Process memory (RSS) per rank",
+                           "Highest resident set size of each selected rank's process over the window, beside "
+                           "the run's median and largest rank. A line that keeps rising is what the memory "
+                           "creep finding looks for.", "bytes",
+                           *per_rank_and_run(M.rank_process_memory, M.run_process_memory, "largest rank")))
+        .with_panel(series("GPU utilisation per rank",
+                           "Mean fraction of the window a kernel ran on each selected rank's GPU (NVML or "
+                           "DCGM), beside the run's median rank and least busy rank. The low GPU utilisation "
+                           f"finding warns below {n.GPU_UTIL_WARN:.0%} (crit below {n.GPU_UTIL_CRIT:.0%}) when "
+                           "no input or H2D finding explains it. Absent without a GPU or NVML, never 0.",
+                           "percentunit",
+                           *per_rank_and_run(M.rank_gpu_utilization, M.run_gpu_utilization, "least busy rank"),
+                           steps=GPU_UTIL_THRESHOLDS))
+        .with_panel(series("GPU memory in use per rank",
+                           "Highest device memory in use on each selected rank's GPU over the window (every "
+                           "process's, as NVML counts it), beside the run's median and largest rank.", "bytes",
+                           *per_rank_and_run(M.rank_gpu_memory, M.run_gpu_memory, "largest rank")))
+        .with_panel(series("GPU temperature", "Highest GPU temperature over the window: the run's median "
+                           "and hottest rank.", "celsius", *run_statistics(M.run_gpu_temperature), width=8))
+        .with_panel(series("GPU power", "Mean GPU power draw over the window: the run's median and most "
+                           "drawing rank.", "watt", *run_statistics(M.run_gpu_power), width=8))
+        .with_panel(series("Host CPU and memory",
+                           "Mean busy fraction of the CPUs and highest memory used / total of the run's hosts "
+                           "(from each node's local rank 0, or the Collector's hostmetrics receiver): the "
+                           "median and busiest host. Saturated CPUs beside an input finding mean more "
+                           "DataLoader workers will not help.", "percentunit",
+                           q(f"{M.run_host_cpu}{sel(run=RUN)}", f"CPU {{{{{L.statistic}}}}} host"),
+                           q(f"{M.run_host_memory}{sel(run=RUN)}", f"memory {{{{{L.statistic}}}}} host", ref="B"),
+                           width=8))
+        .with_panel(series(
+            "Resource findings", "Score of the active findings that read resource evidence: memory creep "
+            "(growth over the level at its onset; the legend names the rank when one rank leaks), low GPU "
+            "utilisation (1 - the median rank's GPU utilisation) and the input findings, whose evidence says "
+            "whether their hosts' CPUs were saturated (final_summary.json, the card).", "percentunit",
+            q(f"{M.diagnosis_active}{sel(run=RUN, kind='~' + n.regex(n.RESOURCE_FINDINGS))}",
+              f"{{{{{L.kind}}}}} {{{{{L.severity}}}}} culprit={{{{{L.culprit}}}}}"), width=24))
         .with_row(dash.Row("Memory and telemetry"))
         .with_panel(series("Peak memory per rank", "Peak allocated bytes of the latest step on each rank's "
                            "device (CUDA only: absent on CPU ranks, never shown as 0).", "bytes",

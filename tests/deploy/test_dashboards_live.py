@@ -6,12 +6,14 @@ job name and loads the generated alert rules. Two gloo ranks train with the real
 instrumentation and exporter (tests/processor/test_end_to_end.py's helper; rank 0
 has a slow data loader, so an input straggler is diagnosed). Only the GPU is
 faked: CPU torch has no allocator peaks, so per-step CUDA memory gauges for the
-same run are sent as OTLP the way the exporter does. One malformed span makes the
-reject counter exist. Then each panel query, variables substituted as Grafana
+same run are sent as OTLP the way the exporter does, and so are resource samples of
+both ranks (process, GPU and host, as the resource sampler sends them) while they train.
+One malformed span makes the reject counter exist. Then each panel query, variables substituted as Grafana
 would, is run as Grafana runs it (range or instant) and must return series.
 """
 from __future__ import annotations
 
+import threading
 import time
 import urllib.request
 
@@ -20,6 +22,7 @@ from tests.deploy.deploy_files import PROMETHEUS_DIR, EntrypointProcessor, dashb
 from tests.processor.otlp_payloads import memory_request, step_span, trace_request
 from tests.harness import free_port
 from tests.harness.prometheus_server import PrometheusServer, prometheus_available
+from tests.harness.sampler_payloads import sampler_request
 from tests.processor.test_end_to_end import train_two_ranks
 
 from traceml.schema import vocabulary as v
@@ -59,12 +62,35 @@ def stack(tmp_path_factory):
         # and the trained run below may end between two scrapes.
         _post(http, "/v1/traces", trace_request(OPEN_RUN_ID, 0, [step_span(0, 0)]))
         prometheus.wait_for(f'{M.run_lag}{{{L.run}="{OPEN_RUN_ID}"}}')
-        train_two_ranks(folder, RUN_ID, {0: (f"http://127.0.0.1:{processor.port(4317)}", "grpc"),
-                                         1: (f"http://127.0.0.1:{http}", "http/protobuf")})
+        # Fake GPU (and host): the ranks' resource samples, every 0.25 s while they train, so they
+        # fall inside the window of steps the analysis reads them over.
+        training, sampler_errors = threading.Event(), []
+
+        def sample() -> None:
+            while not training.wait(0.25):
+                try:
+                    for rank in (0, 1):
+                        _post(http, "/v1/metrics", sampler_request(
+                            RUN_ID, rank, time.time_ns(), cpu=0.4 + 0.2 * rank, gpu_util=0.9 - 0.3 * rank,
+                            host_cpu_modes={"user": 0.5, "system": 0.1, "idle": 0.4} if rank == 0 else None))
+                except Exception as exc:  # noqa: BLE001 - reported below, the thread keeps sampling
+                    sampler_errors.append(repr(exc))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            train_two_ranks(folder, RUN_ID, {0: (f"http://127.0.0.1:{processor.port(4317)}", "grpc"),
+                                             1: (f"http://127.0.0.1:{http}", "http/protobuf")})
+        finally:
+            training.set()
+            sampler.join(10)
+        assert not sampler_errors, sampler_errors[:3]
         sel = f'{L.run}="{RUN_ID}"'
         stragglers = promql_names.regex(promql_names.STRAGGLER_KINDS)
         prometheus.wait_for(f'{M.diagnosis_active}{{{sel},{L.kind}=~"{stragglers}"}}')
         prometheus.wait_for(f'{M.rank_memory_peak}{{{sel}}}', lambda r: len(r) == 2)
+        prometheus.wait_for(f'{M.rank_gpu_utilization}{{{sel}}}', lambda r: len(r) == 2)
+        prometheus.wait_for(f'{M.run_host_cpu}{{{sel}}}')
         prometheus.wait_for(f'{M.records}{{{L.outcome}="{promql_names.OUTCOME_REJECTED}"}}')
         time.sleep(3)  # a few more scrapes so rate()/deriv() windows hold several samples
         yield processor, prometheus, started
@@ -138,7 +164,7 @@ def test_alert_rules_load_and_evaluate_without_error_on_real_data(stack):
             break
         assert time.monotonic() < deadline, rules
         time.sleep(0.5)
-    assert len(rules) == 5
+    assert len(rules) == 7
     for rule in rules:
         assert rule["health"] == "ok", (rule["name"], rule.get("lastError"))
     # The malformed span makes the reject alert fire at once (no `for`).
@@ -161,3 +187,14 @@ def test_panels_show_what_the_run_did(stack):
     assert waits["0"] > waits["1"]
     memory = prometheus.query(substitute(by_title["Peak memory per rank"].expr, values))
     assert {s["metric"][L.rank]: float(s["value"][1]) for s in memory} == {"0": (1 << 28) + 4, "1": (2 << 28) + 4}
+
+
+def test_resource_panels_show_the_ranks_samples(stack):
+    """The faked GPUs: rank 0 busy 90 %, rank 1 60 %; the run's least busy rank is rank 1's."""
+    _, prometheus, started = stack
+    by_title = {q.panel: q for q in reversed(QUERIES)}
+    values = _grafana_values(started, ".*")
+    gpu = prometheus.query(substitute(by_title["GPU utilisation per rank"].expr, values))
+    assert {s["metric"][L.rank]: round(float(s["value"][1]), 6) for s in gpu} == {"0": 0.9, "1": 0.6}
+    worst = prometheus.query(f'{M.run_gpu_utilization}{{{L.run}="{RUN_ID}",{L.statistic}="worst"}}')
+    assert [round(float(s["value"][1]), 6) for s in worst] == [0.6]

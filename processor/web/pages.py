@@ -14,11 +14,13 @@ import numbers
 from typing import Mapping, Sequence
 from urllib.parse import quote
 
+from traceml.processor.reporting.resources import fmt_figure, trend_text
 from traceml.processor.web.assets import STYLE_CSS
-from traceml.processor.web.svg import bar_scale_max, esc, line_chart, phase_bars, phase_legend
+from traceml.processor.web.svg import bar_scale_max, esc, line_chart, phase_bars, phase_legend, trend_chart
+from traceml.processor.web.view import NODE_RESOURCE_COLUMNS, RANK_RESOURCE_COLUMNS
 
-RUN_FRAGMENTS = ("tm-hero", "tm-rail", "tm-phases", "tm-steps", "tm-memory", "tm-stats", "tm-ranks",
-                 "tm-telemetry")
+RUN_FRAGMENTS = ("tm-hero", "tm-rail", "tm-phases", "tm-steps", "tm-memory", "tm-resources", "tm-stats",
+                 "tm-ranks", "tm-telemetry")
 """Element ids of a run page the JSON endpoint's `html` map refreshes."""
 
 REPORT_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
@@ -166,6 +168,71 @@ def memory_section(view: Mapping) -> str:
     return f"<section><h2>Peak memory</h2>{head}{chart}</section>"
 
 
+def _member(member: object) -> str:
+    """A rank (`rank 3`) or a host name, not yet escaped."""
+    if member is None:
+        return "—"
+    return f"rank {member}" if isinstance(member, int) else str(member)
+
+
+def resources_section(view: Mapping) -> str:
+    """Process, GPU and host figures: median and worst member of each, the drawn ranks' own, the
+    hosts and the memory trends (the steepest drawn as its fitted line)."""
+    res = view["resources"]
+    if not res["available"]:
+        return ('<section><h2>Resources</h2><p class="note">not measured: no process, host or GPU sample '
+                "in the window (the ranks' resource sampler is off or lacks psutil, and no Collector "
+                "hostmetrics or DCGM data reached this run)</p></section>")
+    rows = []
+    for row in res["figures"]:
+        if row["measured"] == 0:
+            continue
+        f = row["figure"]
+        rows.append(f'<tr data-figure="{esc(row["scope"])}.{esc(f)}"><td>{esc(row["label"])}</td>'
+                    f'<td>{esc(fmt_figure(f, row["median"]))}</td><td>{esc(_member(row["median_member"]))}</td>'
+                    f'<td>{esc(fmt_figure(f, row["worst"]))}</td><td>{esc(_member(row["worst_member"]))}</td>'
+                    f'<td>{esc(row["measured"])}</td></tr>')
+    window = res["window"]
+    head = (f'<p class="note">window {esc(window["start_time"] or "—")} to {esc(window["end_time"] or "—")}; '
+            f'sources {esc(", ".join(res["sources"]) or "none")}. Worst: the highest, for GPU utilisation the '
+            "lowest (the least busy GPU).</p>")
+    figures = ('<table class="resources"><thead><tr><th>figure</th><th>median</th><th>near</th><th>worst</th>'
+               f'<th>member</th><th>measured</th></tr></thead><tbody>{"".join(rows)}</tbody></table>')
+    ranks = ""
+    if res["ranks"]:
+        head_cells = "".join(f"<th>{esc(label)}</th>" for _, label in RANK_RESOURCE_COLUMNS)
+        body = "".join(
+            f'<tr data-rank="{esc(r["rank"])}"><td>rank {esc(r["rank"])}</td><td class="mono">{esc(r["host"] or "—")}'
+            f'</td>{"".join(f"<td>{esc(fmt_figure(f, r[f]))}</td>" for f, _ in RANK_RESOURCE_COLUMNS)}</tr>'
+            for r in res["ranks"])
+        ranks = (f'<h3>Per rank</h3><table class="resource-ranks"><thead><tr><th>rank</th><th>host</th>{head_cells}'
+                 f"</tr></thead><tbody>{body}</tbody></table>" + _not_drawn(view))
+    nodes = ""
+    if res["nodes"]:
+        head_cells = "".join(f"<th>{esc(label)}</th>" for _, label in NODE_RESOURCE_COLUMNS)
+        body = "".join(
+            f'<tr data-host="{esc(n["host"])}"><td class="mono">{esc(n["host"])}</td>'
+            f'<td>{esc(_fmt(n["ranks"]))}</td>'
+            f'{"".join(f"<td>{esc(fmt_figure(f, n[f]))}</td>" for f, _ in NODE_RESOURCE_COLUMNS)}'
+            f'<td>{esc(", ".join(n["sources"]))}</td></tr>' for n in res["nodes"])
+        more = ("" if res["nodes_total"] <= len(res["nodes"])
+                else f'<p class="note">{len(res["nodes"])} of {res["nodes_total"]:,} hosts shown.</p>')
+        nodes = (f'<h3>Per host</h3><table class="resource-nodes"><thead><tr><th>host</th><th>ranks</th>{head_cells}'
+                 f"<th>sources</th></tr></thead><tbody>{body}</tbody></table>{more}")
+    trends = ""
+    if res["memory_trends"]:
+        items = "".join(f'<li data-rank="{esc(t["rank"])}">{esc(trend_text(t))}</li>' for t in res["memory_trends"])
+        more = ("" if res["memory_trends_total"] <= len(res["memory_trends"])
+                else f'<p class="note">{len(res["memory_trends"])} of {res["memory_trends_total"]:,} shown.</p>')
+        steepest = res["steepest_trend"]
+        chart = "" if steepest is None else trend_chart(
+            [steepest], culprit=view["hero"]["culprit_rank"],
+            title=f"Fitted memory trend of rank {steepest['rank']} ({steepest['signal']}, MiB)")
+        trends = (f"<h3>Memory trends (fitted; whether one is creep is the diagnosis's call)</h3>"
+                  f'<ul class="trends">{items}</ul>{more}{chart}')
+    return f"<section><h2>Resources</h2>{head}{figures}{ranks}{nodes}{trends}</section>"
+
+
 def stats_section(view: Mapping) -> str:
     rows = []
     for s in view["stats"]:
@@ -220,7 +287,8 @@ def run_fragments(view: Mapping) -> dict[str, str]:
     """id -> HTML of every refreshable part of a run page (what the JSON endpoint carries)."""
     return {
         "tm-hero": hero(view), "tm-rail": rail(view), "tm-phases": phases_section(view),
-        "tm-steps": steps_section(view), "tm-memory": memory_section(view), "tm-stats": stats_section(view),
+        "tm-steps": steps_section(view), "tm-memory": memory_section(view),
+        "tm-resources": resources_section(view), "tm-stats": stats_section(view),
         "tm-ranks": ranks_section(view), "tm-telemetry": telemetry_section(view),
     }
 
@@ -228,7 +296,7 @@ def run_fragments(view: Mapping) -> dict[str, str]:
 def _run_body(fragments: Mapping[str, str]) -> str:
     div = lambda i: f'<div id="{i}">{fragments[i]}</div>'  # noqa: E731
     return (f'<main><div class="primary">{div("tm-hero")}{div("tm-phases")}{div("tm-steps")}{div("tm-memory")}'
-            f'{div("tm-stats")}{div("tm-ranks")}</div><aside>{div("tm-rail")}{div("tm-telemetry")}</aside></main>')
+            f'{div("tm-resources")}{div("tm-stats")}{div("tm-ranks")}</div><aside>{div("tm-rail")}{div("tm-telemetry")}</aside></main>')
 
 
 def _head(title: str, extra: str) -> str:

@@ -1,4 +1,4 @@
-"""SVG charts drawn from a web view model: stacked phase bars, step-time and memory lines.
+"""SVG charts drawn from a web view model: stacked phase bars, step-time, memory and memory-trend lines.
 
 Pure drawing: geometry only (scales, positions), from values the view already holds.
 Every text and attribute goes through `esc` (the values are numbers and labels, but
@@ -171,4 +171,49 @@ def line_chart(step_ids: Sequence[int], by_rank: Mapping[str, Sequence[float | N
     return "".join(out)
 
 
-__all__ = ["PHASE_COLOURS", "bar_scale_max", "esc", "line_chart", "phase_bars", "phase_legend"]
+def trend_chart(trends: Sequence[Mapping], *, title: str, culprit: int | None = None) -> str:
+    """Each memory trend's fitted line over its steps: flat at `level_bytes` up to `onset_step`,
+    then rising to `level_bytes + growth_bytes` at `last_step` (MiB; x: step number)."""
+    drawn = [t for t in trends if isinstance(t.get("level_bytes"), (int, float))
+             and isinstance(t.get("growth_bytes"), (int, float))]
+    height, top, bottom, left, right = 200, 22, 30, _LABEL_W, 20
+    plot_w, plot_h = _WIDTH - left - right, height - top - bottom
+    if not drawn:
+        return ""
+    x_min = min(t["first_step"] for t in drawn)
+    x_max = max(t["last_step"] for t in drawn)
+    mib = float(2**20)
+    ends = [(t["level_bytes"] + max(0.0, t["growth_bytes"])) / mib for t in drawn]
+    starts = [t["level_bytes"] / mib for t in drawn]
+    y_max = _nice_max(max(ends + starts))
+    span = max(1, x_max - x_min)
+
+    def xy(step: float, value_bytes: float) -> tuple[float, float]:
+        return (left + plot_w * (step - x_min) / span, top + plot_h - plot_h * (value_bytes / mib) / y_max)
+
+    out = [f'<svg class="chart trend-chart" viewBox="0 0 {_WIDTH} {height}" width="{_WIDTH}" height="{height}" '
+           f'role="img" aria-label="{esc(title)}" xmlns="http://www.w3.org/2000/svg">',
+           f'<text class="chart-title" x="0" y="14">{esc(title)}</text>',
+           f'<line class="axis" x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="#888"/>',
+           f'<line class="axis" x1="{left}" y1="{top}" x2="{left}" y2="{top + plot_h}" stroke="#888"/>']
+    for frac in (0.0, 0.5, 1.0):
+        y = top + plot_h - plot_h * frac
+        out.append(f'<text class="axis-label" x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">'
+                   f'{y_max * frac:g} MiB</text>')
+    out.append(f'<text class="axis-label" x="{left}" y="{height - 10}" text-anchor="start">step {esc(x_min)}</text>')
+    out.append(f'<text class="axis-label" x="{left + plot_w}" y="{height - 10}" text-anchor="end">'
+               f'step {esc(x_max)}</text>')
+    for k, t in enumerate(drawn):
+        rank = t["rank"]
+        is_culprit = culprit is not None and rank == culprit
+        colour = CULPRIT_COLOUR if is_culprit else LINE_COLOURS[k % len(LINE_COLOURS)]
+        level, onset = float(t["level_bytes"]), max(t["first_step"], min(t["onset_step"], t["last_step"]))
+        d = _path([xy(t["first_step"], level), xy(onset, level), xy(t["last_step"], level + float(t["growth_bytes"]))])
+        out.append(f'<path class="line{" culprit" if is_culprit else ""}" data-rank="{esc(rank)}" d="{d}" '
+                   f'fill="none" stroke="{colour}" stroke-width="{2.5 if is_culprit else 1.2}">'
+                   f'<title>rank {esc(rank)} {esc(t["signal"])}: onset step {esc(t["onset_step"])}</title></path>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+__all__ = ["PHASE_COLOURS", "bar_scale_max", "esc", "line_chart", "phase_bars", "phase_legend", "trend_chart"]

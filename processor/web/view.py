@@ -2,8 +2,8 @@
 
 Pure presenter. It formats what the analysis and the run facts already hold and
 never loads SQLite, aligns steps, computes a statistic or diagnoses: the issues,
-the window metadata, the metric statistics and the telemetry section come from
-`project_final_summary` (the projector every surface shares), the per-rank bars and
+the window metadata, the metric statistics, the resource figures and the telemetry
+section come from `project_final_summary` (the projector every surface shares), the per-rank bars and
 series from the window's typed rank facts, the per-step memory from what the
 feed read beside the analysis.
 
@@ -22,6 +22,14 @@ from typing import Mapping, Sequence
 
 from traceml.processor.reporting.final_summary import PUBLIC_METRICS, project_final_summary
 from traceml.processor.reporting.inputs import RankMemory, RunMetadata, RunTelemetry
+from traceml.processor.reporting.resources import GPU_LINE, HOST_LINE, RANK_LINE, steepest_trend
+from traceml.processor.resources.model import (
+    CUDA_ALLOCATED_BYTES,
+    GPU_MEMORY_TOTAL_BYTES,
+    HOST_CPU_COUNT,
+    HOST_MEMORY_TOTAL_BYTES,
+    HOST_MEMORY_USED_BYTES,
+)
 from traceml.processor.step_time.model import StepTimeAnalysis
 
 VIEW_SCHEMA = "traceml.web.run/1"
@@ -57,6 +65,23 @@ TABLE_METRICS: tuple[tuple[str, str, str], ...] = (
     ("compute_ms", "compute", "Compute"),
     ("residual_ms", "residual", "Residual"),
     ("traced_step_time_ms", "traced_step_time", "Traced Step Time"),
+)
+
+
+# (scope, figure, label) of the resource table: the card's lines' figures, then the rest.
+RESOURCE_TABLE: tuple[tuple[str, str, str], ...] = (
+    *(("ranks", f, label) for f, label in (*RANK_LINE, *GPU_LINE)),
+    ("ranks", GPU_MEMORY_TOTAL_BYTES, "GPU memory size"),
+    ("ranks", CUDA_ALLOCATED_BYTES, "CUDA allocated"),
+    *(("nodes", f, label) for f, label in HOST_LINE),
+    ("nodes", HOST_MEMORY_USED_BYTES, "host memory used"),
+    ("nodes", HOST_MEMORY_TOTAL_BYTES, "host memory size"),
+    ("nodes", HOST_CPU_COUNT, "host CPUs"),
+)
+# (figure, label) columns of the per-rank and per-host resource tables.
+RANK_RESOURCE_COLUMNS: tuple[tuple[str, str], ...] = (*RANK_LINE, *GPU_LINE)
+NODE_RESOURCE_COLUMNS: tuple[tuple[str, str], ...] = (
+    *HOST_LINE, (HOST_MEMORY_USED_BYTES, "memory used"), (HOST_CPU_COUNT, "CPUs"),
 )
 
 
@@ -147,6 +172,33 @@ def _telemetry(section: Mapping) -> dict:
     return {k: bounded(v) for k, v in out.items()}
 
 
+def _resources(summary: Mapping, ranks: Sequence[int]) -> dict:
+    """The summary's resource section for the page: its figures table, the drawn ranks' own
+    figures (their `groups[].resources`), and the hosts and memory trends, bounded."""
+    section = summary["resources"]
+    glob = section["global"]
+    member = {"ranks": "rank", "nodes": "host"}
+    table = []
+    for scope, figure, label in RESOURCE_TABLE:
+        stat = glob[scope][figure]
+        table.append({"scope": scope, "figure": figure, "label": label,
+                      "median": stat["median"]["value"], "median_member": stat["median"][member[scope]],
+                      "worst": stat["worst"]["value"], "worst_member": stat["worst"][member[scope]],
+                      "measured": stat["measured"]})
+    groups = {g["global_rank"]: g["resources"] for g in summary["groups"]}
+    per_rank = [{"rank": r, **groups[r]} for r in ranks if r in groups and groups[r]["samples"]]
+    nodes = section["nodes"]
+    # Steepest first (ordering only), so a long list shows the rising ones.
+    trends = sorted(section["memory_trends"], key=lambda t: (-(t["slope_bytes_per_step"] or 0.0), t["rank"]))
+    return {
+        "available": section["available"], "window": section["window"], "sources": section["sources"],
+        "figures": table, "ranks": per_rank,
+        "nodes": nodes[:MAX_LIST_ITEMS], "nodes_total": len(nodes),
+        "memory_trends": trends[:MAX_LIST_ITEMS], "memory_trends_total": len(trends),
+        "steepest_trend": steepest_trend(section),
+    }
+
+
 def _iso(ts: float | None) -> str | None:
     if ts is None:
         return None
@@ -231,6 +283,7 @@ def build_run_view(analysis: StepTimeAnalysis, inputs: ViewInputs = ViewInputs()
             "peak_reserved_bytes": summary["memory"]["peak_reserved_bytes"],
             "steps_by_rank": memory_series,
         },
+        "resources": _resources(summary, ranks),
         "telemetry": _telemetry(summary["telemetry"]),
         "card": summary["card"],
     }
@@ -279,7 +332,8 @@ def build_compare_view(comparison: Mapping, a: Mapping, b: Mapping, *,
 
 
 __all__ = [
-    "LAST_STEPS", "MAX_DRAWN_RANKS", "MAX_LIST_ITEMS", "PHASES", "StepMemory", "TABLE_METRICS",
+    "LAST_STEPS", "MAX_DRAWN_RANKS", "MAX_LIST_ITEMS", "NODE_RESOURCE_COLUMNS", "PHASES", "RANK_RESOURCE_COLUMNS",
+    "RESOURCE_TABLE", "StepMemory", "TABLE_METRICS",
     "VIEW_SCHEMA", "ViewInputs", "bounded", "build_compare_view", "build_run_view", "choose_ranks",
     "drawn_ranks",
 ]

@@ -189,3 +189,84 @@ def test_straggler_evidence_survives_projection(surfaces):
     assert d["evidence"]["visible_phase"] == "backward"
     f = surfaces["fsdp_rank_straggler"][2]["diagnosis"]
     assert f["evidence"]["visible_phase"] == "forward+backward" and f["evidence"]["severity_caps"] == ["fsdp"]
+
+
+# --- Resources: the same figures on every surface ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def resource_surfaces(tmp_path_factory):
+    """complete_gpu's store with both ranks' resource samples (rank 1's GPU idles, rank 0 sends its
+    host's CPU), one summary analysis of it, and every surface made from that one analysis."""
+    from tests.harness.resource_rows import rank_resource_records
+    from tests.step_time.scenarios import START_TIME, STEP_SECONDS, build_scenario
+    from traceml.processor.sqlite_writer import StepTimeStore
+    from traceml.processor.step_time.model import LiveStepTimeResult
+    from traceml.processor.web.view import build_run_view
+
+    db = build_scenario("complete_gpu", tmp_path_factory.mktemp("parity_resources") / "r.db")
+    times = [START_TIME + step * STEP_SECONDS + 0.05 for step in range(1, 101)]
+    with StepTimeStore(db) as store:
+        store.write(resource_records=[
+            *rank_resource_records("complete_gpu", 0, times, cpu=0.35, rss=3.25 * 2**30, gpu_util=0.93,
+                                   temperature=71.0, power=0.0, host_cpu=0.8125),
+            *rank_resource_records("complete_gpu", 1, times, cpu=0.6, rss=2.5 * 2**30, gpu_util=0.41,
+                                   temperature=77.0, power=215.5)])
+    analysis = StepTimePipeline().run(StepTimeRequest(db, "complete_gpu", profile=PROFILE_SUMMARY))
+    summary = project_final_summary(analysis, RunMetadata(run_id="complete_gpu", generated_at=0.0))
+    points = summary_metric_points(analysis)
+    view = build_run_view(analysis)
+    console = Console(width=400, record=True, color_system=None)
+    console.print(render_live(LiveStepTimeResult(analysis, "live", 0.0, None)))
+    return analysis, summary, points, view, console.export_text()
+
+
+def _point(points, name, key):
+    [value] = [p.value for p in points if p.name == name and key in p.attributes.values()]
+    return value
+
+
+RANK_FIGURE_METRICS = (("cpu_utilization", "traceml.run.process.cpu.utilization"),
+                       ("rss_bytes", "traceml.run.process.memory.usage"),
+                       ("gpu_utilization", "traceml.run.gpu.utilization"),
+                       ("gpu_temperature_c", "traceml.run.gpu.temperature"),
+                       ("gpu_power_w", "traceml.run.gpu.power"))
+
+
+@pytest.mark.parametrize("figure,metric", RANK_FIGURE_METRICS)
+def test_resource_figures_agree_on_every_surface(resource_surfaces, figure, metric):
+    analysis, summary, points, view, live_text = resource_surfaces
+    stat = analysis.resources.rank_figure(figure)
+    public = summary["resources"]["global"]["ranks"][figure]
+    row = next(r for r in view["resources"]["figures"] if r["scope"] == "ranks" and r["figure"] == figure)
+    for statistic, value, member in (("median", stat.median, stat.median_member),
+                                     ("worst", stat.worst, stat.worst_member)):
+        assert public[statistic]["value"] == pytest.approx(value, abs=1e-4) and public[statistic]["rank"] == member
+        assert _point(points, metric, statistic) == pytest.approx(public[statistic]["value"], abs=1e-4)
+        assert (row[statistic], row[f"{statistic}_member"]) == (public[statistic]["value"], member)
+    for rank in (0, 1):
+        group = next(g for g in summary["groups"] if g["global_rank"] == rank)
+        drawn = next(r for r in view["resources"]["ranks"] if r["rank"] == rank)
+        assert group["resources"][figure] == drawn[figure]
+        assert group["resources"][figure] == pytest.approx(analysis.resources.ranks[rank].figures[figure], abs=1e-4)
+
+
+def test_resource_lines_agree_between_the_card_the_live_view_and_the_page(resource_surfaces):
+    from traceml.processor.reporting.resources import resource_lines
+    from traceml.processor.web.pages import resources_section
+
+    _, summary, points, view, live_text = resource_surfaces
+    lines = resource_lines(summary["resources"])
+    # Two ranks: the median is their mean, `near` the lower-valued of the two (the analysis's tie rule).
+    assert lines[0] == "Resources: process CPU median 48% (r0), worst 60% (r1) | RSS median 2.9 GiB (r1), worst 3.2 GiB (r0)"
+    assert lines[1] == ("  GPU util median 67% (r1), worst 41% (r1) | GPU memory median 8.0 GiB (r0), worst 8.0 GiB (r0) "
+                        "| GPU temp median 74 °C (r0), worst 77 °C (r1) | GPU power median 108 W (r0), worst 216 W (r1)")
+    assert lines[2] == "  host CPU median 81% (node0) | host memory median 25% (node0)"
+    for line in lines:
+        assert line in summary["card"] and line.strip() in live_text
+    html = resources_section(view)
+    assert "<td>GPU util</td><td>67%</td><td>rank 1</td><td>41%</td><td>rank 1</td>" in html
+    assert _point(points, "traceml.rank.gpu.utilization", "1") == pytest.approx(0.41)
+    assert _point(points, "traceml.run.host.cpu.utilization", "worst") == pytest.approx(0.8125)
+    # A measured zero (rank 0's power) is 0.0 on every surface, never absent.
+    assert next(g for g in summary["groups"] if g["global_rank"] == 0)["resources"]["gpu_power_w"] == 0.0

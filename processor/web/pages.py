@@ -200,10 +200,12 @@ def resources_section(view: Mapping) -> str:
                f'<th>member</th><th>measured</th></tr></thead><tbody>{"".join(rows)}</tbody></table>')
     ranks = ""
     if res["ranks"]:
-        head_cells = "".join(f"<th>{esc(label)}</th>" for _, label in RANK_RESOURCE_COLUMNS)
+        # Only the figures some drawn rank measured (a CPU-only run has no GPU columns).
+        columns = [(f, label) for f, label in RANK_RESOURCE_COLUMNS if any(r[f] is not None for r in res["ranks"])]
+        head_cells = "".join(f"<th>{esc(label)}</th>" for _, label in columns)
         body = "".join(
             f'<tr data-rank="{esc(r["rank"])}"><td>rank {esc(r["rank"])}</td><td class="mono">{esc(r["host"] or "—")}'
-            f'</td>{"".join(f"<td>{esc(fmt_figure(f, r[f]))}</td>" for f, _ in RANK_RESOURCE_COLUMNS)}</tr>'
+            f'</td>{"".join(f"<td>{esc(fmt_figure(f, r[f]))}</td>" for f, _ in columns)}</tr>'
             for r in res["ranks"])
         ranks = (f'<h3>Per rank</h3><table class="resource-ranks"><thead><tr><th>rank</th><th>host</th>{head_cells}'
                  f"</tr></thead><tbody>{body}</tbody></table>" + _not_drawn(view))

@@ -93,3 +93,11 @@ def _analysis_with(resources):
 
     w = window({r: rank_values() for r in range(3)}, steps=40)
     return dataclasses.replace(StepTimeAnalysis(window=w, diagnosis=diagnose(w)), resources=resources)
+
+
+def test_a_cpu_only_run_has_no_gpu_columns():
+    from tests.harness.resource_windows import GiB, resource_window
+
+    w = resource_window("r1", {r: {"cpu_utilization": 0.5, "rss_bytes": GiB} for r in range(3)})
+    html = resources_section(build_run_view(_analysis_with(w)))
+    assert "<th>process CPU</th><th>RSS</th></tr>" in html and "<th>GPU" not in html

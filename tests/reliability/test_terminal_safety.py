@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.step_time.scenarios import START_TIME, scenario_records
+from tests.harness.resource_rows import rank_resource_records
+from tests.step_time.scenarios import START_TIME, STEP_SECONDS, scenario_records
 from traceml.processor.presenters.terminal_text import printable
 from traceml.processor.sqlite_writer import StepTimeStore
 
@@ -50,8 +51,12 @@ def hostile_db(tmp_path_factory) -> Path:
     records = [replace(r, run_id=RUN_ID, training_strategy=STRATEGY,
                        identity=replace(r.identity, hostname=HOST))
                for r in scenario_records("ddp_rank_straggler")]
+    # Resource samples on that host too: the card's and the live view's resource lines name it.
+    times = [START_TIME + step * STEP_SECONDS + 0.05 for step in range(1, 25)]
+    resources = [*rank_resource_records(RUN_ID, 0, times, host=HOST, host_cpu=0.9),
+                 *rank_resource_records(RUN_ID, 1, times, host=HOST)]
     with StepTimeStore(db) as store:
-        store.write(records, receive_time=START_TIME + 3600.0)
+        store.write(records, resource_records=resources, receive_time=START_TIME + 3600.0)
     return db
 
 
@@ -79,8 +84,9 @@ def test_live_view_frame_and_line(hostile_db, monkeypatch):
         text = out.getvalue()
         assert_safe(text)
         assert_shows_run_id(text)
-        if tty:  # the Panel title is not parsed as markup either
+        if tty:  # the Panel title is not parsed as markup either; the host CPU line names the host, escaped
             assert text.count(MARKUP) >= 2, text
+            assert printable(HOST) in text.replace("\n", ""), text
 
 
 def test_end_of_run_card_and_card_file(hostile_db, tmp_path):
@@ -95,6 +101,7 @@ def test_end_of_run_card_and_card_file(hostile_db, tmp_path):
     assert_safe(out.getvalue())
     assert_shows_run_id(out.getvalue())
     assert_safe(report.card_path.read_text())
+    assert f"host CPU median 90% ({printable(HOST)})" in report.card_path.read_text()
     assert report.summary["metadata"]["run_id"] == RUN_ID  # the JSON keeps the true string
     assert json.loads(report.summary_path.read_text())["metadata"]["run_id"] == RUN_ID
 

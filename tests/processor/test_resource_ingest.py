@@ -12,6 +12,8 @@ import sqlite3
 import time
 
 import pytest
+
+from traceml.processor.summary_section import build_final_summary
 from tests.harness.resource_payloads import (
     dcgm_request,
     gauge,
@@ -246,13 +248,15 @@ def test_a_real_processor_joins_sdk_sent_host_metrics_to_the_run_on_that_host(tm
         endpoint = f"127.0.0.1:{proc.grpc}"
         spans = OTLPSpanExporter(endpoint=endpoint, insecure=True, timeout=30)
         try:
-            assert spans.export(step_spans("run-sdk", 0, 3, 1)) == SpanExportResult.SUCCESS  # host-a
+            # host-a's steps end over the next 3 s: the host metrics below fall inside the run's window
+            assert spans.export(step_spans("run-sdk", 0, 30, 1)) == SpanExportResult.SUCCESS
         finally:
             spans.shutdown()
         _sdk_host_metrics(endpoint, "host-a")  # acknowledged after commit: stored once this returns
         _sdk_host_metrics(endpoint, "host-nobody-uses")
         rows = _rows(proc.db)
         counted = proc.metrics_text()
+        summary = build_final_summary(proc.db, "run-sdk")
     assert {(r["host"], r["source"], r["run_id"], r["global_rank"]) for r in rows} == {
         ("host-a", sr.SOURCE_HOSTMETRICS, None, None)}
     assert len(rows) == 3
@@ -261,3 +265,8 @@ def test_a_real_processor_joins_sdk_sent_host_metrics_to_the_run_on_that_host(tm
     got = {r["metric"]: r["value"] for r in rows}
     assert got == {sr.SYSTEM_CPU_UTILIZATION: pytest.approx((0.7 + 0.2) / 2),
                    sr.SYSTEM_MEMORY_USAGE: 10 * GIB, sr.SYSTEM_MEMORY_LIMIT: 16 * GIB}
+    # ... and the run's summary reads them as its host's figures, from hostmetrics.
+    [node] = summary["resources"]["nodes"]
+    assert node["host"] == "host-a" and node["sources"] == [sr.SOURCE_HOSTMETRICS], node
+    assert node["cpu_utilization"] == pytest.approx(0.45) and node["memory_used_bytes"] == 10 * GIB
+    assert node["memory_utilization"] == pytest.approx(10 / 16)

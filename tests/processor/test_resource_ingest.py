@@ -13,7 +13,6 @@ import time
 
 import pytest
 
-from traceml.processor.summary_section import build_final_summary
 from tests.harness.resource_payloads import (
     dcgm_request,
     gauge,
@@ -28,6 +27,7 @@ from tests.processor.otlp_payloads import steps_request
 from traceml.processor import sqlite_writer
 from traceml.processor.decode import IGNORED_UNKNOWN_HOST, Decoder
 from traceml.processor.ingest import IngestQueue
+from traceml.processor.summary_section import build_final_summary
 from traceml.processor.self_telemetry import SelfTelemetry
 from traceml.processor.sqlite_guard import check_database
 from traceml.processor.sqlite_layout import DDL, RESOURCE_COLUMNS, SCHEMA_USER_VERSION

@@ -63,7 +63,9 @@ def stack(tmp_path_factory):
         _post(http, "/v1/traces", trace_request(OPEN_RUN_ID, 0, [step_span(0, 0)]))
         prometheus.wait_for(f'{M.run_lag}{{{L.run}="{OPEN_RUN_ID}"}}')
         # Fake GPU (and host): the ranks' resource samples, every 0.25 s while they train, so they
-        # fall inside the window of steps the analysis reads them over.
+        # fall inside the window of steps the analysis reads them over. 150 steps (about 6 s, rank
+        # 0's loader sleeps 40 ms a batch): the live session re-reads resources at most every
+        # RESOURCE_REFRESH_S (5 s), and its first window may be too short to hold a sample.
         training, sampler_errors = threading.Event(), []
 
         def sample() -> None:
@@ -80,7 +82,7 @@ def stack(tmp_path_factory):
         sampler.start()
         try:
             train_two_ranks(folder, RUN_ID, {0: (f"http://127.0.0.1:{processor.port(4317)}", "grpc"),
-                                             1: (f"http://127.0.0.1:{http}", "http/protobuf")})
+                                             1: (f"http://127.0.0.1:{http}", "http/protobuf")}, steps=150)
         finally:
             training.set()
             sampler.join(10)

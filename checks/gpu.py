@@ -18,6 +18,11 @@ real background samplers, delivered to a sink):
 - CUDA events return to the pool (no growth over many steps);
 - GPU step overhead: wall time of a small CUDA training loop with and without
   automatic instrumentation (alternating blocks);
+- resource sampler with NVML (nvidia-ml-py): the rank's GPU utilisation reads high (> 0.5)
+  under back-to-back large matmuls and low (< 0.2) while the GPU sleeps; memory used/total,
+  temperature, power and the UUID are present, the caching allocator is read; the real
+  sampler thread started by `init()` delivers GPU readings; the tick cost with NVML.
+  Skipped when `pynvml` is not importable;
 - NCCL collective wait (one-rank NCCL group): an explicit `all_reduce` enqueued behind a
   sleep kernel gets a GPU time per step while the CPU call returns without waiting
   for the kernel (nothing synchronised); a DDP training step gets one collective-wait occurrence
@@ -336,6 +341,83 @@ def check_nccl_collective_wait(torch) -> None:
         dist.destroy_process_group()
 
 
+def check_resources(torch) -> None:
+    """The resource sampler's NVML path on a real GPU (docs/instrumentation.md, "Resource sampler")."""
+    try:
+        import pynvml  # noqa: F401
+    except ImportError:
+        print("SKIP resources: pynvml (nvidia-ml-py) is not installed", flush=True)
+        return
+    from traceml.resources import ResourceSampler
+
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    sampler = ResourceSampler(sinks=(), environ={k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES",)
+                                                 if k in os.environ})
+    sampler.baseline()
+
+    busy, deadline, next_read = [], time.monotonic() + 3.0, time.monotonic() + 1.0
+    while time.monotonic() < deadline:  # keep the GPU's queue full; read NVML while it runs
+        for _ in range(8):
+            torch.mm(a, b)
+        torch.cuda.synchronize()
+        if time.monotonic() >= next_read:
+            for _ in range(8):
+                torch.mm(a, b)  # enqueued: the GPU is busy while the sample is taken
+            busy.append(sampler.sample())
+            next_read = time.monotonic() + 0.5
+    torch.cuda.synchronize()
+    time.sleep(3.0)
+    idle = sampler.sample()
+    gpu_busy = [s.gpu.utilization for s in busy if s.gpu is not None and s.gpu.utilization is not None]
+    check("resources.gpu_present", idle.gpu is not None and len(gpu_busy) == len(busy) > 0,
+          f"NVML readings: {len(gpu_busy)} of {len(busy)} busy samples, idle {idle.gpu}")
+    if idle.gpu is None or not gpu_busy:
+        return
+    check("resources.utilization_busy", statistics.median(gpu_busy) > 0.5,
+          f"utilisation under back-to-back {n}^3 bf16 matmuls: {gpu_busy}")
+    g = idle.gpu
+    check("resources.utilization_idle", g.utilization is not None and g.utilization < 0.2,
+          f"utilisation after 3 s asleep: {g.utilization}")
+    check("resources.fields", None not in (g.memory_used_bytes, g.memory_total_bytes, g.temperature_c, g.power_w)
+          and 0 < g.memory_used_bytes <= g.memory_total_bytes and 0 < g.temperature_c < 120 and g.power_w > 0
+          and g.hw_id.startswith(("GPU-", "MIG-")),
+          f"hw.id {g.hw_id}, memory {g.memory_used_bytes / MiB:.0f} of {(g.memory_total_bytes or 0) / MiB:.0f} MiB, "
+          f"{g.temperature_c} C, {g.power_w} W")
+    check("resources.allocator", idle.cuda_device is not None and (idle.cuda_allocated_bytes or 0) >= 2 * n * n * 2
+          and (idle.cuda_reserved_bytes or 0) >= idle.cuda_allocated_bytes,
+          f"{idle.cuda_device}: allocated {(idle.cuda_allocated_bytes or 0) / MiB:.0f} MiB, "
+          f"reserved {(idle.cuda_reserved_bytes or 0) / MiB:.0f} MiB (two {n}x{n} bf16 matrices: "
+          f"{2 * n * n * 2 / MiB:.0f} MiB)")
+    ticks = []
+    for _ in range(50):
+        c0 = time.thread_time()
+        sampler.sample()
+        ticks.append((time.thread_time() - c0) * 1e6)
+    print(f"INFO resources: one tick with NVML and the allocator (local rank 0, host included): "
+          f"{statistics.median(ticks):.0f} us CPU (median of 50)", flush=True)
+    sampler.stop()
+
+    os.environ["TRACEML_RESOURCE_INTERVAL"] = "0.2"
+    try:
+        sink = session("manual")
+        model = torch.nn.Linear(4, 4).cuda()
+        with traceml.trace_step(model):
+            torch.mm(a, b)
+        end_wait = time.monotonic() + 10
+        while len(sink.resources) < 3 and time.monotonic() < end_wait:
+            time.sleep(0.05)
+        end_session(sink)
+    finally:
+        del os.environ["TRACEML_RESOURCE_INTERVAL"]
+    last = sink.resources[-1] if sink.resources else None
+    check("resources.through_init", last is not None and last.gpu is not None and last.cuda_device is not None,
+          f"{len(sink.resources)} snapshots from the sampler init() started; the last: "
+          f"device {None if last is None else last.cuda_device}, gpu {None if last is None else last.gpu}")
+
+
 def check_gpu_overhead(torch) -> None:
     """Wall time per step of a small CUDA training loop, uninstrumented vs automatic mode."""
     from traceml import patches
@@ -417,7 +499,7 @@ def main() -> int:
         return 0
     print(f"INFO device {torch.cuda.get_device_name(0)}, torch {torch.__version__}", flush=True)
     for fn in (report_call_costs, check_sleep_kernels, check_forward_wrapper, check_matmul, check_memory,
-               check_auto_mode, check_nccl_collective_wait, check_gpu_overhead):
+               check_auto_mode, check_resources, check_nccl_collective_wait, check_gpu_overhead):
         try:
             fn(torch)
         except Exception as exc:  # report and go on with the other checks

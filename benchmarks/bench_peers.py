@@ -837,13 +837,18 @@ def measure_analysis(quick: bool, log) -> dict:
     return {"analysis": rows}
 
 
-def run_job(tool: str, folder: Path, name: str, scenario: str, steps: int, nproc: int = 2) -> dict:
-    """One `traceml run --nproc-per-node N` of launcher/demo_workload.py under `tool`; wall time and its summary."""
+def run_job(tool: str, folder: Path, name: str, scenario: str, steps: int, nproc: int = 2,
+            argv: list[str] | None = None) -> dict:
+    """One `traceml run --nproc-per-node N` of launcher/demo_workload.py under `tool`; wall time and its summary.
+
+    `argv` (a script and its arguments) runs instead of the demo workload; `scenario` and
+    `steps` are then unused. For the original the caller passes a script that marks its own steps
+    (checks/original_step_runner.py runs one that does not)."""
     folder.mkdir(parents=True, exist_ok=True)
-    workload = ["--scenario", scenario, "--steps", str(steps)]
+    script, *workload = argv or [str(WORKLOAD), "--scenario", scenario, "--steps", str(steps)]
     if tool == "ours":
         cmd = [str(Path(sys.executable).parent / "traceml"), "run", "--standalone", "--nproc-per-node", str(nproc),
-               "--runs-dir", str(folder), "--run-id", name, "--no-summary-print", str(WORKLOAD), *workload]
+               "--runs-dir", str(folder), "--run-id", name, "--no-summary-print", script, *workload]
         env = _our_env()
         summary_path = folder / name / "final_summary.json"
     else:
@@ -851,7 +856,7 @@ def run_job(tool: str, folder: Path, name: str, scenario: str, steps: int, nproc
         shim.mkdir(parents=True, exist_ok=True)
         (shim / "traceml.py").write_text(ORIGINAL_SHIM)
         cmd = [str(PEER_VENV / "bin" / "traceml"), "run", "--nproc-per-node", str(nproc), "--logs-dir",
-               str(folder), "--run-name", name, str(WORKLOAD), "--args", *workload]
+               str(folder), "--run-name", name, script, "--args", *workload]
         env = _peer_env({"PYTHONPATH": str(shim)})
         summary_path = folder / name / "final_summary.json"
     t0 = time.perf_counter()

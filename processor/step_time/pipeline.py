@@ -218,7 +218,8 @@ class LiveStepTimeSession:
         if fresh:
             return self._pipeline.analyze(snapshot, self.window, resources=self._resources)
         analysis = self._pipeline.analyze(snapshot, self.window, db_path=self.db_path)
-        if analysis.resources is not None:
+        if analysis.resources is not None and not analysis.resources.is_empty:
+            # An empty read is not kept: a young run's first samples show at the next tick, not 5 s on.
             self._resources, self._resources_at = analysis.resources, now
         return analysis
 

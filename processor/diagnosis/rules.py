@@ -125,9 +125,13 @@ def collective_bound(ctx: RuleContext) -> DiagnosisIssue | None:
     Judged, step by step, on the rank that waited *least* in that step: whatever another
     rank waited beyond it is waiting for a later rank (a straggler's doing, or jitter that
     makes a different rank late each step), the least wait is what even the rank nobody
-    waited for spent in collectives, so no late rank explains it. Score = the median over
-    the window's steps of that least share (wait / Step Time). Where per-step values are
-    missing, the window averages stand in (the rank with the least average share).
+    waited for spent in collectives, so no late rank explains it. Score = the smaller of the
+    median over the window's steps of that least share (wait / Step Time), which outlier steps
+    cannot move, and the same shares weighted by time (the least-waiting rank's waits summed
+    over the steps over its step times summed), which a run of two halves cannot move: with
+    half its steps at 0.35 and half at 0.02 the median lands on either side of the threshold
+    run by run, the time-weighted share does not. Where per-step values are missing, the
+    window averages stand in (the rank with the least average share).
     """
     cohort = ctx.cohort((METRIC_COLLECTIVE_WAIT, METRIC_STEP_TIME))
     if not cohort:
@@ -137,9 +141,9 @@ def collective_bound(ctx: RuleContext) -> DiagnosisIssue | None:
     if any(v is None for v in shares.values()):
         return None
     least = min(cohort, key=lambda r: (shares[r], r))
-    score = _median_least_share(ctx, cohort)
-    if score is None:
-        score = shares[least]
+    per_step = _least_shares(ctx, cohort)
+    median_share, weighted_share = per_step if per_step is not None else (shares[least], shares[least])
+    score = min(median_share, weighted_share)
     policy = ctx.policy
     if policy.at_least(score, policy.collective_crit_share):
         uncapped = SEVERITY_CRIT
@@ -153,7 +157,9 @@ def collective_bound(ctx: RuleContext) -> DiagnosisIssue | None:
         **ctx.common_evidence(),
         "metric": METRIC_COLLECTIVE_WAIT,
         "share": score,
-        "share_statistic": "median over steps of the least share in each step",
+        "share_statistic": "the smaller of the median and the time-weighted least share over steps",
+        "median_least_share": median_share,
+        "time_weighted_least_share": weighted_share,
         "least_wait_rank": least,
         "least_wait_ms": waits[least],
         "least_wait_step_time_ms": steps[least],
@@ -173,14 +179,20 @@ def collective_bound(ctx: RuleContext) -> DiagnosisIssue | None:
                           summary=summary, evidence=evidence)
 
 
-def _median_least_share(ctx: RuleContext, cohort: tuple[int, ...]) -> float | None:
-    """Median over aligned steps of the smallest collective-wait share among `cohort` in that step."""
+def _least_shares(ctx: RuleContext, cohort: tuple[int, ...]) -> tuple[float, float] | None:
+    """Per aligned step, the smallest collective-wait share among `cohort`: (its median over the
+    steps, the time-weighted one: those ranks' waits summed over their step times summed)."""
     facts = [ctx.window.rank_facts[r] for r in cohort]
     waits, steps = rank_step_matrix(facts, METRIC_COLLECTIVE_WAIT), rank_step_matrix(facts, METRIC_STEP_TIME)
     if not waits.size or waits.shape != steps.shape or np.isnan(waits).any() or np.isnan(steps).any() \
             or (steps <= 0).any():
         return None
-    return float(np.median(np.min(waits / steps, axis=1)))
+    shares = waits / steps
+    least = np.argmin(shares, axis=1)
+    rows = np.arange(shares.shape[0])
+    weighted = finite_ratio(float(waits[rows, least].sum()), float(steps[rows, least].sum()))
+    median = float(np.median(shares[rows, least]))
+    return median, (median if weighted is None else weighted)
 
 
 def warmup(ctx: RuleContext) -> DiagnosisIssue | None:

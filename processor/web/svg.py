@@ -126,6 +126,27 @@ def _path(points: Sequence[tuple[float, float] | None]) -> str:
     return " ".join(parts)
 
 
+def _axes(css: str, title: str, height: int, top: int, plot_w: float, plot_h: float, y_max: float,
+          unit: str, first_step, last_step) -> list[str]:
+    """A chart's opening: the svg element, its title, both axes, three y labels (0, half, top in
+    `unit`) and the first and last step under the x axis (none when `first_step` is None)."""
+    left = _LABEL_W
+    out = [f'<svg class="chart {esc(css)}" viewBox="0 0 {_WIDTH} {height}" width="{_WIDTH}" height="{height}" '
+           f'role="img" aria-label="{esc(title)}" xmlns="http://www.w3.org/2000/svg">',
+           f'<text class="chart-title" x="0" y="14">{esc(title)}</text>',
+           f'<line class="axis" x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="#888"/>',
+           f'<line class="axis" x1="{left}" y1="{top}" x2="{left}" y2="{top + plot_h}" stroke="#888"/>']
+    for frac in (0.0, 0.5, 1.0):
+        y = top + plot_h - plot_h * frac
+        out.append(f'<text class="axis-label" x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">'
+                   f'{y_max * frac:g} {esc(unit)}</text>')
+    if first_step is not None:
+        out.append(f'<text class="axis-label" x="{left}" y="{height - 10}" text-anchor="start">step {esc(first_step)}</text>')
+        out.append(f'<text class="axis-label" x="{left + plot_w}" y="{height - 10}" text-anchor="end">'
+                   f'step {esc(last_step)}</text>')
+    return out
+
+
 def line_chart(step_ids: Sequence[int], by_rank: Mapping[str, Sequence[float | None]], *,
                median: Sequence[float | None] = (), culprit: int | None = None, title: str,
                unit: str = "ms", divisor: float = 1.0, css: str = "step-chart") -> str:
@@ -143,19 +164,8 @@ def line_chart(step_ids: Sequence[int], by_rank: Mapping[str, Sequence[float | N
         x = left + (plot_w * i / (n - 1) if n > 1 else plot_w / 2)
         return x, top + plot_h - plot_h * (v / divisor) / y_max
 
-    out = [f'<svg class="chart {esc(css)}" viewBox="0 0 {_WIDTH} {height}" width="{_WIDTH}" height="{height}" '
-           f'role="img" aria-label="{esc(title)}" xmlns="http://www.w3.org/2000/svg">',
-           f'<text class="chart-title" x="0" y="14">{esc(title)}</text>',
-           f'<line class="axis" x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="#888"/>',
-           f'<line class="axis" x1="{left}" y1="{top}" x2="{left}" y2="{top + plot_h}" stroke="#888"/>']
-    for frac in (0.0, 0.5, 1.0):
-        y = top + plot_h - plot_h * frac
-        out.append(f'<text class="axis-label" x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">'
-                   f'{y_max * frac:g} {esc(unit)}</text>')
-    if n:
-        out.append(f'<text class="axis-label" x="{left}" y="{height - 10}" text-anchor="start">step {esc(step_ids[0])}</text>')
-        out.append(f'<text class="axis-label" x="{left + plot_w}" y="{height - 10}" text-anchor="end">'
-                   f'step {esc(step_ids[-1])}</text>')
+    out = _axes(css, title, height, top, plot_w, plot_h, y_max, unit,
+                step_ids[0] if n else None, step_ids[-1] if n else None)
     for k, (rank, series) in enumerate(by_rank.items()):
         is_culprit = culprit is not None and str(culprit) == str(rank)
         colour = CULPRIT_COLOUR if is_culprit else LINE_COLOURS[k % len(LINE_COLOURS)]
@@ -191,18 +201,7 @@ def trend_chart(trends: Sequence[Mapping], *, title: str, culprit: int | None = 
     def xy(step: float, value_bytes: float) -> tuple[float, float]:
         return (left + plot_w * (step - x_min) / span, top + plot_h - plot_h * (value_bytes / mib) / y_max)
 
-    out = [f'<svg class="chart trend-chart" viewBox="0 0 {_WIDTH} {height}" width="{_WIDTH}" height="{height}" '
-           f'role="img" aria-label="{esc(title)}" xmlns="http://www.w3.org/2000/svg">',
-           f'<text class="chart-title" x="0" y="14">{esc(title)}</text>',
-           f'<line class="axis" x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="#888"/>',
-           f'<line class="axis" x1="{left}" y1="{top}" x2="{left}" y2="{top + plot_h}" stroke="#888"/>']
-    for frac in (0.0, 0.5, 1.0):
-        y = top + plot_h - plot_h * frac
-        out.append(f'<text class="axis-label" x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">'
-                   f'{y_max * frac:g} MiB</text>')
-    out.append(f'<text class="axis-label" x="{left}" y="{height - 10}" text-anchor="start">step {esc(x_min)}</text>')
-    out.append(f'<text class="axis-label" x="{left + plot_w}" y="{height - 10}" text-anchor="end">'
-               f'step {esc(x_max)}</text>')
+    out = _axes("trend-chart", title, height, top, plot_w, plot_h, y_max, "MiB", x_min, x_max)
     for k, t in enumerate(drawn):
         rank = t["rank"]
         is_culprit = culprit is not None and rank == culprit

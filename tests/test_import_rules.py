@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from tests.harness.child_python import python_output
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 _NO_TORCH = """
@@ -74,9 +76,7 @@ def test_the_facade_loads_the_training_side_on_first_use_only():
             "assert traceml.timing is sys.modules['traceml.timing']\n"
             "assert set(traceml.__all__) <= set(dir(traceml))\n"
             "print('ok')")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "ok"
+    assert python_output(code) == "ok"
 
 
 def test_every_public_name_of_the_facade_resolves():
@@ -168,6 +168,4 @@ def test_every_service_side_module_imports_without_the_training_stack():
             + "from traceml.processor.cli import main\n"
             + "try:\n    main(['--version'])\nexcept SystemExit as exc:\n    assert exc.code in (0, None), exc.code\n"
             + "print('ok')\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().endswith("ok")
+    assert python_output(code).endswith("ok")

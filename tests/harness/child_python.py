@@ -27,3 +27,13 @@ def child_env(base: Mapping[str, str] | None = None, **extra: str) -> dict[str, 
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *[p for p in paths if p != str(ROOT)]])
     return env
+
+
+def python_output(code: str, timeout: float = 120) -> str:
+    """Run `code` in a fresh interpreter (`python -c`: its own imports, its own process state) and
+    return its stdout, stripped; a non-zero exit fails the test with the child's stderr."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()

@@ -8,7 +8,6 @@ initialised CUDA. Everything else is real: psutil, the thread, the sinks, `trace
 from __future__ import annotations
 
 import logging
-import subprocess
 import sys
 import threading
 import time
@@ -24,6 +23,7 @@ from traceml.resources import CudaState, NvmlReader, NvmlTarget, ResourceSampler
 from traceml.settings import DEFAULT_RESOURCE_INTERVAL_S, MIN_RESOURCE_INTERVAL_S, read_resource_settings
 
 from tests.harness.sinks import RecordingSink
+from tests.harness.child_python import python_output
 
 UUIDS = ("GPU-aaaa1111-0000-0000-0000-000000000000", "GPU-bbbb2222-0000-0000-0000-000000000000",
          "GPU-cccc3333-0000-0000-0000-000000000000", "GPU-dddd4444-0000-0000-0000-000000000000")
@@ -285,9 +285,7 @@ def test_the_sampler_never_imports_torch_nor_pynvml_without_cuda():
             "assert snap.process_rss_bytes > 0 and snap.gpu is None\n"
             "assert 'torch' not in sys.modules and 'pynvml' not in sys.modules, 'imported'\n"
             "print('ok')")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "ok"
+    assert python_output(code, timeout=60) == "ok"
 
 
 # --- the thread ----------------------------------------------------------------------------------
@@ -412,9 +410,7 @@ def test_a_forked_child_forgets_the_sampler():
             "_, status = os.waitpid(pid, 0)\n"
             "traceml.shutdown()\n"
             "print(os.waitstatus_to_exitcode(status))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "0"
+    assert python_output(code, timeout=60) == "0"
 
 
 @pytest.mark.parametrize("raw, enabled", [

@@ -7,6 +7,7 @@ import weakref
 import pytest
 import torch
 from tests.instrumentation.instr_fakes import flush_samplers
+from tests.harness.child_python import python_output
 
 import traceml
 from traceml import forward, patches, step_events as se
@@ -394,8 +395,6 @@ def test_a_model_the_job_drops_is_freed_while_traceml_runs(sink, mode):
 
 
 def test_auto_mode_without_torch_falls_back_to_manual(tmp_path):
-    import subprocess
-    import sys
     code = ("import sys; sys.modules['torch'] = None\n"
             "import traceml\n"
             "traceml.init(mode='auto')\n"
@@ -404,9 +403,7 @@ def test_auto_mode_without_torch_falls_back_to_manual(tmp_path):
             "    pass\n"
             "traceml.shutdown()\n"
             "print('ok', traceml.steps_completed())\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["ok", "1"]
+    assert python_output(code, timeout=60).split() == ["ok", "1"]
 
 
 def test_auto_mode_dataloader_on_another_thread_leaves_the_training_threads_input_wait_intact(sink):

@@ -1,12 +1,10 @@
 """The pure Rich live presenter and the plain line formatter."""
 from __future__ import annotations
 
-import subprocess
-import sys
-
 from rich.console import Console
 
 from tests.step_time.handbuilt_windows import rank_values, window
+from tests.harness.child_python import python_output
 from traceml.processor.diagnosis import diagnose
 from traceml.processor.presenters import format_live_line, issue_rows, render_live
 from traceml.processor.step_time.model import LiveStepTimeResult, StepTimeAnalysis
@@ -63,6 +61,4 @@ def test_importing_presenters_loads_no_sqlite_pipeline_or_diagnosis():
             "bad = [m for m in ('sqlite3', 'traceml.processor.diagnosis', 'traceml.processor.step_time.pipeline',"
             " 'traceml.processor.step_time.sqlite_reader') if m in sys.modules]\n"
             "print(bad)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
+    assert python_output(code) == "[]"

@@ -24,15 +24,18 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 import weakref
 
 from traceml.schema.vocabulary import RAW_FORWARD
 
 from . import step_events as _se
-from .hooks import HookRegionTimer
+from .hooks import HookRegionTimer, close_region
 from .process_state import recording as _rec
 
 _get_ident = threading.get_ident
+_perf_ns = time.perf_counter_ns
+_MAX_EVENTS = _se.MAX_EVENTS_PER_CAPTURE
 _lock = threading.RLock()  # re-entrant: a weakref callback can run inside a locked section (GC)
 _timers: dict = {}
 """id(module) -> the ForwardTimer of each instrumented module."""
@@ -171,7 +174,10 @@ def _timed_call(cls, own):
     """The class-wide `__call__`: an instrumented instance's call runs inside its timer.
 
     The instance's timer on the training thread; another thread gets a fresh one (its
-    region counts the thread and is ignored), as the automatic patches do.
+    region counts the thread and is ignored), as the automatic patches do. In the
+    common case (`recording.fast`, the training thread) the region is this frame's
+    locals, no timer call: a re-entrant call records its own, and the sampler keeps
+    the outermost.
     """
     timers = _timers
     rec = _rec
@@ -182,6 +188,19 @@ def _timed_call(cls, own):
         timer = timers.get(id(self))
         if timer is None or not rec.recording or timer.module() is not self:
             return super(cls, self).__call__(*args, **kwargs) if own is None else own(self, *args, **kwargs)
+        if rec.fast and _get_ident() == rec.owner:
+            capture = rec.active
+            if capture is None:
+                capture = _se.current_capture()
+            t0 = _perf_ns()
+            try:
+                return super(cls, self).__call__(*args, **kwargs) if own is None else own(self, *args, **kwargs)
+            finally:
+                t1 = _perf_ns()
+                if capture is rec.active and len(capture.events) < _MAX_EVENTS:
+                    capture.events.append((RAW_FORWARD, t0, t1, None, None))
+                else:
+                    close_region(capture, RAW_FORWARD, t0, t1)
         if _get_ident() != rec.owner:
             timer = HookRegionTimer(RAW_FORWARD)
         timer.pre()

@@ -25,46 +25,57 @@ _MAX_EVENTS = _se.MAX_EVENTS_PER_CAPTURE
 class HookRegionTimer:
     """Opens a region in a pre-hook and closes it in the matching post-hook.
 
-    `pre`/`post` are registered as the hooks themselves and reuse one region object,
-    so a hook pair costs two Python calls (the region's work is done inline). Re-entrant
-    calls only count depth (the outermost call is the one timed). A pre-hook that
-    finds a region left open by a call that raised before its post-hook (its step
-    has since ended) starts afresh instead of leaking.
+    `pre`/`post` are registered as the hooks themselves, so a hook pair costs two
+    Python calls. In the common case (`recording.fast`: recording on, the CPU clock,
+    nothing held; the training thread) the open call's start stamp and capture are
+    kept on the timer itself; otherwise one reused `timed_region` does the work
+    (CUDA events, holds, foreign threads). Re-entrant calls only count depth (the
+    outermost call is the one timed). A pre-hook that finds a call left open by one
+    that raised before its post-hook (its step has since ended) starts afresh
+    instead of leaking.
     """
 
-    __slots__ = ("raw_event", "_region", "_depth", "handles")
+    __slots__ = ("raw_event", "_region", "_depth", "handles", "_t0", "_capture")
 
     def __init__(self, raw_event: str) -> None:
         self.raw_event = raw_event
         self._region = timed_region(raw_event)
         self._depth = 0
         self.handles: list = []
+        self._t0 = 0
+        self._capture = None  # the open call's capture on the fast path (None: the region's)
 
-    # pre/post repeat the CPU fast paths of timed_region.__enter__/__exit__ inline,
-    # for the common case (CPU clock, the training thread, no hold); anything else
-    # calls them.
-    # These run every step, and inside a real step each Python call costs about a
-    # microsecond of the training thread's time (cold caches), several times its
-    # hot-loop cost.
+    # These run every step, and inside a real step every object the training thread
+    # touches costs it a cache miss (see docs/design/performance-history.md): the fast
+    # path reads `recording` and this timer only.
     def pre(self, *_args, **_kwargs) -> None:
         rec = _rec
+        if self._depth:
+            capture = self._capture
+            if capture is not None:
+                if capture is rec.active:
+                    self._depth += 1
+                    return None
+                self._capture = None  # stale: its post-hook never ran (its step ended)
+            elif self._region._state == 1 and self._region._capture is rec.active:
+                self._depth += 1
+                return None
+            else:
+                self._region.discard()  # stale
+            self._depth = 0
+        if rec.fast and _get_ident() == rec.owner:
+            capture = rec.active
+            if capture is None:
+                capture = _se.current_capture()
+            self._capture = capture
+            self._depth = 1
+            self._t0 = _perf_ns()
+            return None
         if not rec.recording:
             return None
         region = self._region
-        if self._depth:
-            if region._state == 1 and region._capture is rec.active:
-                self._depth += 1
-                return None
-            region.discard()  # stale: its post-hook never ran
         self._depth = 1
         region._g0 = None
-        if not (_policy.gpu_default or _policy.gpu_undecided) and _get_ident() == rec.owner \
-                and not _se.held:
-            capture = rec.active
-            region._capture = capture if capture is not None else _se.current_capture()
-            region._state = 1
-            region._t0 = _perf_ns()
-            return None
         region._gpu = None  # the process policy, decided by __enter__
         region._state = 0
         region.__enter__()
@@ -73,24 +84,20 @@ class HookRegionTimer:
     def post(self, *_args, **_kwargs) -> None:
         t1 = _perf_ns()
         depth = self._depth
-        if depth > 1:
-            self._depth = depth - 1
-            return
         if depth != 1:
+            if depth > 1:
+                self._depth = depth - 1
             return
         self._depth = 0
-        region = self._region
-        if region._state != 1 or region._g0 is not None:
-            region.__exit__()
+        capture = self._capture
+        if capture is None:
+            self._region.__exit__()
             return
-        region._state = 3
-        capture = region._capture
-        region._capture = None
-        event = (region.raw_event, region._t0, t1, None, None)
+        self._capture = None
         if capture is _rec.active and len(capture.events) < _MAX_EVENTS:
-            capture.events.append(event)
+            capture.events.append((self.raw_event, self._t0, t1, None, None))
         else:
-            _se.record_timing_event(event, capture)
+            _se.record_timing_event((self.raw_event, self._t0, t1, None, None), capture)
 
     def remove_hooks(self) -> None:
         """Remove every hook registered with this timer's `pre`/`post` (its `handles`)."""
@@ -105,7 +112,22 @@ class HookRegionTimer:
             self._depth = depth - 1
         elif depth == 1:
             self._depth = 0
-            self._region.discard()
+            if self._capture is None:
+                self._region.discard()
+            self._capture = None
+
+
+def close_region(capture, raw_event: str, t0: int, t1: int) -> None:
+    """Record a CPU-only region [t0, t1] that opened in `capture` (the call wrappers' fast paths).
+
+    The wrappers append inline when `capture` is still the active one and has room;
+    this is the rest: a capture that ended meanwhile, or a full one.
+    """
+    event = (raw_event, t0, t1, None, None)
+    if capture is _rec.active and len(capture.events) < _MAX_EVENTS:
+        capture.events.append(event)
+    else:
+        _se.record_timing_event(event, capture)
 
 
 class OptimizerTimer(HookRegionTimer):
@@ -148,7 +170,28 @@ def timed_next_method(orig_next):
     shared = HookRegionTimer(RAW_DATALOADER_NEXT)
 
     def __next__(self):
-        if not _policy.dataloader_timing or not _rec.recording:
+        rec = _rec
+        if rec.fast and _policy.dataloader_timing and _get_ident() == rec.owner:
+            # The common case, as one region in this frame's locals (no timer call):
+            # a nested call records its own, and the sampler keeps the outermost.
+            capture = rec.active
+            if capture is None:
+                capture = _se.current_capture()
+            t0 = _perf_ns()
+            try:
+                item = orig_next(self)
+            except StopIteration:  # the epoch's end: no batch, not recorded
+                raise
+            except BaseException:
+                close_region(capture, RAW_DATALOADER_NEXT, t0, _perf_ns())
+                raise
+            t1 = _perf_ns()
+            if capture is rec.active and len(capture.events) < _MAX_EVENTS:
+                capture.events.append((RAW_DATALOADER_NEXT, t0, t1, None, None))
+            else:
+                close_region(capture, RAW_DATALOADER_NEXT, t0, t1)
+            return item
+        if not _policy.dataloader_timing or not rec.recording:
             return orig_next(self)
         # The shared timer on the training thread; another thread gets its own (its
         # region counts the foreign thread) and never touches the shared one's depth.

@@ -18,17 +18,20 @@ Installed once per process by `traceml.init(mode="auto")`, removed by `uninstall
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 
 from . import collectives as _collectives
 from . import ddp_comm as _ddp_comm
 from . import forward as _forward
 from . import hooks as _hooks
+from . import step_events as _se
 from . import timing as _timing
 from .process_state import recording as _rec
 from .timing import timed_region
 
 _get_ident = threading.get_ident
+_perf_ns = time.perf_counter_ns
 
 _lock = threading.Lock()
 _installed = False
@@ -73,13 +76,35 @@ def install() -> bool:
         backward_timer = _hooks.HookRegionTimer(RAW_BACKWARD)
         ddp_sync = _ddp_comm.state
         ddp_arm, ddp_finish = _ddp_comm.arm, _ddp_comm.finish
+        current_capture, close_region = _se.current_capture, _hooks.close_region
+        max_events = _se.MAX_EVENTS_PER_CAPTURE
 
         def backward(self, *args, **kwargs):
-            if not _rec.recording:
+            rec = _rec
+            if rec.fast and _get_ident() == rec.owner:
+                # The common case, as one region in this frame's locals (no timer call):
+                # a nested backward records its own, and the sampler keeps the outermost.
+                capture = rec.active
+                if capture is None:
+                    capture = current_capture()
+                t0 = _perf_ns()
+                if ddp_sync.expected:
+                    ddp_arm(self)  # a DDP forward ran: time DDP's gradient all-reduce wait (ddp_comm)
+                try:
+                    return orig_backward(self, *args, **kwargs)
+                finally:
+                    if ddp_sync.handle is not None:
+                        ddp_finish()
+                    t1 = _perf_ns()
+                    if capture is rec.active and len(capture.events) < max_events:
+                        capture.events.append((RAW_BACKWARD, t0, t1, None, None))
+                    else:
+                        close_region(capture, RAW_BACKWARD, t0, t1)
+            if not rec.recording:
                 return orig_backward(self, *args, **kwargs)
             # One reused timer on the training thread (its pre/post are the region, two
             # calls in all); another thread gets its own (its region counts the thread).
-            timer = backward_timer if _get_ident() == _rec.owner else _hooks.HookRegionTimer(RAW_BACKWARD)
+            timer = backward_timer if _get_ident() == rec.owner else _hooks.HookRegionTimer(RAW_BACKWARD)
             timer.pre()
             if ddp_sync.expected and timer is backward_timer:
                 ddp_arm(self)  # a DDP forward ran: time DDP's gradient all-reduce wait (ddp_comm)

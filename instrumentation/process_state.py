@@ -6,9 +6,11 @@ Each holder has one writer and is read on the hot path:
   device, the open `trace_step` and whether steps are inferred. Written by
   `lifecycle` (init, shutdown, fork), by `trace_step` itself (`open_step`) and by
   `step_boundary` (`inferring`); read by `trace_step` and the manual wrappers.
-- `recording`: whether recording is on, which thread records, and the active
-  capture. Written only by `step_events`' helpers; read by every timed region,
-  hook and patch.
+- `recording`: whether recording is on, which thread records, the active
+  capture, and `fast`, the one flag the common path of every region, hook and
+  patch reads (recording on, the CPU clock, no name held). Written only by
+  `step_events`' helpers (`timing`'s policy helpers ask it to recompute `fast`);
+  read by every timed region, hook and patch.
 - `timing_policy`: which clock a region without an explicit device uses, the
   CUDA event pool, and whether DataLoader waits are timed. Written only by
   `timing`'s helpers (`prepare_gpu_timing`, `configure_gpu_timing`,
@@ -44,12 +46,20 @@ class SessionState:
 class RecordingState:
     """Whether the training thread records now, which thread that is, and into which capture."""
 
-    __slots__ = ("recording", "owner", "active")
+    __slots__ = ("recording", "owner", "active", "fast")
 
     def __init__(self) -> None:
         self.recording = False
         self.owner: int | None = None  # threading.get_ident() of the training thread
         self.active = None  # the StepCapture events go to (None: created lazily)
+        # recording and a region without an explicit device is timed on the CPU clock
+        # (`timing_policy`: no CUDA events, none undecided) and no name is held
+        # (`step_events.held`): the one condition the common path of every region,
+        # hook and patch checks, so that it reads this object only (inside a real step
+        # each further object it touches costs it a cache miss; see
+        # docs/design/performance-history.md). Recomputed by
+        # `step_events.refresh_fast_path()` whenever one of the three changes.
+        self.fast = False
 
 
 class TimingPolicy:

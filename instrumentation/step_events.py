@@ -37,6 +37,7 @@ import warnings
 from collections import deque
 
 from .process_state import recording as _rec
+from .process_state import timing_policy as _policy
 from .records import StepMemorySnapshot
 
 QUEUE_CAPACITY = 2048
@@ -261,12 +262,25 @@ class RegionHold:
         self.names = [name for name in names if name not in held]
         for name in self.names:
             held[name] = self
+        refresh_fast_path()
 
     def release(self) -> None:
         for name in self.names:
             if held.get(name) is self:
                 del held[name]
         self.names = []
+        refresh_fast_path()
+
+
+def refresh_fast_path() -> None:
+    """Recompute `recording.fast` (recording on, the CPU clock, no name held).
+
+    Called by every writer of the three: `set_recording`, `RegionHold`, and
+    `timing`'s policy helpers. The common path of each region, hook and patch
+    then checks one flag on one object instead of reading the policy and the holds.
+    """
+    _rec.fast = bool(_rec.recording and not _policy.gpu_default and not _policy.gpu_undecided
+                     and not held)
 
 
 def complete_step_capture(capture: StepCapture | None = None, last_event: tuple | None = None,
@@ -301,17 +315,38 @@ def complete_step_capture(capture: StepCapture | None = None, last_event: tuple 
     step = _next_step
     _next_step = step + 1
     # Both queues get plain tuples: the records (StepTimeBatch, StepMemorySnapshot)
-    # are built when drained, on the sampler thread.
+    # are built when drained, on the sampler thread. Each put is
+    # BoundedDropQueue.put written out: this runs once per step of the job, and
+    # inside a real step a Python call costs the training thread about a microsecond.
     events = active.events
     if events:
-        _timing_queue.put((step, events, active.parent))
+        queue = _timing_queue
+        items = queue._items
+        size = len(items)
+        if size < queue.capacity:
+            items.append((step, events, active.parent))
+            if size + 1 == queue.wake_at and queue.wakeup is not None:
+                _call_wakeup(queue.wakeup)
+        else:
+            queue.dropped += 1
     if memory_device is not None:
         # Off CUDA: no peaks, so the reading is just the device and when the step ended
         # (a perf_counter stamp, mapped to the wall clock when drained).
-        stamp = last_event[EV_CPU_END] if last_event is not None else time.perf_counter_ns()
-        _memory_queue.put((step, memory_device, stamp))
+        item = (step, memory_device,
+                last_event[EV_CPU_END] if last_event is not None else time.perf_counter_ns())
     elif active.memory is not None:
-        _memory_queue.put((step, active.memory))
+        item = (step, active.memory)
+    else:
+        return step
+    queue = _memory_queue
+    items = queue._items
+    size = len(items)
+    if size < queue.capacity:
+        items.append(item)
+        if size + 1 == queue.wake_at and queue.wakeup is not None:
+            _call_wakeup(queue.wakeup)
+    else:
+        queue.dropped += 1
     return step
 
 
@@ -383,6 +418,7 @@ def set_recording(enabled: bool) -> None:
         rec.active.detached = True
         rec.active = None
     rec.recording = bool(enabled)
+    refresh_fast_path()
 
 
 def claim_recording_thread() -> None:
@@ -414,6 +450,7 @@ def _reset_for_tests() -> None:
     global _next_step, _timing_queue, _memory_queue, _events_dropped, _foreign_dropped
     _rec.active = None
     _rec.recording = False
+    _rec.fast = False
     _rec.owner = None
     _next_step = 0
     _timing_queue = BoundedDropQueue()

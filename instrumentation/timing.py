@@ -107,6 +107,7 @@ def prepare_gpu_timing() -> None:
     if _policy.pool is None:
         _policy.pool = CudaEventPool()
     _policy.gpu_undecided = True
+    _se.refresh_fast_path()
 
 
 def configure_gpu_timing(enabled: bool, pool: CudaEventPool | None = None,
@@ -118,6 +119,7 @@ def configure_gpu_timing(enabled: bool, pool: CudaEventPool | None = None,
         _policy.pool = CudaEventPool(device_index=device_index)
     _policy.gpu_default = bool(enabled)
     _policy.gpu_undecided = False
+    _se.refresh_fast_path()
 
 
 def event_pool() -> CudaEventPool | None:
@@ -157,7 +159,7 @@ class timed_region:
     _capture = None
     _t0 = 0
     _g0 = None
-    _state = 0  # 0 new, 1 open and recording, 2 open but inert, 3 closed
+    _state = 0  # 0 new, 1 open and recording, 2 open but inert, 3 closed, 4 open on the CPU fast path
 
     def __init__(self, raw_event: str, *, device=None) -> None:
         self.raw_event = raw_event
@@ -165,12 +167,21 @@ class timed_region:
             self._gpu = device != "cpu" and _device_is_cuda(device)
 
     def __enter__(self):
+        rec = _rec
+        # The common case first, reading one flag (`recording.fast`: recording on, the
+        # CPU clock, nothing held): the training thread, a new region, a capture open.
+        if rec.fast and self._state == 0 and self._gpu is not True and _get_ident() == rec.owner:
+            capture = rec.active
+            if capture is not None:
+                self._capture = capture
+                self._state = 4
+                self._t0 = _perf_ns()
+                return self
         if self._state != 0:
             _se.warn_once("reentered_region", f"region {self.raw_event!r} entered twice; "
                           "the second entry is ignored")
             return self
         se = _se
-        rec = _rec
         # Fast path inlined (recording on, training thread); recording_allowed() handles
         # the rest: claiming the thread, counting foreign threads.
         if not (rec.recording and _get_ident() == rec.owner) and not se.recording_allowed():
@@ -199,7 +210,16 @@ class timed_region:
 
     def __exit__(self, exc_type=None, exc=None, tb=None) -> bool:
         t1 = _perf_ns()
-        if self._state == 1:
+        state = self._state
+        if state == 4:  # opened on the CPU fast path: no CUDA events
+            self._state = 3
+            capture = self._capture
+            if capture is _rec.active and len(capture.events) < _MAX_EVENTS:
+                capture.events.append((self.raw_event, self._t0, t1, None, None))
+            else:
+                _se.record_timing_event((self.raw_event, self._t0, t1, None, None), capture)
+            return False
+        if state == 1:
             self._state = 3
             g0 = self._g0
             g1 = None
@@ -220,7 +240,7 @@ class timed_region:
             elif not _se.record_timing_event(event, capture) and g0 is not None:
                 _policy.pool.release(g0)
                 _policy.pool.release(g1)
-        elif self._state == 2:
+        elif state == 2:
             self._state = 3
         else:
             _se.warn_once("unbalanced_exit", f"region {self.raw_event!r} exited without a "
@@ -234,7 +254,7 @@ class timed_region:
 
     def discard(self) -> None:
         """Close an open region without recording it (e.g. the epoch-ending `next()`)."""
-        if self._state == 1:
+        if self._state == 1 or self._state == 4:
             if self._g0 is not None:
                 _policy.pool.release(self._g0)
                 self._g0 = None
@@ -283,3 +303,4 @@ def _reset_for_tests() -> None:
     _policy.gpu_default = _policy.gpu_undecided = False
     _policy.pool = None
     _policy.dataloader_timing = True
+    _se.refresh_fast_path()

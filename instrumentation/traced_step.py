@@ -116,14 +116,36 @@ class trace_step:
     (A class rather than a function returning one: one call less per step.)
     """
 
-    __slots__ = ("_model", "_capture", "_tracker", "_active", "_t0", "_region")
+    __slots__ = ("_model", "_capture", "_tracker", "_t0", "_region")
 
     def __init__(self, model=None) -> None:
         self._model = model
-        self._active = False
 
     def __enter__(self):
         session = _session
+        rec = _rec
+        # The common case first: initialised, no step open or inferred, the CPU fast
+        # path (`recording.fast`) on the training thread, and the cached tracker is this
+        # model's, off CUDA. It reads `session`, `recording` and the tracker cache only.
+        if (rec.fast and session.initialized and session.open_step is None and not session.inferring
+                and not session.disabled and _get_ident() == rec.owner):
+            cached_model, tracker = _tracker_cache  # one bytecode: a consistent pair
+            if tracker is not None and not tracker._cuda and cached_model() is self._model:
+                capture = rec.active
+                if capture is None:
+                    capture = _se.current_capture()
+                otel = _modules.get(_OTEL_TRACE)  # the job's own span (see below)
+                if otel is not None:
+                    try:
+                        capture.parent = otel.get_current_span().get_span_context()
+                    except Exception:
+                        capture.parent = None
+                session.open_step = self
+                self._capture = capture
+                self._tracker = tracker
+                self._region = None
+                self._t0 = _perf_ns()
+                return self
         if session.disabled:
             return self
         if not session.initialized:
@@ -135,7 +157,6 @@ class trace_step:
 
             claim_explicit()
         se = _se
-        rec = _rec
         outer = session.open_step
         if outer is not None:
             if outer._capture is rec.active and rec.recording:
@@ -151,7 +172,6 @@ class trace_step:
         if not (rec.recording and _get_ident() == rec.owner) and not se.recording_allowed():
             return self  # recording off (e.g. an integration skipping a group) or another thread
         session.open_step = self
-        self._active = True
         model = self._model
         cached_model, tracker = _tracker_cache  # one bytecode: a consistent pair
         if tracker is None or cached_model() is not model:
@@ -190,14 +210,13 @@ class trace_step:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        if not self._active:
-            return False
-        self._active = False
+        t1 = _perf_ns()
         session = _session
         if session.open_step is not self:
-            return False  # superseded (see __enter__): its capture already ended
+            # Never opened (a pass-through: nested, untraced, recording off), already
+            # closed, or superseded (see __enter__): its capture already ended.
+            return False
         session.open_step = None
-        t1 = _perf_ns()
         region = self._region
         if region is None:
             # CPU: the step's event, a memory reading without peaks (as the tracker's

@@ -30,14 +30,15 @@ def test_a_rank_slowed_inside_backward_is_named_with_backward_grown(workdir):
 
 
 @pytest.mark.slow
-def test_a_balanced_ddp_run_names_no_rank(workdir, tmp_path):
+def test_a_balanced_ddp_run_names_no_rank(workdir):
     summary = _run(workdir, 2)
     named = [i for i in summary["issues"] if i.get("culprit_rank") is not None]
     if named:
         # Nothing is injected, so the run is only as balanced as this shared 2-core machine:
         # a rank starved of CPU for the whole run is a real straggler (as in the demo test).
-        # One fresh run must then name no rank.
-        summary = _run(tmp_path, 2)
+        # One fresh run (in a folder of its own: `workdir` is the test's tmp_path) must then name no rank.
+        (workdir / "again").mkdir()
+        summary = _run(workdir / "again", 2)
         named = [i for i in summary["issues"] if i.get("culprit_rank") is not None]
     assert not named, summary["issues"]
 

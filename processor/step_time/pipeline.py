@@ -52,6 +52,9 @@ BRIDGE_TTL_S = 30.0
 RESOURCE_REFRESH_S = 5.0
 """How long the live session reuses the resource figures it read (the sampler's default interval:
 nothing newer can have arrived sooner); a run of 1,024 ranks costs one read per 5 s, not per tick."""
+RESOURCE_READ_DUTY = 0.05
+"""... and at most this share of the session's time goes to resource reads: a read that took
+0.37 s (1,024 ranks, benchmarks/bench_resource_analysis.py) is next made 7.4 s later."""
 _READ = object()  # `StepTimePipeline.analyze`: read the resources from the store
 
 Diagnose = Callable[..., StepTimeDiagnosis]
@@ -182,8 +185,8 @@ class LiveStepTimeSession:
         self._last_good_at: float | None = None
         self._current: StepTimeAnalysis | None = None  # analysis of the latest read
         self._empty: StepTimeAnalysis | None = None
-        self._resources = None  # the latest ResourceWindow read, and when (monotonic)
-        self._resources_at: float | None = None
+        self._resources = None  # the latest ResourceWindow read, and when to read again (monotonic)
+        self._resources_due: float | None = None
         self.resource_refresh_s = RESOURCE_REFRESH_S
         self.analyses = 0  # how many times the analyzer ran (reuse is visible in tests)
 
@@ -214,13 +217,15 @@ class LiveStepTimeSession:
 
     def _analyze(self, snapshot: StepTimeRepositorySnapshot, now: float) -> StepTimeAnalysis:
         """The pipeline's analysis, with resource figures re-read at most every `resource_refresh_s`."""
-        fresh = self._resources_at is not None and now - self._resources_at < self.resource_refresh_s
-        if fresh:
+        if self._resources_due is not None and now < self._resources_due:
             return self._pipeline.analyze(snapshot, self.window, resources=self._resources)
+        started = time.perf_counter()
         analysis = self._pipeline.analyze(snapshot, self.window, db_path=self.db_path)
+        took = time.perf_counter() - started  # the step analysis included: errs on the cheap side
         if analysis.resources is not None and not analysis.resources.is_empty:
             # An empty read is not kept: a young run's first samples show at the next tick, not 5 s on.
-            self._resources, self._resources_at = analysis.resources, now
+            self._resources = analysis.resources
+            self._resources_due = now + max(self.resource_refresh_s, took / RESOURCE_READ_DUTY)
         return analysis
 
     def _fallback(self, now: float, error: str | None) -> LiveStepTimeResult:

@@ -40,7 +40,30 @@ _lock = threading.RLock()  # re-entrant: a weakref callback can run inside a loc
 _timers: dict = {}
 """id(module) -> the ForwardTimer of each instrumented module."""
 _patched: dict = {}
-"""class -> [its own `__call__` before patching (None: inherited), instrumented instances using it]."""
+"""class -> its _ClassPatch (the class's own `__call__` before patching, the timers using it)."""
+
+
+class _ClassPatch:
+    """One class's `__call__` wrapper state: what it replaced and which timers use it.
+
+    `sole` is the timer when exactly one instance uses the wrapper (the usual case:
+    one model), so that the wrapper finds it without a dictionary lookup.
+    """
+
+    __slots__ = ("own", "timers", "sole")
+
+    def __init__(self, own) -> None:
+        self.own = own  # the class's own __call__ (None: inherited)
+        self.timers: list = []
+        self.sole = None
+
+    def use(self, timer) -> None:
+        self.timers.append(timer)
+        self.sole = self.timers[0] if len(self.timers) == 1 else None
+
+    def drop(self, timer) -> None:
+        self.timers = [t for t in self.timers if t is not timer]
+        self.sole = self.timers[0] if len(self.timers) == 1 else None
 
 
 class ForwardTimer(HookRegionTimer):
@@ -65,7 +88,7 @@ def instrument_forward(module) -> ForwardTimer:
         cls = type(module)
         if _class_call_fits(module, cls):
             try:
-                _patch_class_call(cls)
+                _patch_class_call(cls, timer)
                 timer.patched_class = cls
             except (TypeError, AttributeError):  # a class that refuses new attributes
                 pass
@@ -126,7 +149,7 @@ def _release(timer: ForwardTimer) -> None:
     timer.remove_hooks()
     cls, timer.patched_class = timer.patched_class, None
     if cls is not None:
-        _unpatch_class_call(cls)
+        _unpatch_class_call(cls, timer)
 
 
 def _class_call_fits(module, cls) -> bool:
@@ -143,34 +166,33 @@ def _class_call_fits(module, cls) -> bool:
     return not any(type(sub) is cls for sub in modules() if sub is not module)
 
 
-def _patch_class_call(cls) -> None:
+def _patch_class_call(cls, timer) -> None:
     entry = _patched.get(cls)
-    if entry is not None:
-        entry[1] += 1
-        return
-    own = cls.__dict__.get("__call__")
-    type.__setattr__(cls, "__call__", _timed_call(cls, own))
-    _patched[cls] = [own, 1]
+    if entry is None:
+        entry = _ClassPatch(cls.__dict__.get("__call__"))
+        type.__setattr__(cls, "__call__", _timed_call(cls, entry))
+        _patched[cls] = entry
+    entry.use(timer)
 
 
-def _unpatch_class_call(cls) -> None:
+def _unpatch_class_call(cls, timer) -> None:
     entry = _patched.get(cls)
     if entry is None:
         return
-    entry[1] -= 1
-    if entry[1]:
+    entry.drop(timer)
+    if entry.timers:
         return
     del _patched[cls]
     current = cls.__dict__.get("__call__")
     if getattr(current, "_traceml_forward_of", None) is not cls:
         return  # someone patched it again after us: theirs stays (ours passes everything through)
-    if entry[0] is None:
+    if entry.own is None:
         type.__delattr__(cls, "__call__")
     else:
-        type.__setattr__(cls, "__call__", entry[0])
+        type.__setattr__(cls, "__call__", entry.own)
 
 
-def _timed_call(cls, own):
+def _timed_call(cls, patch: _ClassPatch):
     """The class-wide `__call__`: an instrumented instance's call runs inside its timer.
 
     The instance's timer on the training thread; another thread gets a fresh one (its
@@ -181,11 +203,14 @@ def _timed_call(cls, own):
     """
     timers = _timers
     rec = _rec
+    own = patch.own
     # The next __call__ inline (no helper frame: this runs on every call of every
     # instance of the class): the class's own, or the base's, looked up at call time.
 
     def __call__(self, *args, **kwargs):
-        timer = timers.get(id(self))
+        timer = patch.sole
+        if timer is None:
+            timer = timers.get(id(self))
         if timer is None or not rec.recording or timer.module() is not self:
             return super(cls, self).__call__(*args, **kwargs) if own is None else own(self, *args, **kwargs)
         if rec.fast and _get_ident() == rec.owner:

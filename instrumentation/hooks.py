@@ -171,7 +171,7 @@ def timed_next_method(orig_next):
 
     def __next__(self):
         rec = _rec
-        if rec.fast and _policy.dataloader_timing and _get_ident() == rec.owner:
+        if rec.loader_fast and _get_ident() == rec.owner:
             # The common case, as one region in this frame's locals (no timer call):
             # a nested call records its own, and the sampler keeps the outermost.
             capture = rec.active

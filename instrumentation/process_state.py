@@ -46,7 +46,7 @@ class SessionState:
 class RecordingState:
     """Whether the training thread records now, which thread that is, and into which capture."""
 
-    __slots__ = ("recording", "owner", "active", "fast")
+    __slots__ = ("recording", "owner", "active", "fast", "loader_fast")
 
     def __init__(self) -> None:
         self.recording = False
@@ -60,6 +60,7 @@ class RecordingState:
         # docs/design/performance-history.md). Recomputed by
         # `step_events.refresh_fast_path()` whenever one of the three changes.
         self.fast = False
+        self.loader_fast = False  # fast, and DataLoader waits are timed (`timing_policy`)
 
 
 class TimingPolicy:

@@ -78,6 +78,8 @@ def _deliver(method: str, record, sinks) -> None:
 
 def batch_resolved(batch) -> bool:
     """True when every CUDA end event of the batch has completed (query only)."""
+    if set(map(_gpu_end, batch.events)) == _NO_GPU:  # a CPU step: nothing to query
+        return True
     for event in batch.events:
         end = event[_se.EV_GPU_END]
         if end is not None:
@@ -136,20 +138,32 @@ def resolve_batch(batch, wall_offset_ns: int, *, gpu_available: bool = True,
     """
     events = batch.events
     new_tuple = tuple.__new__  # EventTotals/PhaseInterval(...) without their Python __new__ frame
-    if len({event[0] for event in events}) == len(events):
-        # The common case, each raw event once (so nothing nests): its totals are the
-        # occurrence itself.
-        ordered = sorted(events, key=_by_start)
-        totals = {}
-        for event in ordered:
-            name, t0, t1, g0, _ = event
-            totals[name] = new_tuple(EventTotals, (
-                (t1 - t0) / 1e6, None if g0 is None else _gpu_ms(event, gpu_available, pool), 1))
-    else:
+    # The samplers hold the GIL while they work, so in a Python-bound job this is
+    # training time: the common case (each raw event once, so nothing nests, and its
+    # totals are the occurrence itself) is one loop, no comprehension (each is a frame),
+    # with the GPU times filled in afterwards (resolving them returns events to the pool).
+    ordered = sorted(events, key=_by_start)
+    totals = {}
+    phases = []
+    add_phase = phases.append
+    gpu = False
+    for name, t0, t1, g0, _ in ordered:
+        totals[name] = new_tuple(EventTotals, ((t1 - t0) / 1e6, None, 1))
+        add_phase(new_tuple(PhaseInterval, (name, t0 + wall_offset_ns, t1 + wall_offset_ns)))
+        if g0 is not None:
+            gpu = True
+    if len(totals) == len(ordered):
+        phases = tuple(phases)
+        if gpu:
+            for event in ordered:
+                if event[_se.EV_GPU_START] is not None:
+                    name = event[0]
+                    totals[name] = new_tuple(EventTotals, (totals[name][0], _gpu_ms(event, gpu_available, pool), 1))
+    else:  # a raw event more than once: nesting to drop, occurrences to sum
         ordered = outermost_events(events, pool)
         totals = _sum_occurrences(ordered, gpu_available, pool)
-    phases = tuple([new_tuple(PhaseInterval, (e[0], e[1] + wall_offset_ns, e[2] + wall_offset_ns))
-                    for e in ordered])
+        phases = tuple([new_tuple(PhaseInterval, (e[0], e[1] + wall_offset_ns, e[2] + wall_offset_ns))
+                        for e in ordered])
     if INFERRED_STEP in totals:  # a step inferred from an optimizer update (step_boundary)
         phases = resolve_inferred(totals, phases)
     return new_tuple(ResolvedStepTime, (batch.step, ordered[0][1] + wall_offset_ns,
@@ -192,6 +206,8 @@ def _sum_occurrences(ordered: list, gpu_available: bool, pool) -> dict:
 
 _by_start = itemgetter(_se.EV_CPU_START)
 _end = itemgetter(_se.EV_CPU_END)
+_gpu_end = itemgetter(_se.EV_GPU_END)
+_NO_GPU = {None}
 
 
 DEFAULT_INTERVAL_S = 0.5

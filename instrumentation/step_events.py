@@ -279,8 +279,9 @@ def refresh_fast_path() -> None:
     `timing`'s policy helpers. The common path of each region, hook and patch
     then checks one flag on one object instead of reading the policy and the holds.
     """
-    _rec.fast = bool(_rec.recording and not _policy.gpu_default and not _policy.gpu_undecided
-                     and not held)
+    fast = _rec.fast = bool(_rec.recording and not _policy.gpu_default and not _policy.gpu_undecided
+                            and not held)
+    _rec.loader_fast = fast and _policy.dataloader_timing
 
 
 def complete_step_capture(capture: StepCapture | None = None, last_event: tuple | None = None,
@@ -450,7 +451,7 @@ def _reset_for_tests() -> None:
     global _next_step, _timing_queue, _memory_queue, _events_dropped, _foreign_dropped
     _rec.active = None
     _rec.recording = False
-    _rec.fast = False
+    _rec.fast = _rec.loader_fast = False
     _rec.owner = None
     _next_step = 0
     _timing_queue = BoundedDropQueue()

@@ -283,10 +283,12 @@ class _DataLoaderTimingScope:
     def __enter__(self):
         self._outer = _policy.dataloader_timing
         _policy.dataloader_timing = self._enabled
+        _se.refresh_fast_path()
         return self
 
     def __exit__(self, *exc) -> bool:
         _policy.dataloader_timing = self._outer
+        _se.refresh_fast_path()
         return False
 
 

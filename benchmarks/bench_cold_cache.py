@@ -21,18 +21,53 @@ with a spread of about +-10 %.
   chunks: installing them invalidates attribute caches): DataLoader `next()`,
   `Tensor.backward`, the optimizer step (global hooks) and `Tensor.to` (patched only
   where CUDA is available).
+- Whole steps, per mode, evicted inside every phase (`--phase-rounds`, 0 skips it):
+  one eviction before a piece times it as one visit, where the code is cold only
+  once, but inside a real ~10 ms step the work between two instrumentation calls
+  evicts them again. Here every phase's work (the batch fetch, a batch copy,
+  forward, backward, the optimizer step, zero_grad) is the forward of
+  bench_overhead's ~10 ms model (960 wide, batch 128, no grad), so each stretch of
+  instrumentation between two phases runs as cold as in that step. Only the time
+  outside the evictions counts, per stretch, against the same loop uninstrumented
+  (paired per round, medians); the stretches name the components: the loader's
+  entry and exit, step begin with the copy's region entry, the copy's exit with
+  forward's entry, forward's exit with backward's entry, backward's exit with the
+  optimizer's entry, the optimizer's exit, and step end with the publication of the
+  step's records. The samplers' work per traced step is timed as bench_overhead
+  charges it (both drained on this thread every 8 rounds).
+- Real ~10 ms steps stamped at every boundary of their own work (`--marked-rounds`):
+  bench_overhead's step itself (the same model, loader and optimizer), whose model,
+  autograd graph, optimizer and loader stamp when each phase's work starts and ends.
+  Between two stamps lies either work or glue (the loop's statements and the
+  instrumentation around that work, as cold as the real step leaves them): the glue
+  against the plain loop's is the instrumentation's own cost per component in the
+  step this benchmark is about; the work against the plain loop's is what it costs
+  the work (what its own memory traffic evicted), far noisier.
+- Modes in both step sections as bench_overhead's: manual (`with` blocks and the
+  wrapped loader), manual_hooks (`wrap_forward`'s class wrapper, `wrap_optimizer`'s
+  hooks) and auto (the patches), each installed for its turn and settled by one
+  untimed step, as in a job; `auto_first_step` times the step right after
+  installing the patches (what bench_overhead's one-step turns charged every
+  automatic step before issue 23). `control` is the plain loop against itself.
+- `--against TREE` runs another checkout's training side in the same process,
+  loaded under another name, interleaved round by round with this one in both step
+  sections: before/after figures without the machine's drift between two runs
+  (this VM's speed moved by 40 % between minutes on 2026-12-01).
 
-    .venv/bin/python -m benchmarks.bench_cold_cache [--samples N] [--json]
+    .venv/bin/python -m benchmarks.bench_cold_cache [--samples N] [--phase-rounds N] [--marked-rounds N]
+        [--against TREE] [--json]
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import random
 import statistics
 import sys
 import threading
 import time
+from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -43,6 +78,7 @@ from benchmarks import traceml_checkout  # noqa: E402,F401  (imports the checkou
 from benchmarks.json_output import add_json_flag, print_json, table_output  # noqa: E402
 import traceml  # noqa: E402
 from benchmarks.bench_overhead import _CPU_MODULE, _drain_samplers, _empty_block, _rounds  # noqa: E402
+from benchmarks.traceml_checkout import package_roots  # noqa: E402
 from traceml import patches, step_events  # noqa: E402
 
 torch.set_num_threads(1)
@@ -255,9 +291,454 @@ def _close_step() -> None:
     _drain_samplers()
 
 
-def measure(samples: int) -> dict:
+STRETCHES = (
+    ("loader_enter", "DataLoader next(): entry"),
+    ("loader_exit", "DataLoader next(): exit"),
+    ("step_begin", "step begin + h2d region entry"),
+    ("h2d_exit_forward_enter", "h2d region exit + forward entry"),
+    ("forward_exit_backward_enter", "forward exit + backward entry"),
+    ("backward_exit_optimizer_enter", "backward exit + optimizer step entry"),
+    ("optimizer_exit", "optimizer step exit"),
+    ("step_end", "step end + record publication"),
+)
+PHASE_MODES = ("manual", "manual_hooks", "auto", "auto_first_step", "control")
+
+MARKED_PARTS = (
+    ("loader_enter", "before the batch fetch: DataLoader next() entry", True),
+    ("fetch", "(the batch fetch)", False),
+    ("step_begin", "fetch -> forward: next() exit, step begin, h2d region, forward entry", True),
+    ("forward", "(forward)", False),
+    ("forward_exit_backward_enter", "forward -> backward: forward exit, loss, backward entry", True),
+    ("backward", "(backward)", False),
+    ("backward_exit_optimizer_enter", "backward -> optimizer: backward exit, optimizer entry", True),
+    ("optimizer", "(the optimizer's update)", False),
+    ("step_end", "optimizer -> end: optimizer exit, zero_grad, step end + publication", True),
+)
+"""(key, label, glue): the stretches of a real step between its marks; `glue` ones hold
+the loop's statements and the instrumentation, the others the step's own work."""
+MARKED_MODES = ("manual", "manual_hooks", "auto", "control")
+
+
+class _Turns:
+    """What both step kinds share: the modes' set-up and a settled, timed turn."""
+
+    tm = traceml
+
+    def turn(self, mode: str) -> list:
+        """One timed step of `mode`, after one untimed step of it (its set-up included),
+        as in a job: installing the patches or the class wrapper modifies torch's
+        classes and the first step after pays for it (`auto_first_step` shows it)."""
+        tm = self.tm
+        run = {"plain": self.plain, "control": self.plain, "manual": self.manual,
+               "manual_hooks": lambda: self.hooked(self.timed_batches, True),
+               "auto": lambda: self.hooked(self.plain_batches, False),
+               "auto_first_step": lambda: self.hooked(self.plain_batches, False)}[mode]
+        if mode == "manual_hooks":
+            tm.wrap_forward(self.model)
+            tm.wrap_optimizer(self.opt)
+        elif mode.startswith("auto"):
+            tm.patches.install()
+            tm.patches.instrument_model(self.model)
+        try:
+            if mode != "auto_first_step":
+                run()
+            return run()
+        finally:
+            if mode == "manual_hooks":
+                tm.forward.remove_forward_instrumentation(self.model)
+                tm.hooks.remove_optimizer_instrumentation(self.opt)
+            elif mode.startswith("auto"):
+                tm.patches.uninstall()
+
+
+class _PhaseSteps(_Turns):
+    """Steps whose every phase evicts the caches with real work; times what lies between.
+
+    `evict()` is called inside each phase (the dataset's `__getitem__`, after the copy,
+    the module's forward, an autograd node's backward, the optimizer's step, after
+    zero_grad): it closes the current stretch, runs the ~10 ms model's forward
+    (untimed) and opens the next one. The model, optimizer and loader are tiny apart
+    from that, so a stretch holds the loop's own statements and, instrumented, the
+    instrumentation between two phases. `tm` is the traceml package to measure.
+    """
+
+    parts = STRETCHES
+
+    def __init__(self, tm=traceml) -> None:
+        self.tm = tm
+        torch.manual_seed(0)
+        self._work = torch.nn.Sequential(torch.nn.Linear(32, 960), torch.nn.ReLU(), torch.nn.Linear(960, 960),
+                                         torch.nn.ReLU(), torch.nn.Linear(960, 1))
+        self._work_x = torch.randn(128, 32)
+        self.spent = [0] * (len(STRETCHES) + 1)
+        self._at = 0
+        self._since = 0
+        steps = self
+
+        class Data(torch.utils.data.Dataset):
+            def __len__(self):
+                return 1 << 30
+
+            def __getitem__(self, index):
+                steps.evict()
+                return torch.ones(2)
+
+        class EvictInBackward(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x.view_as(x)
+
+            @staticmethod
+            def backward(ctx, grad):
+                steps.evict()
+                return grad
+
+        class Model(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.w = torch.nn.Parameter(torch.ones(2))
+
+            def forward(self, x):
+                steps.evict()
+                return EvictInBackward.apply(x * self.w)
+
+        class SGD(torch.optim.SGD):
+            def step(self, closure=None):
+                steps.evict()
+                return super().step(closure)
+
+        self.model = Model()
+        self.opt = SGD(self.model.parameters(), lr=0.0)
+        self.loader = torch.utils.data.DataLoader(Data(), batch_size=None, sampler=range(1 << 30))
+        self.plain_batches = iter(self.loader)
+        self.timed_batches = iter(tm.wrap_dataloader(self.loader))
+
+    def evict(self) -> None:
+        now = _perf_ns()
+        at = self._at
+        self.spent[at] += now - self._since
+        self._at = at + 1
+        with torch.no_grad():
+            self._work(self._work_x)
+        self._since = _perf_ns()
+
+    def _begin(self) -> None:
+        self.spent = [0] * (len(STRETCHES) + 1)
+        self._at = 0
+        self._since = _perf_ns()
+
+    def _end(self) -> list:
+        self.spent[self._at] += _perf_ns() - self._since
+        return self.spent[:len(STRETCHES)]
+
+    def plain(self) -> list:
+        model, opt, batches, evict = self.model, self.opt, self.plain_batches, self.evict
+        self._begin()
+        x = next(batches)
+        evict()
+        x = x.to("cpu")
+        evict()
+        out = model(x)
+        loss = out.sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        evict()
+        return self._end()
+
+    def manual(self) -> list:
+        model, opt, batches, evict, tm = self.model, self.opt, self.timed_batches, self.evict, self.tm
+        self._begin()
+        x = next(batches)
+        evict()
+        with tm.trace_step(model):
+            with tm.timed_h2d():
+                x = x.to("cpu")
+                evict()
+            with tm.timed_forward():
+                out = model(x)
+            loss = out.sum()
+            with tm.timed_backward():
+                loss.backward()
+            with tm.timed_optimizer_step():
+                opt.step()
+            opt.zero_grad(set_to_none=True)
+            evict()
+        return self._end()
+
+    def hooked(self, batches, timed_backward: bool) -> list:
+        """manual_hooks (the timed loader, `timed_backward`) and auto (patches do both)."""
+        model, opt, evict, tm = self.model, self.opt, self.evict, self.tm
+        self._begin()
+        x = next(batches)
+        evict()
+        with tm.trace_step(model):
+            with tm.timed_h2d():
+                x = x.to("cpu")
+                evict()
+            out = model(x)
+            loss = out.sum()
+            if timed_backward:
+                with tm.timed_backward():
+                    loss.backward()
+            else:
+                loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            evict()
+        return self._end()
+
+
+class _MarkedSteps(_Turns):
+    """bench_overhead's ~10 ms step itself, stamped at every boundary of its own work.
+
+    The model stamps when its forward starts and ends and (through two identity
+    autograd nodes) when backward starts and nearly ends (before the first layer's
+    weight gradient); the optimizer when its update starts and ends; the loader's
+    sampler when the batch fetch starts and its collate when it ends. Between two
+    stamps lies either the step's own work or glue: the loop's statements and, when
+    instrumented, the instrumentation, run as cold as a real step leaves it. The glue
+    against the plain loop's is the instrumentation's own cost in a real step; the
+    work against the plain loop's is what it costs the work around it (evicting what
+    the work would have found in the caches), which is far noisier.
+    """
+
+    parts = MARKED_PARTS
+
+    def __init__(self, tm=traceml, hidden: int = 960, batch: int = 128, batches: int = 32) -> None:
+        self.tm = tm
+        stamps = self.stamps = []
+        stamp = self._stamp = lambda: stamps.append(_perf_ns())
+
+        class Stamp(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x.view_as(x)
+
+            @staticmethod
+            def backward(ctx, grad):
+                stamp()
+                return grad
+
+        class Model(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.net = torch.nn.Sequential(torch.nn.Linear(32, hidden), torch.nn.ReLU(),
+                                               torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+                                               torch.nn.Linear(hidden, 1))
+
+            def forward(self, x):
+                stamp()
+                net = self.net
+                h = Stamp.apply(net[0](x))  # its backward runs last: backward (nearly) ends
+                out = Stamp.apply(net[4](net[3](net[2](net[1](h)))))  # its backward runs first
+                stamp()
+                return out
+
+        class SGD(torch.optim.SGD):
+            def step(self, closure=None):
+                stamp()
+                result = super().step(closure)
+                stamp()
+                return result
+
+        class Sampler(torch.utils.data.Sampler):
+            def __init__(self, n: int) -> None:
+                self.n = n
+
+            def __iter__(self):
+                for index in range(self.n):
+                    if index % batch == 0:
+                        stamp()  # the batch fetch starts
+                    yield index
+
+            def __len__(self) -> int:
+                return self.n
+
+        def collate(items):
+            out = torch.utils.data.default_collate(items)
+            stamp()  # the batch fetch ends
+            return out
+
+        torch.manual_seed(0)
+        self.model = Model()
+        self.opt = SGD(self.model.parameters(), lr=1e-5)
+        data = torch.utils.data.TensorDataset(torch.randn(batch * batches, 32), torch.randn(batch * batches, 1))
+        loader = torch.utils.data.DataLoader(data, batch_size=batch, sampler=Sampler(batch * batches),
+                                             collate_fn=collate)
+        self.plain_batches = _Restarting(loader)
+        self.timed_batches = _Restarting(tm.wrap_dataloader(loader))
+
+    def _end(self) -> list:
+        self._stamp()
+        marks = self.stamps
+        parts = [b - a for a, b in zip(marks, marks[1:])]
+        del marks[:]
+        if len(parts) != len(MARKED_PARTS):
+            raise RuntimeError(f"a marked step has {len(parts)} parts, not {len(MARKED_PARTS)}")
+        return parts
+
+    def plain(self) -> list:
+        model, opt, next_batch = self.model, self.opt, self.plain_batches.next
+        del self.stamps[:]
+        self._stamp()
+        x, y = next_batch()
+        x = x.to("cpu")
+        out = model(x)
+        loss = torch.nn.functional.mse_loss(out, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return self._end()
+
+    def manual(self) -> list:
+        model, opt, next_batch, tm = self.model, self.opt, self.timed_batches.next, self.tm
+        del self.stamps[:]
+        self._stamp()
+        x, y = next_batch()
+        with tm.trace_step(model):
+            with tm.timed_h2d():
+                x = x.to("cpu")
+            with tm.timed_forward():
+                out = model(x)
+            loss = torch.nn.functional.mse_loss(out, y)
+            with tm.timed_backward():
+                loss.backward()
+            with tm.timed_optimizer_step():
+                opt.step()
+            opt.zero_grad(set_to_none=True)
+        return self._end()
+
+    def hooked(self, batches, timed_backward: bool) -> list:
+        model, opt, next_batch, tm = self.model, self.opt, batches.next, self.tm
+        del self.stamps[:]
+        self._stamp()
+        x, y = next_batch()
+        with tm.trace_step(model):
+            with tm.timed_h2d():
+                x = x.to("cpu")
+            out = model(x)
+            loss = torch.nn.functional.mse_loss(out, y)
+            if timed_backward:
+                with tm.timed_backward():
+                    loss.backward()
+            else:
+                loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return self._end()
+
+
+class _Restarting:
+    """next() over an iterable, restarting it at the end of each epoch (bench_overhead's _Batches)."""
+
+    def __init__(self, iterable) -> None:
+        self._iterable = iterable
+        self._it = iter(iterable)
+
+    def next(self):
+        try:
+            return next(self._it)
+        except StopIteration:
+            self._it = iter(self._iterable)
+            return next(self._it)
+
+
+def load_checkout(tree: str):
+    """Another checkout's training side as the package `traceml_against`, beside this one.
+
+    Its own modules import each other relatively; what it imports absolutely
+    (`traceml.schema`, ...) is this checkout's, so compare trees whose schema
+    vocabulary agrees. Both are initialised in manual mode; each has its own state,
+    queues and samplers.
+    """
+    folder = Path(tree).resolve() / package_roots(Path(tree).resolve() / "setup.py")["traceml"]
+    spec = importlib.util.spec_from_file_location("traceml_against", folder / "__init__.py",
+                                                  submodule_search_locations=[str(folder)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["traceml_against"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _steps_interleaved(kind, versions: dict, modes: tuple, rounds: int, drain_every: int = 8) -> dict:
+    """Per version and mode, the median added time per part and per step (paired with that
+    version's plain loop in the same round), the plain loop's parts, and the samplers' work
+    per traced step. Every (version, mode) turn once per round, in a seeded random order."""
+    steps = {name: kind(tm) for name, tm in versions.items()}
+    for tm in versions.values():  # their work is timed here, as bench_overhead charges it
+        for sampler in (tm._time_sampler, tm._memory_sampler):
+            if sampler is not None:
+                sampler.stop()
+    names = [(version, mode) for version in versions for mode in ("plain", *modes)]
+    for version, mode in names:
+        steps[version].turn(mode)
+    for tm in versions.values():
+        _drain(tm)
+    order = random.Random(2)
+    taken: dict = {name: [] for name in names}
+    drain_ns = dict.fromkeys(versions, 0)
+    traced_per_round = sum(1 if mode == "auto_first_step" else 2 for mode in modes if mode != "control")
+    for index in range(rounds):
+        order.shuffle(names)
+        for version, mode in names:
+            taken[(version, mode)].append(steps[version].turn(mode))
+        if index % drain_every == drain_every - 1 or index == rounds - 1:
+            for version, tm in versions.items():
+                t0 = _perf_ns()
+                _drain(tm)
+                drain_ns[version] += _perf_ns() - t0
     med = statistics.median
+    keys = [part[0] for part in kind.parts]
+    out: dict = {}
+    for version in versions:
+        plain = taken[(version, "plain")]
+        row: dict = {"sampler_us_per_traced_step": drain_ns[version] / (rounds * traced_per_round) / 1e3,
+                     "plain_us": {key: med(t[i] for t in plain) / 1e3 for i, key in enumerate(keys)}}
+        for mode in modes:
+            pairs = list(zip(taken[(version, mode)], plain))
+            row[mode] = {key: med(a[i] - b[i] for a, b in pairs) / 1e3 for i, key in enumerate(keys)}
+            row[mode]["step"] = med(sum(a) - sum(b) for a, b in pairs) / 1e3
+            glue = [i for i, part in enumerate(kind.parts) if len(part) < 3 or part[2]]
+            row[mode]["glue"] = med(sum(a[i] - b[i] for i in glue) for a, b in pairs) / 1e3
+        out[version] = row
+    return out
+
+
+def _drain(tm) -> None:
+    for sampler in (tm._time_sampler, tm._memory_sampler):
+        if sampler is not None:
+            sampler.run_once()
+
+
+def measure(samples: int, phase_rounds: int = 300, marked_rounds: int = 300, against: str | None = None) -> dict:
+    results: dict = {"samples": samples, "cpu_count": os.cpu_count(), "torch": torch.__version__,
+                     "cuda_available": torch.cuda.is_available(),
+                     "load_avg_start": round(os.getloadavg()[0], 2)}
     traceml.init(mode="manual")
+    if samples:
+        results.update(_pieces(samples))
+    versions = {"this": traceml}
+    if against:
+        results["against"] = against
+        other = load_checkout(against)
+        other.init(mode="manual")
+        versions = {"against": other, "this": traceml}
+    if phase_rounds:
+        results["phase_rounds"] = phase_rounds
+        results["phase_steps"] = _steps_interleaved(_PhaseSteps, versions, PHASE_MODES, phase_rounds)
+    if marked_rounds:
+        results["marked_rounds"] = marked_rounds
+        results["marked_steps"] = _steps_interleaved(_MarkedSteps, versions, MARKED_MODES, marked_rounds)
+    for tm in versions.values():
+        tm.shutdown()
+    results["load_avg_end"] = round(os.getloadavg()[0], 2)
+    return results
+
+
+def _pieces(samples: int) -> dict:
+    """The single pieces, each after one eviction (this checkout only)."""
+    med = statistics.median
     manual = _Manual()
     pieces = {name: getattr(manual, name) for name in (
         "unit", "four_regions", "trace_step", "empty_step", "forward_plain", "forward_timed",
@@ -265,9 +746,7 @@ def measure(samples: int) -> dict:
     for piece in pieces.values():
         piece()
     found = _interleaved(pieces, samples, _close_step)
-    results: dict = {"samples": samples, "cpu_count": os.cpu_count(), "torch": torch.__version__,
-                     "cuda_available": torch.cuda.is_available(),
-                     "load_avg_start": round(os.getloadavg()[0], 2)}
+    results: dict = {}
     unit = med(found["unit"]) / 1e3
     results["unit_us"] = unit
     for name in ("four_regions", "trace_step", "empty_step"):
@@ -284,18 +763,24 @@ def measure(samples: int) -> dict:
         off, on = med(auto[(name, "off")]) / 1e3, med(auto[(name, "auto")]) / 1e3
         results[f"auto_{name}_off_us"] = off
         results[f"auto_{name}_added_us"] = on - off
-    traceml.shutdown()
-    results["load_avg_end"] = round(os.getloadavg()[0], 2)
     return results
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=600, help="samples per piece (default 600)")
+    parser.add_argument("--samples", type=int, default=600, help="samples per piece (default 600; 0: skip the pieces)")
+    parser.add_argument("--phase-rounds", type=int, default=300,
+                        help="rounds of whole steps evicted inside every phase (default 300; 0: skip)")
+    parser.add_argument("--marked-rounds", type=int, default=300,
+                        help="rounds of real ~10 ms steps stamped at every phase boundary (default 300; 0: skip)")
+    parser.add_argument("--against", metavar="TREE",
+                        help="another checkout (e.g. `git worktree add --detach /tmp/before REV`): its "
+                             "training side runs beside this one, interleaved round by round, in both "
+                             "step sections (the pieces above are this checkout's only)")
     add_json_flag(parser)
     args = parser.parse_args(argv)
     with table_output(args.json):
-        r = measure(args.samples)
+        r = measure(args.samples, args.phase_rounds, args.marked_rounds, args.against)
         _print_table(r)
     if args.json:
         print_json("bench_cold_cache", args, r)
@@ -303,9 +788,15 @@ def main(argv=None) -> int:
 
 
 def _print_table(r: dict) -> None:
-    print(f"TraceML instrumentation with cold caches (48 MB evicted before each sample; torch {r['torch']}, "
-          f"{r['cpu_count']} cores, load avg {r['load_avg_start']} -> {r['load_avg_end']}, "
-          f"{r['samples']} samples each, medians)")
+    print(f"TraceML instrumentation with cold caches (torch {r['torch']}, {r['cpu_count']} cores, load avg "
+          f"{r['load_avg_start']} -> {r['load_avg_end']})")
+    if r["samples"]:
+        _print_pieces(r)
+    _print_steps(r)
+
+
+def _print_pieces(r: dict) -> None:
+    print(f"  single pieces, 48 MB evicted before each sample, {r['samples']} samples each, medians:")
     print(f"  unit: four C-level `with` blocks (threading.Lock) : {r['unit_us']:6.2f} us")
     for name, label in (("four_regions", "four `with traceml.timed_*()` regions"),
                         ("trace_step", "`with traceml.trace_step(model)`"),
@@ -322,6 +813,33 @@ def _print_table(r: dict) -> None:
                         ("to", "Tensor.to (patched only with CUDA: "
                                + ("patched" if r["cuda_available"] else "not patched here") + ")")):
         print(f"    {label:50s}: {r[f'auto_{name}_added_us']:+6.2f} us ({r[f'auto_{name}_off_us']:.1f})")
+
+
+def _print_steps(r: dict) -> None:
+    for section, label, parts, modes in (
+            ("phase_steps", "whole steps evicted inside every phase", STRETCHES, PHASE_MODES),
+            ("marked_steps", "real ~10 ms steps stamped at every phase boundary", MARKED_PARTS, MARKED_MODES)):
+        if section not in r:
+            continue
+        rounds = r[section.split("_")[0] + "_rounds"]
+        versions = r[section]
+        print(f"  {label} ({rounds} rounds; added per stretch against the plain loop of the same round, "
+              "medians; the plain loop's own in brackets):")
+        for version, row in versions.items():
+            if len(versions) > 1:
+                print(f"    {version} checkout" + (f" ({r['against']})" if version == "against" else "") + ":")
+            print(f"    {'':62s}" + "".join(f"{mode:>16s}" for mode in modes))
+            for part in parts:
+                key, text = part[0], part[1]
+                print(f"    {text[:52]:52s} ({row['plain_us'][key]:7.1f})"
+                      + "".join(f"{row[mode][key]:+16.2f}" for mode in modes))
+            if section == "marked_steps":
+                print(f"    {'glue parts together (median of per-round sums)':62s}"
+                      + "".join(f"{row[mode]['glue']:+16.2f}" for mode in modes))
+            print(f"    {'whole step (median of per-round sums)':62s}"
+                  + "".join(f"{row[mode]['step']:+16.2f}" for mode in modes))
+        print("    samplers, drained on this thread every 8 rounds, per traced step: "
+              + ", ".join(f"{v} {versions[v]['sampler_us_per_traced_step']:.2f} us" for v in versions))
 
 
 if __name__ == "__main__":

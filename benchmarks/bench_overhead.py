@@ -32,16 +32,21 @@ both at their defaults):
   uninstrumented variant shows what the estimator reads when nothing is added.
   Real steps, not only a hot empty loop: caches shared with real work make the
   same code several times slower than in a hot loop (the empty-step figure).
-- Throughput of a ~10 ms step: every round runs one step of each variant, each
+- Throughput of a ~10 ms step: every round runs one timed step of each variant,
   timed whole on the wall clock: steps milliseconds apart see the same machine
   state, where ten-step blocks a round apart saw this VM's speed drift (a
-  standard error of about 0.25 % after 13 minutes, against 0.05-0.1 % after 3). A
-  variant's first step after its set-up is timed like every other: the one-off
-  costs of installing patches (attribute caches invalidated) are charged to it.
-  The samplers' work is done as in a job, at their cadence: their polling threads
+  standard error of about 0.25 % after 13 minutes, against 0.05-0.1 % after 3).
+  Each turn first runs `--settle-steps` untimed steps of its variant (default 1),
+  every variant alike: installing the automatic patches or `wrap_forward`'s class
+  wrapper, and removing them, modifies torch's classes, which invalidates the
+  interpreter's attribute caches, and the first step after pays for it (20-25 us
+  with cold caches for auto, bench_cold_cache's `auto, first step`). A job installs
+  them once; with one-step turns that cost was charged to every automatic step
+  (and the removal to whichever variant came next). `--settle-steps 0` is the
+  method before issue 23. The samplers' work is done as in a job, at their cadence: their polling threads
   are stopped for this phase and the benchmark drains both samplers itself every
   0.5 s of steps, timed, and charges that time to the instrumented steps, per traced
-  step. That is conservative: in a job the samplers run on another thread and
+  step (settling steps included: they publish records too). That is conservative: in a job the samplers run on another thread and
   overlap the GIL-free parts of the step. The figure is the pooled ratio (all
   uninstrumented step time over all instrumented step time plus the sampler
   charge, i.e. steps per second relative to uninstrumented) with a 95 % interval
@@ -347,10 +352,12 @@ class _GcTally:
         self.counts[key] = (count + 1, seconds + time.perf_counter() - self._t0)
 
 
-def _interleaved_steps(rounds: int, variants: dict, drain_every: int, traced_per_round: int):
-    """Per variant, one step time per round (wall + i*training-thread CPU); the samplers'
-    work per traced step, drained on this thread every `drain_every` rounds (and after
-    the last); and the garbage collections of the phase."""
+def _interleaved_steps(rounds: int, variants: dict, drain_every: int, traced_per_round: int,
+                       settle: int = 0):
+    """Per variant, one step time per round (wall + i*training-thread CPU), each after
+    `settle` untimed steps of its turn; the samplers' work per traced step, drained on
+    this thread every `drain_every` rounds (and after the last); and the garbage
+    collections of the phase."""
     done = 0
     drain_time = 0j
     tally = _GcTally()
@@ -374,7 +381,7 @@ def _interleaved_steps(rounds: int, variants: dict, drain_every: int, traced_per
     try:
         per_round = _rounds(rounds, 1, _wall_and_cpu,
                             {name: taking_turn(name, run) for name, run in variants.items()},
-                            after_round=after_round)
+                            warmup=settle, after_round=after_round)
     finally:
         gc.callbacks.remove(tally)
     times = {name: [steps[0] for steps in per] for name, per in per_round.items()}
@@ -413,7 +420,7 @@ def _variants(job: _Job) -> dict:
 
 
 def measure(quick: bool, throughput_rounds: int | None = None, hidden: int = 960,
-            steady_runtime: bool = True) -> dict:
+            steady_runtime: bool = True, settle: int = 1) -> dict:
     results: dict = {"cpu_count": os.cpu_count(), "torch": torch.__version__,
                      "load_avg_start": round(os.getloadavg()[0], 2),
                      "steady_allocator": steady_runtime and _steady_allocator(),
@@ -456,10 +463,11 @@ def measure(quick: bool, throughput_rounds: int | None = None, hidden: int = 960
         gc.collect()
         gc.freeze()
     step_s = med(t.real for t in calibration)
-    drain_every = max(1, round(samplers.DEFAULT_INTERVAL_S / (len(variants) * step_s)))
+    drain_every = max(1, round(samplers.DEFAULT_INTERVAL_S / (len(variants) * (1 + settle) * step_s)))
     if throughput_rounds is None:
-        throughput_rounds = 200 if quick else 4000
-    steps, charge, collections = _interleaved_steps(throughput_rounds, variants, drain_every, len(MODES))
+        throughput_rounds = 200 if quick else 3000
+    steps, charge, collections = _interleaved_steps(throughput_rounds, variants, drain_every,
+                                                    len(MODES) * (1 + settle), settle)
     traceml.shutdown(timeout_s=10)
     gc.unfreeze()
     off = steps["off"]
@@ -468,6 +476,7 @@ def measure(quick: bool, throughput_rounds: int | None = None, hidden: int = 960
     results["throughput_hidden"] = hidden
     results["throughput_step_ms"] = off_step * 1e3
     results["throughput_rounds"] = throughput_rounds
+    results["settle_steps"] = settle
     results["sampler_us_per_step"] = charge.real * 1e6
     results["sampler_cpu_us_per_step"] = charge.imag * 1e6
     results["sampler_drain_every_rounds"] = drain_every
@@ -500,14 +509,18 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
     add_json_flag(parser)
     parser.add_argument("--rounds", type=int,
-                        help="throughput rounds, one ~10 ms step per variant each (default 4000, 200 with --quick)")
+                        help="throughput rounds, one timed ~10 ms step per variant each (default 3000, 200 "
+                             "with --quick)")
+    parser.add_argument("--settle-steps", type=int, default=1,
+                        help="untimed steps at the start of each throughput turn, every variant alike (default "
+                             "1; 0: the first step after installing patches is timed, as before issue 23)")
     parser.add_argument("--hidden", type=int, default=960,
                         help="hidden width of the throughput model (default 960: a ~9-10 ms step here)")
     parser.add_argument("--default-runtime", action="store_true",
                         help="keep glibc's allocator defaults and an unfrozen GC heap (noisier figures)")
     args = parser.parse_args(argv)
     with table_output(args.json):
-        r = measure(args.quick, args.rounds, args.hidden, not args.default_runtime)
+        r = measure(args.quick, args.rounds, args.hidden, not args.default_runtime, args.settle_steps)
         _print_table(r)
     if args.json:
         print_json("bench_overhead", args, r)
@@ -525,7 +538,8 @@ def _print_table(r: dict) -> None:
         lo, hi = r[f"small_step_added_us_{mode}_iqr"]
         print(f"    {LABELS[mode]:24s} {r[f'small_step_added_us_{mode}']:6.1f} us (IQR {lo:.1f} to {hi:.1f})")
     print(f"  ~10 ms step ({r['throughput_step_ms']:.2f} ms wall, hidden {r['throughput_hidden']}), "
-          f"{r['throughput_rounds']} rounds of one step per variant; samplers drained every "
+          f"{r['throughput_rounds']} rounds of one timed step per variant after {r['settle_steps']} "
+          "untimed; samplers drained every "
           f"{r['sampler_drain_every_rounds']} rounds, {r['sampler_us_per_step']:.1f} us per traced step, charged:")
     print("    throughput ratio, wall clock (target >= 0.99): pooled (95 % interval); "
           "added per step, mean +- standard error")

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
+
 from tests.harness.child_python import ROOT, child_env, module_command
 
 
@@ -52,3 +54,20 @@ def test_every_benchmark_takes_json():
         if not {"add_json_flag", "print_json"} <= calls:
             missing.append(path.name)
     assert missing == [], f"benchmarks without --json (add_json_flag + print_json): {missing}"
+
+
+@pytest.mark.slow
+def test_bench_cold_cache_steps_against_another_checkout_print_as_json():
+    """Both step sections, this checkout against a second copy of itself (`--against`)."""
+    document = _run_json("benchmarks.bench_cold_cache", "--samples", "0", "--phase-rounds", "1",
+                         "--marked-rounds", "1", "--against", str(ROOT))
+    figures = document["figures"]
+    for section, modes in (("phase_steps", ("manual", "manual_hooks", "auto", "auto_first_step", "control")),
+                           ("marked_steps", ("manual", "manual_hooks", "auto", "control"))):
+        assert set(figures[section]) == {"against", "this"}
+        for row in figures[section].values():
+            assert row["sampler_us_per_traced_step"] > 0
+            assert all(value > 0 for value in row["plain_us"].values())
+            for mode in modes:
+                assert "step" in row[mode]
+    assert "glue" in figures["marked_steps"]["this"]["manual"]

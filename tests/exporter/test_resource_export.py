@@ -186,6 +186,7 @@ def test_the_exporter_sends_queued_snapshots_as_resource_metrics(receiver, proto
     assert dict(res)[r.RES_PROCESS_PID] == os.getpid() and dict(res)[v.RES_HOST_NAME] == "host-a"
 
 
+@pytest.mark.slow
 def test_a_full_resource_queue_drops_and_counts_under_metrics():
     with OtlpTestReceiver(mode="stall", stall_s=30.0) as stalled:
         settings = _settings(stalled.grpc_endpoint, env={"TRACEML_EXPORT_QUEUE_SIZE": "4"})
@@ -202,6 +203,7 @@ def test_a_full_resource_queue_drops_and_counts_under_metrics():
         assert exporter.stats().resources_exported == 5
 
 
+@pytest.mark.slow
 def test_a_rejected_resource_request_counts_its_points_as_metrics_failures():
     with OtlpTestReceiver(mode="reject") as rejecting:
         rejecting.failures_left = 1

@@ -330,6 +330,7 @@ def test_the_thread_survives_a_raising_sink_and_skips_sinks_without_on_resources
     assert all(s.process_cpu_utilization is not None for s in recording.resources)  # baseline at start
 
 
+@pytest.mark.slow
 def test_the_first_snapshot_comes_one_interval_after_start():
     recording = RecordingSink()
     sampler = ResourceSampler(sinks=(recording,), interval_s=0.5, environ={})

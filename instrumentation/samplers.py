@@ -62,15 +62,35 @@ _failed_sinks: set = set()
 
 
 def _deliver(method: str, record, sinks) -> None:
+    """Hand one record to every sink (see `_deliver_all`)."""
+    _deliver_all(method, (record,), sinks)
+
+
+def _deliver_all(method: str, records, sinks) -> None:
+    """Hand `records`, in order, to every sink's `method`.
+
+    A sink that raises loses only that record, is logged once per method, and never
+    stops the sampler or the other sinks. The method is looked up once per sink and
+    drain, not once per record: the samplers hold the GIL while they work.
+    """
     for sink in sinks:
         try:
-            getattr(sink, method)(record)
-        except Exception:  # a broken sink must never stop the sampler
-            key = (id(sink), method)
-            if key not in _failed_sinks:
-                _failed_sinks.add(key)
-                _log.exception("TraceML sink %r failed in %s; later failures are not logged",
-                               sink, method)
+            handler = getattr(sink, method)
+        except Exception:
+            _sink_failed(sink, method)
+            continue
+        for record in records:
+            try:
+                handler(record)
+            except Exception:  # a broken sink must never stop the sampler
+                _sink_failed(sink, method)
+
+
+def _sink_failed(sink, method: str) -> None:
+    key = (id(sink), method)
+    if key not in _failed_sinks:
+        _failed_sinks.add(key)
+        _log.exception("TraceML sink %r failed in %s; later failures are not logged", sink, method)
 
 
 # --- Resolution ---------------------------------------------------------------------
@@ -78,9 +98,10 @@ def _deliver(method: str, record, sinks) -> None:
 
 def batch_resolved(batch) -> bool:
     """True when every CUDA end event of the batch has completed (query only)."""
-    if set(map(_gpu_end, batch.events)) == _NO_GPU:  # a CPU step: nothing to query
+    events = batch.events
+    if not any(map(_gpu_end, events)):  # a CPU step: nothing to query (stops at the first event)
         return True
-    for event in batch.events:
+    for event in events:
         end = event[_se.EV_GPU_END]
         if end is not None:
             try:
@@ -147,9 +168,12 @@ def resolve_batch(batch, wall_offset_ns: int, *, gpu_available: bool = True,
     phases = []
     add_phase = phases.append
     gpu = False
+    end = 0  # the latest end stamp, found in the same loop (no max() over a map)
     for name, t0, t1, g0, _ in ordered:
         totals[name] = new_tuple(EventTotals, ((t1 - t0) / 1e6, None, 1))
         add_phase(new_tuple(PhaseInterval, (name, t0 + wall_offset_ns, t1 + wall_offset_ns)))
+        if t1 > end:
+            end = t1
         if g0 is not None:
             gpu = True
     if len(totals) == len(ordered):
@@ -161,14 +185,14 @@ def resolve_batch(batch, wall_offset_ns: int, *, gpu_available: bool = True,
                     totals[name] = new_tuple(EventTotals, (totals[name][0], _gpu_ms(event, gpu_available, pool), 1))
     else:  # a raw event more than once: nesting to drop, occurrences to sum
         ordered = outermost_events(events, pool)
+        end = max(map(_end, ordered))
         totals = _sum_occurrences(ordered, gpu_available, pool)
         phases = tuple([new_tuple(PhaseInterval, (e[0], e[1] + wall_offset_ns, e[2] + wall_offset_ns))
                         for e in ordered])
     if INFERRED_STEP in totals:  # a step inferred from an optimizer update (step_boundary)
         phases = resolve_inferred(totals, phases)
-    return new_tuple(ResolvedStepTime, (batch.step, ordered[0][1] + wall_offset_ns,
-                                        max(map(_end, ordered)) + wall_offset_ns, totals, phases,
-                                        getattr(batch, "parent", None)))
+    return new_tuple(ResolvedStepTime, (batch.step, ordered[0][1] + wall_offset_ns, end + wall_offset_ns,
+                                        totals, phases, batch.parent))
 
 
 def _gpu_ms(event: tuple, gpu_available: bool, pool) -> float | None:
@@ -207,7 +231,6 @@ def _sum_occurrences(ordered: list, gpu_available: bool, pool) -> dict:
 _by_start = itemgetter(_se.EV_CPU_START)
 _end = itemgetter(_se.EV_CPU_END)
 _gpu_end = itemgetter(_se.EV_GPU_END)
-_NO_GPU = {None}
 
 
 DEFAULT_INTERVAL_S = 0.5
@@ -300,25 +323,26 @@ class StepTimeSampler(_Sampler):
         with self._lock:
             self.pending.extend(self._drain())
             self._offset_ns = _se.wall_offset_ns()  # follows wall-clock adjustments
-            done = 0
             pending = self.pending
             sinks = self.sinks()
             pool = self._pool
             if pool is None:
                 pool = _timing.event_pool()
             taken = 0
+            records: list = []
+            offset = self._offset_ns
             try:
                 for batch in pending:
                     ready = batch_resolved(batch)
                     if not ready and not force:
                         break
                     taken += 1  # leaves the FIFO even if resolving it fails
-                    record = resolve_batch(batch, self._offset_ns, gpu_available=ready, pool=pool)
-                    _deliver("on_step_time", record, sinks)
-                    done += 1
+                    records.append(resolve_batch(batch, offset, gpu_available=ready, pool=pool))
             finally:
                 del pending[:taken]  # once, not a pop(0) per batch (quadratic on a full queue)
-            self.delivered += done
+                _deliver_all("on_step_time", records, sinks)  # what resolved, even if a later one failed
+                done = len(records)
+                self.delivered += done
             return done
 
     def _final_drain(self, timeout_s: float) -> None:
@@ -344,8 +368,6 @@ class StepMemorySampler(_Sampler):
     def run_once(self) -> int:
         with self._lock:
             records: list[StepMemorySnapshot] = self._drain()
-            sinks = self.sinks()
-            for record in records:
-                _deliver("on_step_memory", record, sinks)
+            _deliver_all("on_step_memory", records, self.sinks())
             self.delivered += len(records)
             return len(records)

@@ -185,6 +185,29 @@ def test_a_failing_sink_does_not_stop_delivery_to_others(recording):
     assert [r.step for r in good.steps] == [0]
 
 
+def test_a_sink_failing_on_one_record_still_gets_the_next_and_a_sink_without_the_method_is_skipped(recording):
+    class FailsOnFirst:
+        def __init__(self):
+            self.steps = []
+
+        def on_step_time(self, record):
+            if record.step == 0:
+                raise RuntimeError("boom")
+            self.steps.append(record.step)
+
+    class MemoryOnly:
+        def on_step_memory(self, record):
+            pass
+
+    flaky, good = FailsOnFirst(), RecordingSink()
+    for _ in range(3):
+        with timed_region(RAW_STEP_TIME):
+            pass
+        se.complete_step_capture()
+    assert StepTimeSampler(sinks=(MemoryOnly(), flaky, good)).run_once() == 3
+    assert flaky.steps == [1, 2] and [r.step for r in good.steps] == [0, 1, 2]
+
+
 def test_sampler_threads_are_daemons_and_deliver_in_the_background(recording, sink):
     sampler = StepTimeSampler(interval_s=0.01)
     sampler.start()

@@ -54,6 +54,15 @@ both at their defaults):
   its standard error. The CPU accounting beside it: the training thread's added
   CPU per step (median of the per-round paired differences) plus the samplers'
   CPU per traced step.
+- The samplers in place (`--in-place-seconds`, default 60): the charge above
+  assumes their work runs serially with the step, neither overlapping its GIL-free
+  parts nor making it wait for the GIL or refill its caches. After the throughput
+  phase, manual steps run for that long with both samplers' own threads live at
+  their default interval, their drains timed on their threads; each drain's cost is
+  read from the step it lands in and the step after, against the two steps around
+  them (`benchmarks.attribution`, with its no-drain control), and gives a second
+  throughput ratio per mode: the interleaved steps plus that cost per step instead
+  of the charge (their work per step is the same in every mode).
 
 All five regions are timed in every instrumented variant: input wait (DataLoader
 next), H2D (`timed_h2d()` around the batch copy: on CPU the automatic patch never
@@ -86,6 +95,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 
 from benchmarks import traceml_checkout  # noqa: E402,F401  (imports the checkout when not installed)
+from benchmarks.attribution import attributed, overlapping  # noqa: E402
 from benchmarks.json_output import add_json_flag, print_json, table_output  # noqa: E402
 import traceml  # noqa: E402
 from traceml import forward, hooks, patches, samplers, step_boundary  # noqa: E402
@@ -397,6 +407,57 @@ def _ratio_interval(base: list, variant: list, z: float = 1.96) -> tuple[float, 
     return ratio, ratio - z * se, ratio + z * se
 
 
+def _samplers_in_place(run, seconds: float) -> dict:
+    """The samplers' own threads live beside one traced variant's steps for `seconds`:
+    what their drains cost the steps they land in and the step after each
+    (`benchmarks.attribution`), as a job pays it, against the full charge above."""
+    step_spans: list = []
+    work_spans: list = []
+    samplers_ = [s for s in (traceml._time_sampler, traceml._memory_sampler) if s is not None]
+
+    def timed(run_once):
+        def run_timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return run_once(*args, **kwargs)
+            finally:
+                work_spans.append((t0, time.perf_counter()))
+        return run_timed
+
+    def clock() -> float:
+        now = time.perf_counter()
+        step_spans.append(now)
+        return now
+
+    for sampler in samplers_:
+        sampler.run_once = timed(sampler.run_once)  # the polling loop calls self.run_once()
+        sampler.start()
+    durations: list = []
+    try:
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            run(50, clock, durations)
+    finally:
+        for sampler in samplers_:
+            sampler.stop()
+            del sampler.run_once
+    spans = list(zip(step_spans[0::2], step_spans[1::2]))
+    loop_work = sorted(span for span in work_spans if span[0] <= spans[-1][1])
+    found = attributed(durations, overlapping(spans, loop_work), after_steps=1)
+    found["steps"] = len(durations)
+    found["drains"] = len(loop_work)
+    return found
+
+
+def _adjusted_ratio(base: list, variant: list, added: float, added_se: float) -> tuple[float, float, float]:
+    """`_ratio_interval` of `variant` plus a per-step cost known to +-`added_se`, both
+    uncertainties in the interval."""
+    ratio, lo, hi = _ratio_interval(base, [t + added for t in variant])
+    mean_v = statistics.fmean(variant) + added
+    se = math.hypot((hi - lo) / (2 * 1.96), ratio * added_se / mean_v)
+    return ratio, ratio - 1.96 * se, ratio + 1.96 * se
+
+
 def _steady_allocator() -> bool:
     """Have glibc keep freed memory (no trimming, fixed mmap threshold); False elsewhere."""
     try:
@@ -419,8 +480,13 @@ def _variants(job: _Job) -> dict:
             "control": _variant(job, None)}
 
 
+IN_PLACE_MODE = "manual"
+"""The variant whose steps the samplers' live threads run beside: their work per step is the
+same in every mode (the same six events), so its cost applies to each."""
+
+
 def measure(quick: bool, throughput_rounds: int | None = None, hidden: int = 960,
-            steady_runtime: bool = True, settle: int = 1) -> dict:
+            steady_runtime: bool = True, settle: int = 1, in_place_s: float | None = None) -> dict:
     results: dict = {"cpu_count": os.cpu_count(), "torch": torch.__version__,
                      "load_avg_start": round(os.getloadavg()[0], 2),
                      "steady_allocator": steady_runtime and _steady_allocator(),
@@ -466,8 +532,12 @@ def measure(quick: bool, throughput_rounds: int | None = None, hidden: int = 960
     drain_every = max(1, round(samplers.DEFAULT_INTERVAL_S / (len(variants) * (1 + settle) * step_s)))
     if throughput_rounds is None:
         throughput_rounds = 200 if quick else 3000
+    if in_place_s is None:
+        in_place_s = 5.0 if quick else 60.0
     steps, charge, collections = _interleaved_steps(throughput_rounds, variants, drain_every,
                                                     len(MODES) * (1 + settle), settle)
+    if in_place_s:
+        in_place = _samplers_in_place(variants[IN_PLACE_MODE], in_place_s)
     traceml.shutdown(timeout_s=10)
     gc.unfreeze()
     off = steps["off"]
@@ -495,6 +565,22 @@ def measure(quick: bool, throughput_rounds: int | None = None, hidden: int = 960
         results[f"big_step_added_us_{mode}"] = added
         results[f"big_step_added_us_{mode}_iqr"] = tuple(q * 1e6 for q in _quartiles(cpu_diffs))
         results[f"cpu_accounted_ratio_{mode}"] = off_cpu / (off_cpu + added / 1e6 + share.imag)
+        if in_place_s and mode in MODES:
+            ratio, lo, hi = _adjusted_ratio(off_wall, [t.real for t in steps[mode]], in_place["per_step"],
+                                            in_place["per_step_se"])
+            results[f"throughput_ratio_{mode}_in_place"] = ratio
+            results[f"throughput_ratio_{mode}_in_place_ci95"] = (lo, hi)
+    if in_place_s:
+        results["in_place_seconds"] = in_place_s
+        results["in_place_mode"] = IN_PLACE_MODE
+        results["in_place_steps"] = in_place["steps"]
+        results["in_place_drains"] = in_place["drains"]
+        results["in_place_runs"] = in_place["runs"]
+        results["in_place_us_per_step"] = in_place["per_step"] * 1e6
+        results["in_place_us_per_step_se"] = in_place["per_step_se"] * 1e6
+        results["in_place_us_per_run"] = in_place["per_run"] * 1e6
+        results["in_place_control_us_per_run"] = in_place["control_per_run"] * 1e6
+        results["in_place_control_us_per_run_se"] = in_place["control_per_run_se"] * 1e6
     results["throughput_phase_wall_s"] = sum(t.real for per in steps.values() for t in per)
     results["gc_collections"] = {f"{turn}, generation {gen}": {"count": n, "ms": round(s * 1e3, 2)}
                                  for (turn, gen), (n, s) in sorted(collections.items())}
@@ -514,13 +600,17 @@ def main(argv=None) -> int:
     parser.add_argument("--settle-steps", type=int, default=1,
                         help="untimed steps at the start of each throughput turn, every variant alike (default "
                              "1; 0: the first step after installing patches is timed, as before issue 23)")
+    parser.add_argument("--in-place-seconds", type=float,
+                        help="seconds of manual steps with the samplers' threads live, whose drains are "
+                             "attributed to the steps they land in (default 60, 5 with --quick; 0 skips it)")
     parser.add_argument("--hidden", type=int, default=960,
                         help="hidden width of the throughput model (default 960: a ~9-10 ms step here)")
     parser.add_argument("--default-runtime", action="store_true",
                         help="keep glibc's allocator defaults and an unfrozen GC heap (noisier figures)")
     args = parser.parse_args(argv)
     with table_output(args.json):
-        r = measure(args.quick, args.rounds, args.hidden, not args.default_runtime, args.settle_steps)
+        r = measure(args.quick, args.rounds, args.hidden, not args.default_runtime, args.settle_steps,
+                    args.in_place_seconds)
         _print_table(r)
     if args.json:
         print_json("bench_overhead", args, r)
@@ -547,6 +637,15 @@ def _print_table(r: dict) -> None:
         lo, hi = r[f"throughput_ratio_{mode}_ci95"]
         print(f"      {LABELS[mode]:24s} {r[f'throughput_ratio_{mode}']:.4f} ({lo:.4f}-{hi:.4f}); "
               f"{r[f'big_step_added_wall_us_{mode}']:+6.1f} +- {r[f'big_step_added_wall_us_{mode}_se']:.1f} us")
+    if r.get("in_place_seconds"):
+        print(f"    samplers in place ({r['in_place_seconds']:.0f} s of {r['in_place_mode']} steps with their threads live, "
+              f"{r['in_place_drains']} drains): {r['in_place_us_per_step']:+.1f} +- {r['in_place_us_per_step_se']:.1f} us "
+              f"per step ({r['in_place_us_per_run']:+.0f} us per drain and the step after, {r['in_place_runs']} paired; "
+              f"control {r['in_place_control_us_per_run']:+.0f} +- {r['in_place_control_us_per_run_se']:.0f}); "
+              "throughput ratio with them in place of the charge (95 % interval):")
+        for mode in MODES:
+            lo, hi = r[f"throughput_ratio_{mode}_in_place_ci95"]
+            print(f"      {LABELS[mode]:24s} {r[f'throughput_ratio_{mode}_in_place']:.4f} ({lo:.4f}-{hi:.4f})")
     print("    CPU accounting: training thread added per step (median of paired differences, IQR) "
           "+ sampler CPU -> ratio")
     for mode in (*MODES, "control"):

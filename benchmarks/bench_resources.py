@@ -22,7 +22,8 @@ share of steps a tick lands in, is the added time per step; the ratio follows fr
 with a 95 % interval from the paired differences. The same estimator at as many
 seeded positions with no tick is the control (it reads 0 when nothing is added). What
 it does not see: a tick's after-effect on later steps (caches it evicted), which the
-block ratio would include.
+block ratio would include. (The estimator is `benchmarks.attribution`'s, shared with
+bench_overhead's samplers in place, here without the step after.)
 
 The sampler's own cost per tick, two ways: its thread's CPU time over its ticks during
 the "on" blocks (`ResourceSampler.tick_cpu_s`, `time.thread_time` around each tick),
@@ -39,12 +40,12 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import random
 import statistics
 import sys
 import time
 
 from benchmarks import bench_overhead as bo  # the workload, rounds and estimators (sets one torch thread)
+from benchmarks.attribution import attributed, overlapping
 from benchmarks.json_output import add_json_flag, print_json, table_output
 from traceml.resources import ResourceSampler
 from traceml.schema import environment as env_names
@@ -127,16 +128,6 @@ class _TimedSampler(ResourceSampler):
             self.tick_spans.append((t0, time.perf_counter()))
 
 
-def _neighbour_paired(durations: list, marked: list[bool]) -> tuple[float, float, int]:
-    """(mean added time per marked step, its standard error, pairs): each marked step minus
-    the mean of its two unmarked neighbours."""
-    diffs = [durations[i] - (durations[i - 1] + durations[i + 1]) / 2
-             for i in range(1, len(durations) - 1) if marked[i] and not marked[i - 1] and not marked[i + 1]]
-    if len(diffs) < 2:
-        return 0.0, float("inf"), len(diffs)
-    return statistics.fmean(diffs), statistics.stdev(diffs) / len(diffs) ** 0.5, len(diffs)
-
-
 def _tick_attributed(job, interval_s: float, seconds: float) -> dict:
     """Steps with the real sampler thread running; the cost of the steps its ticks land in."""
     stamps: list[float] = []
@@ -163,28 +154,19 @@ def _tick_attributed(job, interval_s: float, seconds: float) -> dict:
     spans = [(stamps[i], stamps[i + 1]) for i in range(0, len(stamps) - 1, 2)]
     durations = [end - start for start, end in spans]
     ticks = sampler.tick_spans[:loop_ticks]
-    marked, k = [], 0
-    for start, end in spans:  # both lists are in time order
-        while k < len(ticks) and ticks[k][1] < start:
-            k += 1
-        marked.append(k < len(ticks) and ticks[k][0] <= end)
-    added, se, pairs = _neighbour_paired(durations, marked)
-    share = sum(marked) / len(marked)
+    found = attributed(durations, overlapping(spans, ticks))
     step = statistics.fmean(durations)
-    per_step, per_step_se = added * share, se * share
-    # Control: as many positions, seeded, where no tick is near; the estimator should read 0.
-    clear = [i for i in range(2, len(marked) - 2) if not any(marked[i - 2:i + 3])]
-    chosen = set(random.Random(1).sample(clear, min(len(clear), max(2, sum(marked)))))
-    c_added, c_se, c_pairs = _neighbour_paired(durations, [i in chosen for i in range(len(marked))])
+    per_step, per_step_se = found["per_step"], found["per_step_se"]
     return {
-        "tick_steps": len(durations), "tick_count": len(ticks), "tick_step_share": share,
-        "tick_mean_step_ms": step * 1e3, "tick_overlapped_added_us": added * 1e6,
-        "tick_overlapped_added_us_se": se * 1e6, "tick_pairs": pairs,
+        "tick_steps": len(durations), "tick_count": len(ticks), "tick_step_share": found["share"],
+        "tick_mean_step_ms": step * 1e3, "tick_overlapped_added_us": found["per_run"] * 1e6,
+        "tick_overlapped_added_us_se": found["per_run_se"] * 1e6, "tick_pairs": found["runs"],
         "tick_added_us_per_step": per_step * 1e6, "tick_added_us_per_step_se": per_step_se * 1e6,
         "tick_throughput_ratio": step / (step + per_step),
         "tick_throughput_ratio_ci95": (step / (step + per_step + 1.96 * per_step_se),
                                        step / (step + per_step - 1.96 * per_step_se)),
-        "tick_control_added_us": c_added * 1e6, "tick_control_added_us_se": c_se * 1e6, "tick_control_pairs": c_pairs,
+        "tick_control_added_us": found["control_per_run"] * 1e6,
+        "tick_control_added_us_se": found["control_per_run_se"] * 1e6, "tick_control_pairs": found["control_runs"],
         "tick_thread_cpu_us": loop_cpu_s / max(1, loop_ticks) * 1e6,
     }
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import os
 import sys
 import threading
@@ -72,6 +73,29 @@ class _Clearer:
         self.run_once()
 
 
+class _Iterator:
+    """A loader's iterator; each reference implementation's subclass times its `__next__`."""
+
+    __slots__ = ("_next",)
+
+    def __init__(self, it) -> None:
+        self._next = it.__next__
+
+    def __iter__(self):
+        return self
+
+
+class _Loader:
+    """`wrap_dataloader(iterable)` of a reference implementation: its iterators time each batch."""
+
+    def __init__(self, iterable, iterator: type) -> None:
+        self._iterable = iterable
+        self._iterator = iterator
+
+    def __iter__(self):
+        return self._iterator(iter(self._iterable))
+
+
 def bare_api() -> types.SimpleNamespace:
     """Two clock reads and one append per region; the step's list moved into a deque."""
     state = types.SimpleNamespace(events=[])
@@ -108,14 +132,8 @@ def bare_api() -> types.SimpleNamespace:
             state.events = []
             return False
 
-    class _Iterator:
-        __slots__ = ("_next",)
-
-        def __init__(self, it) -> None:
-            self._next = it.__next__
-
-        def __iter__(self):
-            return self
+    class Iterator(_Iterator):
+        __slots__ = ()
 
         def __next__(self):
             t0 = _perf_ns()
@@ -123,14 +141,7 @@ def bare_api() -> types.SimpleNamespace:
             state.events.append((v.RAW_DATALOADER_NEXT, t0, _perf_ns()))
             return item
 
-    class _Loader:
-        def __init__(self, iterable) -> None:
-            self._iterable = iterable
-
-        def __iter__(self):
-            return _Iterator(iter(self._iterable))
-
-    api = types.SimpleNamespace(trace_step=trace_step, wrap_dataloader=_Loader,
+    api = types.SimpleNamespace(trace_step=trace_step, wrap_dataloader=functools.partial(_Loader, iterator=Iterator),
                                 _time_sampler=_Clearer(published), _memory_sampler=None)
     for attr, raw_event in REGIONS:
         setattr(api, attr, region(raw_event))
@@ -228,14 +239,8 @@ def core_api() -> types.SimpleNamespace:
             publish(memory, (step, "cpu", t1))
             return False
 
-    class _Iterator:
-        __slots__ = ("_next",)
-
-        def __init__(self, it) -> None:
-            self._next = it.__next__
-
-        def __iter__(self):
-            return self
+    class Iterator(_Iterator):
+        __slots__ = ()
 
         def __next__(self):
             if _get_ident() != rec.owner:
@@ -246,14 +251,7 @@ def core_api() -> types.SimpleNamespace:
             record(capture, (v.RAW_DATALOADER_NEXT, t0, _perf_ns(), None, None))
             return item
 
-    class _Loader:
-        def __init__(self, iterable) -> None:
-            self._iterable = iterable
-
-        def __iter__(self):
-            return _Iterator(iter(self._iterable))
-
-    api = types.SimpleNamespace(trace_step=trace_step, wrap_dataloader=_Loader,
+    api = types.SimpleNamespace(trace_step=trace_step, wrap_dataloader=functools.partial(_Loader, iterator=Iterator),
                                 _time_sampler=_Clearer(timing, memory), _memory_sampler=None)
     for attr, raw_event in REGIONS:
         setattr(api, attr, region(raw_event))

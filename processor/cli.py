@@ -11,7 +11,6 @@ import os
 import signal
 import sqlite3
 import sys
-import threading
 from pathlib import Path
 
 from traceml.schema import environment as env
@@ -244,15 +243,9 @@ def main(argv=None) -> int:
     logging.basicConfig(level=getattr(logging, args.log_level), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from traceml.processor.service import ProcessorService
+    from traceml.processor.signal_stop import SignalStop
 
-    stop = threading.Event()
-
-    def _on_signal(signum, _frame):
-        logging.getLogger("traceml.processor").info("signal %d: stopping", signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
+    stopping = SignalStop().install(signal.SIGTERM, signal.SIGINT)  # noted only: see signal_stop
     try:
         service = ProcessorService(config).start()
     except (ValueError, OSError, RuntimeError, sqlite3.Error) as exc:  # database problems: sqlite_guard
@@ -261,8 +254,8 @@ def main(argv=None) -> int:
     # One line on stdout that launchers and tests can wait for.
     print(f"traceml-processor ready grpc={service.grpc_port} http={service.http_port} "
           f"prometheus={service.prometheus_port} ui={service.ui_port}", flush=True)
-    while not stop.wait(0.5):
-        pass
+    signum = stopping.wait()
+    logging.getLogger("traceml.processor").info("signal %d: stopping", signum)
     service.stop()
     return 0
 

@@ -21,6 +21,8 @@ import threading
 import time
 from dataclasses import replace
 
+from .signal_stop import SignalStop
+
 LOG = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -63,13 +65,13 @@ def _worker_main(config, grpc_addr, http_addr, shared_counts, ready, stop, index
     when the parent dies (PR_SET_PDEATHSIG), and a thread polling the parent pid
     covers other systems and the race where the parent died before prctl ran.
     """
-    # `done` is a thread-local Event: setting the shared multiprocessing `stop` from a
-    # signal handler would deadlock (its Condition.notify waits for the sleeper,
-    # which is this very thread), so SIGTERM, the parent watch and a relay of `stop`
-    # all set `done`, and this process waits on it alone.
+    # The parent watch and a relay of the shared multiprocessing `stop` set `done` (from
+    # their own threads); SIGTERM is only noted (`SignalStop`: a handler that set `done`
+    # could interrupt this thread inside `done.wait()` or inside its own earlier call,
+    # holding `done`'s lock, and wait for itself forever). This process waits for either.
     done = threading.Event()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process decides when workers stop
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    terminated = SignalStop().install(signal.SIGTERM)
     threading.Thread(target=lambda: (stop.wait(), done.set()), name="traceml-worker-stop",
                      daemon=True).start()
     if death_signal:
@@ -106,7 +108,7 @@ def _worker_main(config, grpc_addr, http_addr, shared_counts, ready, stop, index
         LOG.exception("ingest worker %d could not start", index)
         stop.set()
     ready.set()
-    done.wait()
+    terminated.wait(also=done)
     for receiver in receivers:
         receiver.stop() if isinstance(receiver, HttpReceiver) else receiver.stop(grace_s=2.0)
     ingest.stop()

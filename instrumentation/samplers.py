@@ -25,7 +25,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from operator import itemgetter
+from functools import partial
+from operator import is_, itemgetter
 
 from . import step_events as _se
 from . import timing as _timing
@@ -99,7 +100,7 @@ def _sink_failed(sink, method: str) -> None:
 def batch_resolved(batch) -> bool:
     """True when every CUDA end event of the batch has completed (query only)."""
     events = batch.events
-    if not any(map(_gpu_end, events)):  # a CPU step: nothing to query (stops at the first event)
+    if all(map(_is_none, map(_gpu_end, events))):  # a CPU step: nothing to query (stops at a GPU event)
         return True
     for event in events:
         end = event[_se.EV_GPU_END]
@@ -231,6 +232,7 @@ def _sum_occurrences(ordered: list, gpu_available: bool, pool) -> dict:
 _by_start = itemgetter(_se.EV_CPU_START)
 _end = itemgetter(_se.EV_CPU_END)
 _gpu_end = itemgetter(_se.EV_GPU_END)
+_is_none = partial(is_, None)  # identity only: an event object's truth value is never asked
 
 
 DEFAULT_INTERVAL_S = 0.5

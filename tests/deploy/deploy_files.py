@@ -167,21 +167,53 @@ TORCH_BLOCKER = textwrap.dedent('''
 ''')
 
 
+def image_install(folder: Path) -> Path:
+    """The image's Python environment, built as the Dockerfile builds it; returns its bin folder.
+
+    Every COPY of the Dockerfile into a `src` folder, a virtual environment, and the RUN
+    instruction's `pip install` (the base dependencies at the constraints' versions) run
+    in that folder: torch, transformers and lightning are really absent, not blocked.
+    """
+    folder = Path(folder)
+    src = folder / "src"
+    for copy in instruction("COPY"):
+        *sources, dest = copy.args.split()
+        for source in sources:
+            target = src / dest if len(sources) == 1 and not dest.endswith("/") else src / dest / Path(source).name
+            if (ROOT / source).is_dir():
+                shutil.copytree(ROOT / source, target, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(ROOT / source, target)
+    venv = folder / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    (run,) = [i.args for i in instruction("RUN") if "pip install" in i.args]
+    pip_args = shlex.split(run[run.index("pip install"):].split("&&")[0])[1:]
+    out = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", *pip_args, "--disable-pip-version-check", "-q"],
+                         cwd=src, capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        raise RuntimeError(f"the image's pip install failed: {out.stderr[-3000:]}")
+    return venv / "bin"
+
+
 class EntrypointProcessor:
     """Runs the Dockerfile's ENTRYPOINT + CMD with loopback free ports and a temp /data.
 
     The only changes are the ones a container makes invisible: `0.0.0.0:PORT` ->
-    `127.0.0.1:FREE` and `/data` -> a temp folder. torch & co. are made unimportable,
-    as in the image.
+    `127.0.0.1:FREE` and `/data` -> a temp folder. From `bin_dir` (an `image_install`),
+    the image's own environment, where torch & co. are absent; by default this
+    interpreter's, where they are made unimportable, as in the image.
     """
 
-    def __init__(self, folder: Path, free_port):
+    def __init__(self, folder: Path, free_port, bin_dir: Path | None = None):
         self.folder = Path(folder)
         self.data = self.folder / "data"
         self.data.mkdir(parents=True, exist_ok=True)
+        self.bin_dir = Path(bin_dir) if bin_dir is not None else Path(sys.executable).parent
         blocker = self.folder / "site"
         blocker.mkdir(exist_ok=True)
-        (blocker / "sitecustomize.py").write_text(TORCH_BLOCKER)
+        if bin_dir is None:
+            (blocker / "sitecustomize.py").write_text(TORCH_BLOCKER)
         self.image_argv = image_command()
         self.port_map: dict[int, int] = {}
         argv = []
@@ -194,8 +226,7 @@ class EntrypointProcessor:
             elif arg == "/data" or arg.startswith("/data/"):
                 arg = str(self.data) + arg[len("/data"):]
             argv.append(arg)
-        exe = shutil.which(argv[0], path=os.pathsep.join([str(Path(sys.executable).parent),
-                                                           os.environ.get("PATH", "")]))
+        exe = shutil.which(argv[0], path=str(self.bin_dir))
         if exe is None:
             raise RuntimeError(f"{argv[0]} is not installed (pip install -e .)")
         self.argv = [exe, *argv[1:]]
@@ -236,7 +267,7 @@ class EntrypointProcessor:
         argv = check.exec_form()
         argv = [a.replace("127.0.0.1:4318", f"127.0.0.1:{self.port(4318)}") for a in argv]
         if argv[0] == "python":
-            argv[0] = sys.executable
+            argv[0] = str(self.bin_dir / "python")
         return argv
 
     def log_text(self) -> str:

@@ -77,7 +77,8 @@ import torch  # noqa: E402
 from benchmarks import traceml_checkout  # noqa: E402,F401  (imports the checkout when not installed)
 from benchmarks.json_output import add_json_flag, print_json, table_output  # noqa: E402
 import traceml  # noqa: E402
-from benchmarks.bench_overhead import _CPU_MODULE, _drain_samplers, _empty_block, _rounds  # noqa: E402
+from benchmarks.bench_overhead import (  # noqa: E402
+    _CPU_MODULE, _Batches, _block_plain, _block_traced, _drain_samplers, _empty_block, _rounds)
 from benchmarks.traceml_checkout import package_roots  # noqa: E402
 from traceml import patches, step_events  # noqa: E402
 
@@ -319,6 +320,20 @@ the loop's statements and the instrumentation, the others the step's own work.""
 MARKED_MODES = ("manual", "manual_hooks", "auto", "control")
 
 
+def _identity_calling_in_backward(callback) -> type:
+    """An identity autograd node whose backward calls `callback`: where backward reaches it."""
+    class CallInBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            callback()
+            return grad
+    return CallInBackward
+
+
 class _Turns:
     """What both step kinds share: the modes' set-up and a settled, timed turn."""
 
@@ -383,15 +398,7 @@ class _PhaseSteps(_Turns):
                 steps.evict()
                 return torch.ones(2)
 
-        class EvictInBackward(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, x):
-                return x.view_as(x)
-
-            @staticmethod
-            def backward(ctx, grad):
-                steps.evict()
-                return grad
+        EvictInBackward = _identity_calling_in_backward(self.evict)
 
         class Model(torch.nn.Module):
             def __init__(self) -> None:
@@ -508,17 +515,14 @@ class _MarkedSteps(_Turns):
     def __init__(self, tm=traceml, hidden: int = 960, batch: int = 128, batches: int = 32) -> None:
         self.tm = tm
         stamps = self.stamps = []
-        stamp = self._stamp = lambda: stamps.append(_perf_ns())
 
-        class Stamp(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, x):
-                return x.view_as(x)
+        def stamp() -> int:
+            now = _perf_ns()
+            stamps.append(now)
+            return now
 
-            @staticmethod
-            def backward(ctx, grad):
-                stamp()
-                return grad
+        self._stamp = stamp
+        Stamp = _identity_calling_in_backward(stamp)
 
         class Model(torch.nn.Module):
             def __init__(self) -> None:
@@ -566,12 +570,14 @@ class _MarkedSteps(_Turns):
         data = torch.utils.data.TensorDataset(torch.randn(batch * batches, 32), torch.randn(batch * batches, 1))
         loader = torch.utils.data.DataLoader(data, batch_size=batch, sampler=Sampler(batch * batches),
                                              collate_fn=collate)
-        self.plain_batches = _Restarting(loader)
-        self.timed_batches = _Restarting(tm.wrap_dataloader(loader))
+        self.plain_batches = _Batches(loader)
+        self.timed_batches = _Batches(tm.wrap_dataloader(loader))
 
-    def _end(self) -> list:
-        self._stamp()
+    def _one(self, block, *args) -> list:
+        """One step of bench_overhead's `block`, its clock the stamp at its start and end."""
         marks = self.stamps
+        del marks[:]
+        block(self, 1, self._stamp, [], *args)
         parts = [b - a for a, b in zip(marks, marks[1:])]
         del marks[:]
         if len(parts) != len(MARKED_PARTS):
@@ -579,69 +585,15 @@ class _MarkedSteps(_Turns):
         return parts
 
     def plain(self) -> list:
-        model, opt, next_batch = self.model, self.opt, self.plain_batches.next
-        del self.stamps[:]
-        self._stamp()
-        x, y = next_batch()
-        x = x.to("cpu")
-        out = model(x)
-        loss = torch.nn.functional.mse_loss(out, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return self._end()
+        return self._one(_block_plain)
 
     def manual(self) -> list:
-        model, opt, next_batch, tm = self.model, self.opt, self.timed_batches.next, self.tm
-        del self.stamps[:]
-        self._stamp()
-        x, y = next_batch()
-        with tm.trace_step(model):
-            with tm.timed_h2d():
-                x = x.to("cpu")
-            with tm.timed_forward():
-                out = model(x)
-            loss = torch.nn.functional.mse_loss(out, y)
-            with tm.timed_backward():
-                loss.backward()
-            with tm.timed_optimizer_step():
-                opt.step()
-            opt.zero_grad(set_to_none=True)
-        return self._end()
+        return self._one(_block_traced, "manual", self.tm)
 
     def hooked(self, batches, timed_backward: bool) -> list:
-        model, opt, next_batch, tm = self.model, self.opt, batches.next, self.tm
-        del self.stamps[:]
-        self._stamp()
-        x, y = next_batch()
-        with tm.trace_step(model):
-            with tm.timed_h2d():
-                x = x.to("cpu")
-            out = model(x)
-            loss = torch.nn.functional.mse_loss(out, y)
-            if timed_backward:
-                with tm.timed_backward():
-                    loss.backward()
-            else:
-                loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        return self._end()
-
-
-class _Restarting:
-    """next() over an iterable, restarting it at the end of each epoch (bench_overhead's _Batches)."""
-
-    def __init__(self, iterable) -> None:
-        self._iterable = iterable
-        self._it = iter(iterable)
-
-    def next(self):
-        try:
-            return next(self._it)
-        except StopIteration:
-            self._it = iter(self._iterable)
-            return next(self._it)
+        """manual_hooks (the timed loader, `timed_backward`) and auto (the plain one, patched)."""
+        assert batches is (self.timed_batches if timed_backward else self.plain_batches)
+        return self._one(_block_traced, "manual_hooks" if timed_backward else "auto", self.tm)
 
 
 def load_checkout(tree: str):

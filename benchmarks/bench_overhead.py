@@ -160,7 +160,7 @@ def _block_plain(job: _Job, steps: int, clock, out: list) -> None:
         out.append(clock() - t0)
 
 
-def _block_traced(job: _Job, steps: int, clock, out: list, mode: str) -> None:
+def _block_traced(job: _Job, steps: int, clock, out: list, mode: str, tm=traceml) -> None:
     """One block of traced steps; `mode` says who times the five regions.
 
     - "manual": the explicit wrappers: the timed loader and a `with` block per region;
@@ -168,21 +168,24 @@ def _block_traced(job: _Job, steps: int, clock, out: list, mode: str) -> None:
       optimizer instrumented once with `wrap_forward`/`wrap_optimizer`;
     - "auto": the automatic patches (plus `timed_h2d`: on CPU no copy goes to a device);
     - "auto_unmarked": as "auto" without `trace_step` (steps inferred from `opt.step()`).
+
+    `tm` is the traceml API to time with (bench_cold_cache passes another checkout's,
+    bench_hot_path_floor its reference implementations).
     """
     model, opt = job.model, job.opt
     next_batch = job.plain_batches.next if mode.startswith("auto") else job.timed_batches.next
     if mode == "manual":
-        forward, optimizer_step = traceml.timed_forward, traceml.timed_optimizer_step
+        forward, optimizer_step = tm.timed_forward, tm.timed_optimizer_step
         for _ in range(steps):
             t0 = clock()
             x, y = next_batch()
-            with traceml.trace_step(model):
-                with traceml.timed_h2d():
+            with tm.trace_step(model):
+                with tm.timed_h2d():
                     x = x.to("cpu")
                 with forward():
                     out_ = model(x)
                 loss = torch.nn.functional.mse_loss(out_, y)
-                with traceml.timed_backward():
+                with tm.timed_backward():
                     loss.backward()
                 with optimizer_step():
                     opt.step()
@@ -194,7 +197,7 @@ def _block_traced(job: _Job, steps: int, clock, out: list, mode: str) -> None:
         for _ in range(steps):
             t0 = clock()
             x, y = next_batch()
-            with traceml.timed_h2d():
+            with tm.timed_h2d():
                 x = x.to("cpu")
             out_ = model(x)
             loss = torch.nn.functional.mse_loss(out_, y)
@@ -207,13 +210,13 @@ def _block_traced(job: _Job, steps: int, clock, out: list, mode: str) -> None:
     for _ in range(steps):
         t0 = clock()
         x, y = next_batch()
-        with traceml.trace_step(model):
-            with traceml.timed_h2d():
+        with tm.trace_step(model):
+            with tm.timed_h2d():
                 x = x.to("cpu")
             out_ = model(x)
             loss = torch.nn.functional.mse_loss(out_, y)
             if hooked:
-                with traceml.timed_backward():
+                with tm.timed_backward():
                     loss.backward()
             else:
                 loss.backward()

@@ -324,7 +324,7 @@ class StepTimeSampler(_Sampler):
         """
         with self._lock:
             self.pending.extend(self._drain())
-            self._offset_ns = _se.wall_offset_ns()  # follows wall-clock adjustments
+            offset = self._offset_ns = _se.wall_offset_ns()  # follows wall-clock adjustments
             pending = self.pending
             sinks = self.sinks()
             pool = self._pool
@@ -332,7 +332,6 @@ class StepTimeSampler(_Sampler):
                 pool = _timing.event_pool()
             taken = 0
             records: list = []
-            offset = self._offset_ns
             try:
                 for batch in pending:
                     ready = batch_resolved(batch)

@@ -61,9 +61,10 @@ def test_explicit_collectives_in_a_plain_loop_are_timed(tmp_path):
         assert {s["wait_count"] for s in result["steps"]} == {3}, result["steps"]
         assert all(s["last_entry_s"] is not None and s["last_entry_s"] >= 0 for s in result["steps"])
         assert "foreign_thread" not in result["misuse"]
-    # Rank 1 sleeps 50 ms before its all_reduce: rank 0 waits for it there.
+    # Rank 1 sleeps 50 ms before its all_reduce: rank 0 waits for it there, and rank 1 waits
+    # clearly less (by 20 of those 50 ms: its other two collectives wait on a busy machine too).
     assert _median(fast, "wait_ms") >= 40.0, fast["steps"]
-    assert _median(slow, "wait_ms") < 25.0, slow["steps"]
+    assert _median(slow, "wait_ms") < _median(fast, "wait_ms") - 20.0, (fast["steps"], slow["steps"])
 
 
 @pytest.mark.slow

@@ -20,6 +20,9 @@ parser.add_argument("--explicit-sleep", type=float, default=0.0,
                     help="rank 0 sleeps this before an explicit all_reduce each step (the others wait for it)")
 parser.add_argument("--allreduce-mb", type=float, default=0.0,
                     help="every rank all-reduces a tensor this large each step (communication-bound)")
+parser.add_argument("--forward-sleep", type=float, default=0.0,
+                    help="every rank's forward also waits this long (s), as on a device: a step long enough"
+                         " that the scheduler's jitter on a busy host is a small share of it")
 parser.add_argument("--drift-from", type=int, default=None, help="from this step on, every rank is slower")
 parser.add_argument("--drift-delay", type=float, default=0.02, help="seconds added per step from --drift-from")
 args = parser.parse_args()
@@ -33,6 +36,8 @@ if rank == args.slow_rank:
     # A slower device during backward: the hook runs on this rank's autograd, before DDP's
     # all-reduce of that bucket, so the other ranks wait for it inside their backward.
     inner[0].weight.register_hook(lambda grad: (time.sleep(args.delay), grad)[1])
+if args.forward_sleep:
+    inner.register_forward_pre_hook(lambda module, inputs: time.sleep(args.forward_sleep))
 model = DistributedDataParallel(inner)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 data = TensorDataset(torch.randn(args.steps * 8, 32), torch.randn(args.steps * 8, 4))

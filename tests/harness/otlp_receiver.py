@@ -97,7 +97,9 @@ class OtlpTestReceiver:
                 context.verify_mode = ssl.CERT_REQUIRED
             self._http_server.socket = context.wrap_socket(self._http_server.socket, server_side=True)
         self.http_port = self._http_server.server_address[1]
-        threading.Thread(target=self._http_server.serve_forever, name="otlp-test-http", daemon=True).start()
+        # shutdown() waits for serve_forever to poll; at its default 0.5 s every test paid that at teardown.
+        threading.Thread(target=self._http_server.serve_forever, kwargs={"poll_interval": 0.02},
+                         name="otlp-test-http", daemon=True).start()
         return self
 
     def stop(self) -> None:

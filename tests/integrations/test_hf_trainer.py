@@ -241,6 +241,7 @@ def test_fused_optimizer_overflow_still_times_its_call(traced, tmp_path):
 # --- custom collection -----------------------------------------------------------------
 
 
+@pytest.mark.slow  # among the fast loop's slowest (see the marker in pyproject.toml)
 def test_custom_get_batch_samples_warns_once_and_records_no_input(traced, tmp_path):
     class CollectingTrainer(Trainer):
         def get_batch_samples(self, epoch_iterator, num_batches, device):
@@ -265,6 +266,7 @@ def test_custom_get_batch_samples_warns_once_and_records_no_input(traced, tmp_pa
 # --- failures ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # among the fast loop's slowest (see the marker in pyproject.toml)
 def test_exception_mid_group_publishes_nothing_partial_and_propagates(traced, tmp_path):
     error = ValueError("boom in microbatch six")
 

@@ -100,6 +100,7 @@ def test_bearer_token_and_tls_are_enforced_on_both_receivers(tmp_path):
         assert proc.stop() == 0
 
 
+@pytest.mark.slow  # among the fast loop's slowest (see the marker in pyproject.toml)
 def test_bearer_token_alone_is_enforced_and_probes_stay_open(tmp_path):
     proc = ProcessorProcess(tmp_path, env={"TRACEML_PROCESSOR_AUTH_TOKEN": TOKEN}).start()  # from the environment
     try:
@@ -148,6 +149,7 @@ def test_a_missing_token_file_refuses_to_start(tmp_path):
     assert len(lines) == 1 and "cannot read --auth-token-file" in lines[0], lines
 
 
+@pytest.mark.slow  # among the fast loop's slowest (see the marker in pyproject.toml)
 def test_caps_on_runs_ranks_and_attribute_sizes(tmp_path):
     proc = ProcessorProcess(tmp_path, extra_args=["--max-runs", "2", "--max-ranks-per-run", "3"]).start()
     client = OtlpClient(proc.grpc, proc.http)

@@ -175,6 +175,7 @@ def test_random_patterns_match_the_plain_python_reference(case):
     check_against_reference(window, rows, universe, max_steps)
 
 
+@pytest.mark.slow  # among the fast loop's slowest (see the marker in pyproject.toml)
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(source_rows())
 def test_the_sqlite_grid_path_gives_the_same_window_as_typed_rows(case):

@@ -591,8 +591,9 @@ class _MarkedSteps(_Turns):
         return self._one(_block_traced, "manual", self.tm)
 
     def hooked(self, batches, timed_backward: bool) -> list:
-        """manual_hooks (the timed loader, `timed_backward`) and auto (the plain one, patched)."""
-        assert batches is (self.timed_batches if timed_backward else self.plain_batches)
+        """manual_hooks (the timed loader, `timed_backward`) and auto (the plain one, patched);
+        bench_overhead's block picks that loader by mode, so `batches` (which `_Turns.turn`
+        passes both step kinds) is not read here."""
         return self._one(_block_traced, "manual_hooks" if timed_backward else "auto", self.tm)
 
 

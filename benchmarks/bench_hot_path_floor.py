@@ -48,12 +48,12 @@ from benchmarks.bench_cold_cache import MARKED_PARTS, _MarkedSteps, _steps_inter
 from benchmarks.json_output import add_json_flag, print_json, table_output  # noqa: E402
 import traceml  # noqa: E402
 from traceml.schema import vocabulary as v  # noqa: E402
+from traceml.step_events import MAX_EVENTS_PER_CAPTURE, QUEUE_CAPACITY  # noqa: E402  (the core keeps what ours keeps)
 
 torch.set_num_threads(1)
 
 _perf_ns = time.perf_counter_ns
 _get_ident = threading.get_ident
-CAPACITY = 2048
 REGIONS = (("timed_h2d", v.RAW_H2D), ("timed_forward", v.RAW_FORWARD),
            ("timed_backward", v.RAW_BACKWARD), ("timed_optimizer_step", v.RAW_OPTIMIZER_STEP))
 
@@ -181,7 +181,7 @@ def core_api() -> types.SimpleNamespace:
         return capture
 
     def record(capture, event) -> None:
-        if capture is rec.active and len(capture.events) < 8192:
+        if capture is rec.active and len(capture.events) < MAX_EVENTS_PER_CAPTURE:
             capture.events.append(event)
 
     def region(raw_event: str) -> type:
@@ -209,7 +209,7 @@ def core_api() -> types.SimpleNamespace:
 
     def publish(queue: _Queue, item) -> None:
         items = queue.items
-        if len(items) < CAPACITY:
+        if len(items) < QUEUE_CAPACITY:
             items.append(item)
         else:
             queue.dropped += 1

@@ -40,9 +40,8 @@ class SignalStop:
     def wait(self, also: threading.Event | None = None, poll_s: float = POLL_S) -> int | None:
         """Block until a signal arrived (its number) or `also` is set (None)."""
         while self.signum is None:
-            if also is not None:
-                if also.wait(poll_s):
-                    return self.signum
-            else:
+            if also is None:
                 time.sleep(poll_s)
+            elif also.wait(poll_s):
+                break
         return self.signum

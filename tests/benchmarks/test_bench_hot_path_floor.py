@@ -58,9 +58,9 @@ def test_the_contract_core_numbers_steps_bounds_its_queues_and_ignores_other_thr
         pass
     with region:  # entered again: state says closed, nothing recorded twice
         pass
-    for _ in range(floor.CAPACITY):
+    for _ in range(floor.QUEUE_CAPACITY):
         _one_step(api)
-    assert len(timing.items) == floor.CAPACITY and timing.dropped == 2 and memory.dropped == 2
+    assert len(timing.items) == floor.QUEUE_CAPACITY and timing.dropped == 2 and memory.dropped == 2
 
 
 @pytest.mark.slow

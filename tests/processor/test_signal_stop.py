@@ -10,12 +10,14 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
 import pytest
 
 from tests.harness import ProcessorProcess, wait_until
+from traceml.processor.signal_stop import SignalStop
 
 _WAITER = """
 import signal, sys, threading
@@ -51,10 +53,6 @@ def test_a_burst_of_signals_is_noted_once_and_the_waiter_returns():
 
 
 def test_the_waiter_returns_when_the_other_event_is_set_without_a_signal():
-    import threading
-
-    from traceml.processor.signal_stop import SignalStop
-
     also = threading.Event()
     threading.Timer(0.05, also.set).start()
     started = time.monotonic()

@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from traceml.processor.decode import IGNORED_UNKNOWN_HOST, DecodedBatch
+from traceml.processor.store_records import IGNORED_UNKNOWN_HOST, DecodedBatch
 from traceml.processor.self_telemetry import SelfTelemetry
 from traceml.schema import vocabulary as v
 

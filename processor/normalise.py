@@ -8,9 +8,9 @@ know. Each step row also gets the `packed` BLOB (`sqlite_layout.PACKED_FORMAT`)
 and a content digest, by which the writer recognises a resend. A resource record
 (`schema.resources`) is one `resource_samples` row as it is.
 
-What arrives is what `decode.py` lets through, and it is not checked again here:
+What arrives is what the decoders (`decode`) let through, and it is not checked again here:
 run id, rank, step and timestamps are valid; every duration is None or a finite
-float in [0, `decode.MAX_EVENT_MS`]; every count None or an int >= 0; memory
+float in [0, `store_records.MAX_EVENT_MS`]; every count None or an int >= 0; memory
 peaks None or an int >= 0. A span with any other value was rejected whole by the
 decoder, with its reason. The one thing decode passes that the columns cannot
 hold is a raw event name this version does not know: it stays in `payload` only

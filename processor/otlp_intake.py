@@ -10,9 +10,10 @@ from __future__ import annotations
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metrics_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb2
 
-from traceml.processor.decode import DecodedBatch, Decoder
+from traceml.processor.decode import Decoder
 from traceml.processor.ingest import IngestQueue
 from traceml.processor.self_telemetry import SelfTelemetry
+from traceml.processor.store_records import DecodedBatch
 from traceml.schema import vocabulary as v
 
 

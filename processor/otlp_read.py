@@ -35,7 +35,7 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from traceml.processor.decode import NESTED_TOO_DEEPLY, UNREADABLE
+from traceml.processor.store_records import NESTED_TOO_DEEPLY, UNREADABLE
 from traceml.schema import vocabulary as v
 
 _ERROR_CHARS = 160

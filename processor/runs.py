@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import AbstractSet, Callable, Protocol, Sequence
 
-from traceml.processor.decode import DecodedBatch
+from traceml.processor.store_records import DecodedBatch
 from traceml.processor.summary_export import Point
 from traceml.processor.security import summary_folder
 from traceml.processor.sqlite_layout import connect_readonly

@@ -12,7 +12,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from traceml.processor.decode import DecodeLimits, Decoder, RunAdmission
+from traceml.processor.admission import RunAdmission
+from traceml.processor.decode import DecodeLimits, Decoder
 from traceml.processor.ingest import DEFAULT_MAX_CONCURRENT_REQUESTS, IngestQueue
 from traceml.processor.otlp_intake import OtlpIntake
 from traceml.processor.runs import RunMonitor, stored_run_is_over

@@ -8,7 +8,7 @@ launcher's `stored_runs`) opens the file through `connect_readonly` and decodes
 
 This module runs no query, creates nothing and judges no value: creating the
 schema is the writer's, whether a file may be written at all `sqlite_guard`'s,
-what a value may be is `decode.py`'s.
+what a value may be is the decoders' (`decode`).
 """
 from __future__ import annotations
 

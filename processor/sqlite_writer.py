@@ -24,7 +24,7 @@ stored again and what replaces what):
   device, metric and time) adds nothing. Resource rows are keyed by time, not by
   attempt: an elastic restart leaves them where they are.
 
-It validates nothing: every record has passed `decode.py`, the processor's one
+It validates nothing: every record has passed the decoders (`decode`), the processor's one
 judge of values (it rejects a span whole, with a counted reason, rather than
 let a bad value reach here), and the receivers are the only way in. The tables
 and the packed row format are `sqlite_layout`'s; reading is the read side's.

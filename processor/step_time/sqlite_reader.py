@@ -51,7 +51,7 @@ from traceml.processor.step_time.model import (
     StepTimeSourceGrid,
     tail_step_ids,
 )
-from traceml.processor.decode import ABSURD, MAX_EVENT_MS, NEGATIVE, NON_FINITE
+from traceml.processor.store_records import ABSURD, MAX_EVENT_MS, NEGATIVE, NON_FINITE
 from traceml.processor.sqlite_guard import note_database_error
 from traceml.processor.sqlite_layout import (
     LEGACY_PACKED_FIELDS,

@@ -16,7 +16,8 @@ from tests.harness.resource_payloads import (
     updown,
 )
 
-from traceml.processor import decode as d
+from traceml.processor import decode_metrics
+from traceml.processor import store_records as d
 from traceml.processor.decode import Decoder
 from traceml.schema import resources as sr
 from traceml.schema import vocabulary as v
@@ -263,4 +264,4 @@ def test_other_hw_components_and_unknown_names_stay_ignored_as_before():
 
 
 def test_every_stored_metric_has_a_cap():
-    assert set(sr.STORED_METRICS) <= set(d._RESOURCE_CAPS)
+    assert set(sr.STORED_METRICS) <= set(decode_metrics._RESOURCE_CAPS)

@@ -25,7 +25,8 @@ from tests.harness.resource_payloads import (
 from tests.processor.otlp_payloads import steps_request
 
 from traceml.processor import sqlite_writer
-from traceml.processor.decode import IGNORED_UNKNOWN_HOST, Decoder
+from traceml.processor.decode import Decoder
+from traceml.processor.store_records import IGNORED_UNKNOWN_HOST
 from traceml.processor.ingest import IngestQueue
 from traceml.processor.summary_section import build_final_summary
 from traceml.processor.self_telemetry import SelfTelemetry

@@ -2,7 +2,7 @@
 keeps its points for /metrics, and gets a new session when data reopens it."""
 from __future__ import annotations
 
-from traceml.processor.decode import DecodedBatch
+from traceml.processor.store_records import DecodedBatch
 from traceml.processor.runs import END_BY_IDLE, RunMonitor
 from traceml.processor.service import StepTimeBackend
 from traceml.processor.sqlite_writer import StepTimeStore

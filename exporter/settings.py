@@ -6,9 +6,12 @@ letter, per signal: traces (step spans, the run-end marker) and metrics (the
 telemetry counters) each take every option from its per-signal variable
 (`OTEL_EXPORTER_OTLP_TRACES_*`, `..._METRICS_*`), else the generic one, else the
 default (`environment.otlp_candidates` owns that order), so the two signals may go
-to different endpoints over different protocols. Export starts when an argument
-or any of the three endpoint variables gives an endpoint; a signal without one of
-its own then goes to the specification's default (`http://localhost:4317`, or
+to different endpoints over different protocols. TraceML's own `TRACEML_OTLP_ENDPOINT`,
+`_PROTOCOL` and `_HEADERS` come before all of them (`environment.exporter_candidates`):
+`traceml run` sets those, so the job's own OpenTelemetry SDK, which reads only
+`OTEL_*`, keeps its destination. Export starts when an argument or any of the
+endpoint variables gives an endpoint; a signal without one of its own then goes to
+the specification's default (`http://localhost:4317`, or
 `http://localhost:4318/v1/<signal>` over HTTP).
 
 A value that is unknown or invalid is warned about once and ignored (the next
@@ -150,10 +153,11 @@ def _first_valid(sources: list[_Source], read: Callable[[str, object], T | None]
 
 
 def _sources(argument, argument_name: str, env: Mapping[str, str], option: str, signal: str) -> list[_Source]:
-    """An argument (code configuration wins over the environment), then the variables in spec order."""
+    """An argument (code configuration wins over the environment), then TraceML's own variable, then
+    the OTEL_* variables in spec order."""
     given = argument is not None and not (isinstance(argument, str) and not argument.strip())
     out: list[_Source] = [(argument_name, argument)] if given else []
-    return out + list(env_names.otlp_candidates(env, option, signal))
+    return out + list(env_names.exporter_candidates(env, option, signal))
 
 
 def _scheme(endpoint: str) -> str:
@@ -232,7 +236,7 @@ def _signal_settings(signal: str, env: Mapping[str, str], *, endpoint, protocol,
     if headers is not None:
         header_items = tuple((str(k).lower(), str(val)) for k, val in headers.items())
     else:
-        raw_headers = env_names.otlp_value(env, "HEADERS", signal)
+        raw_headers = env_names.exporter_value(env, "HEADERS", signal)
         header_items = parse_otlp_headers(raw_headers[1] if raw_headers else None)
 
     argument = [] if timeout_s is None else [("timeout_s argument", timeout_s)]

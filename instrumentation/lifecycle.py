@@ -51,7 +51,7 @@ def init(mode: str | None = None, *, endpoint: str | None = None, protocol: str 
 
     Starts the two step samplers and the resource sampler, installs the automatic
     patches in `auto` mode, and starts the OTLP exporter when an endpoint is configured
-    (argument or OTEL_EXPORTER_OTLP_ENDPOINT). An invalid mode raises ValueError; a failing
+    (argument, TRACEML_OTLP_ENDPOINT or an OTEL_EXPORTER_OTLP_*ENDPOINT variable). An invalid mode raises ValueError; a failing
     exporter is logged and training continues without export.
     """
     global _time_sampler, _memory_sampler, _resource_sampler, _exporter_sink, _atexit_registered

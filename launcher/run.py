@@ -6,11 +6,14 @@ and ranks are spawned by torch's elastic launcher. Each rank runs
 `python -m traceml.launcher.bootstrap script.py args`, which enables the
 instrumentation and then runs the script as `__main__`.
 
-Without an OTLP endpoint (`--endpoint` or `OTEL_EXPORTER_OTLP_ENDPOINT`) an
-embedded `traceml-processor` receives the ranks' telemetry on loopback and the
-run ends with `final_summary.json` and the text card under
-`./traceml_runs/<run id>/`, also when the script fails. With an endpoint the
-ranks only export. On several nodes the embedded processor runs once, on the
+Without an OTLP endpoint (`--endpoint`, `TRACEML_OTLP_ENDPOINT` or the
+`OTEL_EXPORTER_OTLP_*ENDPOINT` variables) an embedded `traceml-processor` receives
+the ranks' telemetry on loopback and the run ends with `final_summary.json` and
+the text card under `./traceml_runs/<run id>/`, also when the script fails. With
+an endpoint the ranks only export. The ranks' exporter is pointed at the processor
+(or at `--endpoint`) through TraceML's own variables (`TRACEML_OTLP_ENDPOINT`,
+`_PROTOCOL`, `_HEADERS`), never the `OTEL_*` ones: the job's own OpenTelemetry SDK
+keeps the destination it had. On several nodes the embedded processor runs once, on the
 node hosting the rendezvous store, and every node's ranks export to it
 (`launcher/multinode.py`); the other nodes start none.
 """
@@ -29,6 +32,7 @@ from traceml.launcher import multinode
 from traceml.launcher import run_dir as rd
 from traceml.launcher.embedded import EmbeddedProcessor, EmbeddedProcessorError
 from traceml.schema import environment as env
+from traceml.schema.run_id import SOURCE_GENERATED
 
 if TYPE_CHECKING:
     from traceml.launcher.finalize import FinalReport
@@ -76,11 +80,13 @@ def add_traceml_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--refresh", dest="traceml_refresh", type=float, default=1.0, metavar="SECONDS",
                        help="live view refresh interval (default 1.0)")
     group.add_argument("--endpoint", dest="traceml_endpoint", default=None, metavar="URL",
-                       help="export OTLP to this endpoint instead of starting the embedded processor "
-                            "(default: $OTEL_EXPORTER_OTLP_ENDPOINT)")
+                       help="export TraceML's OTLP to this endpoint instead of starting the embedded "
+                            "processor (default: $TRACEML_OTLP_ENDPOINT, else the OTEL_EXPORTER_OTLP_*"
+                            "ENDPOINT variables); the job's own OpenTelemetry keeps its own")
     group.add_argument("--protocol", dest="traceml_protocol", default=None,
                        choices=("grpc", "http/protobuf"),
-                       help="OTLP protocol for --endpoint (default: $OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)")
+                       help="OTLP protocol for --endpoint (default: $TRACEML_OTLP_PROTOCOL, else "
+                            "$OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)")
     group.add_argument("--run-id", dest="traceml_run_id", default=None, metavar="ID",
                        help="run id shared by all ranks (default: $TRACEML_RUN_ID, --rdzv-id, "
                             "$SLURM_JOB_ID, else generated)")
@@ -278,7 +284,7 @@ def launch(args: argparse.Namespace, options: RunOptions, *, out: TextIO | None 
         return LaunchResult(2, resolved.run_id, None)
     endpoint = options.endpoint or _environment_endpoint()
     placement = None if endpoint else _placement(args, options, out)
-    if resolved.source == "generated" and _is_multi_node(args.nnodes):
+    if resolved.source == SOURCE_GENERATED and _is_multi_node(args.nnodes):
         _say(out, "warning: multi-node launch without --run-id, --rdzv-id or $TRACEML_RUN_ID: "
                   "each node generates its own run id"
                   + (", so the job's processor keeps each node's ranks as a run of its own"
@@ -306,7 +312,7 @@ def launch(args: argparse.Namespace, options: RunOptions, *, out: TextIO | None 
     with _sigterm_raises():
         try:
             if placement is not None and options.processor_token_file:
-                rank_env[env.OTEL_EXPORTER_OTLP_HEADERS] = token_header
+                rank_env[env.TRACEML_OTLP_HEADERS] = token_header
             if endpoint:
                 _export_only(endpoint, options, rank_env, resolved.run_id, out)
             elif placement is not None and not placement.hosts_here:
@@ -316,7 +322,7 @@ def launch(args: argparse.Namespace, options: RunOptions, *, out: TextIO | None 
                 processor = _start_embedded(args, options, run_path, rank_env, resolved.run_id, out,
                                             placement)
                 if processor is None and placement is not None and \
-                        rank_env.get(env.OTEL_EXPORTER_OTLP_ENDPOINT) == placement.endpoint:
+                        rank_env.get(env.TRACEML_OTLP_ENDPOINT) == placement.endpoint:
                     # Another launcher on this machine hosts the job's processor after all.
                     placement = multinode.ProcessorPlacement(False, placement.host, placement.port,
                                                              placement.why)
@@ -385,8 +391,8 @@ def _placement(args: argparse.Namespace, options: RunOptions, out: TextIO):
 def _export_to_job_processor(placement, options: RunOptions, rank_env: dict[str, str], run_id: str,
                              out: TextIO) -> None:
     """A node that does not host the rendezvous: no processor here, the ranks export to the host's."""
-    rank_env[env.OTEL_EXPORTER_OTLP_ENDPOINT] = placement.endpoint
-    rank_env[env.OTEL_EXPORTER_OTLP_PROTOCOL] = "grpc"
+    rank_env[env.TRACEML_OTLP_ENDPOINT] = placement.endpoint
+    rank_env[env.TRACEML_OTLP_PROTOCOL] = "grpc"
     _say(out, f"run {run_id}: no processor on this node; the ranks export OTLP gRPC to the job's "
               f"processor on {placement.address} ({placement.why})")
     if options.live or options.ui is not None or options.html_report:
@@ -414,19 +420,23 @@ def _write_html_report(run_path: Path, run_id: str, out: TextIO) -> None:
 
 def _environment_endpoint() -> str | None:
     """Where the environment already sends the ranks' telemetry, described for the log line; None:
-    nowhere. Per-signal endpoint variables count too (`environment.otlp_value`, the spec's precedence)."""
-    found = {signal: env.otlp_value(os.environ, "ENDPOINT", signal) for signal in env.OTLP_SIGNALS}
-    if all(f is not None and f[0] == env.OTEL_EXPORTER_OTLP_ENDPOINT for f in found.values()):
+    nowhere. TraceML's own variable first, then the per-signal and generic OTEL_* ones
+    (`environment.exporter_value`: the exporter's own precedence)."""
+    found = {signal: env.exporter_value(os.environ, "ENDPOINT", signal) for signal in env.OTLP_SIGNALS}
+    if all(f is not None and f[0] in (env.TRACEML_OTLP_ENDPOINT, env.OTEL_EXPORTER_OTLP_ENDPOINT)
+           for f in found.values()) and found["traces"] == found["metrics"]:
         return found["traces"][1].strip()
     return ", ".join(f"{f[1].strip()} ({signal})" for signal, f in found.items() if f is not None) or None
 
 
 def _export_only(endpoint: str, options: RunOptions, rank_env: dict[str, str], run_id: str,
                  out: TextIO) -> None:
-    if options.endpoint:  # else the ranks inherit the user's own OTEL_EXPORTER_OTLP_* variables as they are
-        rank_env[env.OTEL_EXPORTER_OTLP_ENDPOINT] = endpoint
+    # TraceML's own variables: the job's OpenTelemetry SDK reads only OTEL_*. Without --endpoint
+    # the ranks inherit the environment's variables as they are.
+    if options.endpoint:
+        rank_env[env.TRACEML_OTLP_ENDPOINT] = endpoint
     if options.protocol:
-        rank_env[env.OTEL_EXPORTER_OTLP_PROTOCOL] = options.protocol
+        rank_env[env.TRACEML_OTLP_PROTOCOL] = options.protocol
     if options.live:
         _say(out, "--live needs the embedded processor; with an endpoint, watch the "
                   "processor instead (traceml top --db PATH)")
@@ -464,8 +474,8 @@ def _start_embedded(args: argparse.Namespace, options: RunOptions, run_path: Pat
         # Telemetry must not stop training: run the job, just without collection.
         _say(out, f"warning: {exc}; the script runs without telemetry collection")
         return None
-    rank_env[env.OTEL_EXPORTER_OTLP_ENDPOINT] = endpoints.otlp_grpc_endpoint
-    rank_env[env.OTEL_EXPORTER_OTLP_PROTOCOL] = "grpc"
+    rank_env[env.TRACEML_OTLP_ENDPOINT] = endpoints.otlp_grpc_endpoint
+    rank_env[env.TRACEML_OTLP_PROTOCOL] = "grpc"
     _say(out, f"run {run_id}: embedded processor on {endpoints.grpc_address} (OTLP gRPC), "
               f"data in {run_path}")
     if endpoints.ui is not None:

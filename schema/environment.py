@@ -93,6 +93,27 @@ def otlp_value(environ: Mapping[str, str], option: str, signal: str) -> tuple[st
     return candidates[0] if candidates else None
 
 
+def exporter_candidates(environ: Mapping[str, str], option: str, signal: str) -> list[tuple[str, str]]:
+    """What TraceML's exporter reads for one option of one signal: TraceML's own variable
+    (`TRACEML_OTLP_<option>`, where one exists and is set), then `otlp_candidates`.
+
+    The job's own OpenTelemetry SDK reads only the `OTEL_*` variables, so `traceml run`
+    points TraceML's exporter at its processor with TraceML's own and leaves the job's
+    SDK where it was; someone who configures through `OTEL_*` alone sees the
+    specification's order unchanged.
+    """
+    own = TRACEML_OTLP_OPTIONS.get(option)
+    value = environ.get(own) if own else None
+    first = [(own, value)] if value is not None and value.strip() else []
+    return first + otlp_candidates(environ, option, signal)
+
+
+def exporter_value(environ: Mapping[str, str], option: str, signal: str) -> tuple[str, str] | None:
+    """(variable, value) that sets `option` for `signal` in TraceML's exporter, or None."""
+    candidates = exporter_candidates(environ, option, signal)
+    return candidates[0] if candidates else None
+
+
 # --- Launcher / rank identity (set by torchrun, SLURM) -------------------------
 TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
 SLURM_JOB_ID = "SLURM_JOB_ID"
@@ -135,6 +156,18 @@ TRACEML_PHASE_SPANS = "TRACEML_PHASE_SPANS"
 TRACEML_EXPORT_QUEUE_SIZE = "TRACEML_EXPORT_QUEUE_SIZE"
 """Finished steps (and, separately, memory snapshots) the exporter buffers; beyond it new ones are
 dropped and counted (default 8192). Wins over OTEL_BSP_MAX_QUEUE_SIZE."""
+TRACEML_OTLP_ENDPOINT = "TRACEML_OTLP_ENDPOINT"
+"""Where TraceML's own exporter sends both signals; wins over every OTEL_EXPORTER_OTLP_*ENDPOINT
+variable, which the job's own OpenTelemetry SDK goes on reading. Same forms as
+OTEL_EXPORTER_OTLP_ENDPOINT (a base URL over HTTP). `traceml run` sets it in the ranks."""
+TRACEML_OTLP_PROTOCOL = "TRACEML_OTLP_PROTOCOL"
+"""The protocol of TraceML's own exporter (`grpc` or `http/protobuf`); wins over the OTEL_* ones."""
+TRACEML_OTLP_HEADERS = "TRACEML_OTLP_HEADERS"
+"""Headers TraceML's own exporter sends (`k=v,...`, as OTEL_EXPORTER_OTLP_HEADERS); wins over the
+OTEL_* ones. `traceml run` puts the job processor's bearer token here, where no SDK of the job reads it."""
+TRACEML_OTLP_OPTIONS = {"ENDPOINT": TRACEML_OTLP_ENDPOINT, "PROTOCOL": TRACEML_OTLP_PROTOCOL,
+                        "HEADERS": TRACEML_OTLP_HEADERS}
+"""OTLP option -> TraceML's own variable for it (`exporter_candidates`)."""
 TRACEML_LAUNCHED = "TRACEML_LAUNCHED"
 """Set by `traceml run` in each rank: enable instrumentation without code changes."""
 TRACEML_EXIT_AFTER_FLUSH = "TRACEML_EXIT_AFTER_FLUSH"

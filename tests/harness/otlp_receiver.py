@@ -1,7 +1,8 @@
 """A real OTLP receiver for tests: gRPC and HTTP/protobuf servers on 127.0.0.1 (free ports).
 
 Built only from `opentelemetry-proto` and grpcio/http.server; it stores every decoded
-request and can be switched at run time to misbehave:
+request (traces, metrics, and logs: a job's own SDK sends those) and can be switched at
+run time to misbehave:
 - `ok`: accept (200 / OK);
 - `stall`: hold each request up to `stall_s` seconds, then accept;
 - `error`: answer a retryable error (HTTP 503, gRPC UNAVAILABLE);
@@ -23,6 +24,7 @@ from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import grpc
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
@@ -62,6 +64,7 @@ class OtlpTestReceiver:
         self._released = threading.Event()
         self.trace_requests: list = []
         self.metric_requests: list = []
+        self.log_requests: list = []
         self.calls = {"grpc": 0, "http": 0}
         self.last_headers: dict[str, str] = {}  # gRPC metadata or HTTP headers of the latest request (lower-case)
         self._grpc_server = None
@@ -76,6 +79,7 @@ class OtlpTestReceiver:
                                         options=[("grpc.max_receive_message_length", MAX_BODY)])
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceServicer(self), self._grpc_server)
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(_MetricsServicer(self), self._grpc_server)
+        logs_service_pb2_grpc.add_LogsServiceServicer_to_server(_LogsServicer(self), self._grpc_server)
         address = f"127.0.0.1:{self.grpc_port}"
         if self.tls is None:
             self.grpc_port = self._grpc_server.add_insecure_port(address)
@@ -143,6 +147,10 @@ class OtlpTestReceiver:
             self._released.wait(self.stall_s)
         if mode in ("ok", "stall"):
             with self._lock:
+                if signal == "logs":
+                    if self.keep:
+                        self.log_requests.append(request)
+                    return mode
                 if signal == "traces":
                     self.span_count += sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
                 else:
@@ -246,12 +254,24 @@ class _MetricsServicer(metrics_service_pb2_grpc.MetricsServiceServicer):
         return metrics_service_pb2.ExportMetricsServiceResponse()
 
 
+class _LogsServicer(logs_service_pb2_grpc.LogsServiceServicer):
+    def __init__(self, receiver: OtlpTestReceiver):
+        self.receiver = receiver
+
+    def Export(self, request, context):
+        self.receiver.calls["grpc"] += 1
+        self.receiver.last_headers = {k.lower(): val for k, val in context.invocation_metadata()}
+        _grpc_refuse(self.receiver, self.receiver._accept("logs", request), context)
+        return logs_service_pb2.ExportLogsServiceResponse()
+
+
 def _http_handler(receiver: OtlpTestReceiver):
     routes = {
         "/v1/traces": ("traces", trace_service_pb2.ExportTraceServiceRequest,
                        trace_service_pb2.ExportTraceServiceResponse),
         "/v1/metrics": ("metrics", metrics_service_pb2.ExportMetricsServiceRequest,
                         metrics_service_pb2.ExportMetricsServiceResponse),
+        "/v1/logs": ("logs", logs_service_pb2.ExportLogsServiceRequest, logs_service_pb2.ExportLogsServiceResponse),
     }
 
     class Handler(BaseHTTPRequestHandler):

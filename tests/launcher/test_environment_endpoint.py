@@ -15,7 +15,7 @@ from traceml.launcher import run as launcher_run
 @pytest.fixture
 def clean_otlp_env(monkeypatch):
     for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-                 "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
+                 "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "TRACEML_OTLP_ENDPOINT"):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
 
@@ -35,3 +35,9 @@ def test_a_per_signal_endpoint_alone_counts(clean_otlp_env):
     assert launcher_run._environment_endpoint() == "http://traces:4317 (traces)"
     clean_otlp_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://generic:4317")
     assert launcher_run._environment_endpoint() == "http://traces:4317 (traces), http://generic:4317 (metrics)"
+
+
+def test_traceml_own_endpoint_variable_counts_first(clean_otlp_env):
+    clean_otlp_env.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://traces:4317")
+    clean_otlp_env.setenv("TRACEML_OTLP_ENDPOINT", "http://ours:4317")
+    assert launcher_run._environment_endpoint() == "http://ours:4317"

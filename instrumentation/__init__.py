@@ -23,7 +23,7 @@ import importlib
 __all__ = [
     "init", "shutdown", "trace_step", "is_initialized", "mode",
     "wrap_dataloader", "wrap_forward", "wrap_optimizer", "timed_region", "timed_forward",
-    "timed_backward", "timed_h2d", "timed_optimizer_step", "dataloader_timing_scope",
+    "timed_backward", "timed_h2d", "timed_input", "timed_optimizer_step", "dataloader_timing_scope",
     "register_sink", "unregister_sink", "dropped_counts", "misuse_counts", "steps_completed",
     "set_recording", "current_capture", "complete_step_capture", "abort_step_capture",
     "StepMemoryTracker", "EventTotals", "PhaseInterval", "ResolvedStepTime",
@@ -31,10 +31,10 @@ __all__ = [
 ]
 
 _OWNERS = {
-    "lifecycle": ("init", "shutdown", "is_initialized", "mode", "_reset_for_tests"),
+    "lifecycle": ("init", "shutdown", "is_initialized", "mode"),
     "traced_step": ("trace_step",),
     "manual": ("wrap_dataloader", "wrap_forward", "wrap_optimizer", "timed_forward",
-               "timed_backward", "timed_h2d", "timed_optimizer_step"),
+               "timed_backward", "timed_h2d", "timed_input", "timed_optimizer_step"),
     "timing": ("timed_region", "dataloader_timing_scope"),
     "samplers": ("register_sink", "unregister_sink", "StepTimeSampler", "StepMemorySampler"),
     "step_events": ("dropped_counts", "misuse_counts", "steps_completed", "set_recording",

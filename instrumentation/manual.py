@@ -7,7 +7,7 @@ argument untouched. Nothing here opens steps: that is `trace_step`.
 """
 from __future__ import annotations
 
-from traceml.schema.vocabulary import RAW_BACKWARD, RAW_FORWARD, RAW_H2D, RAW_OPTIMIZER_STEP
+from traceml.schema.vocabulary import RAW_BACKWARD, RAW_DATALOADER_NEXT, RAW_FORWARD, RAW_H2D, RAW_OPTIMIZER_STEP
 
 from . import timing as _timing
 from .forward import time_forward_or_warn
@@ -51,6 +51,10 @@ timed_backward.__doc__ = "`with traceml.timed_backward(): loss.backward()` (a ne
 timed_h2d = _timing.region_type(RAW_H2D, "timed_h2d")
 timed_h2d.__doc__ = ("`with traceml.timed_h2d(): batch = batch.to(device, non_blocking=True)` "
                      "(a new timed_region).")
+
+timed_input = _timing.region_type(RAW_DATALOADER_NEXT, "timed_input")
+timed_input.__doc__ = ("`with traceml.timed_input(): x, y = get_batch()` (a new timed_region): input wait "
+                       "for a batch fetched without a DataLoader (a generator, a memory-mapped reader).")
 
 timed_optimizer_step = _timing.region_type(RAW_OPTIMIZER_STEP, "timed_optimizer_step")
 timed_optimizer_step.__doc__ = "`with traceml.timed_optimizer_step(): optimizer.step()` (a new timed_region)."

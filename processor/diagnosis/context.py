@@ -19,7 +19,7 @@ from traceml.schema.diagnosis import (
     STATUS_CONFIRMED,
     STATUS_PROVISIONAL,
 )
-from traceml.schema.vocabulary import METRIC_STEP_TIME, STRATEGY_FSDP
+from traceml.schema.vocabulary import METRIC_STEP_TIME, METRIC_TRACED_STEP_TIME, STRATEGY_FSDP
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,8 @@ class ShareFacts:
     worst_rank: int
     worst_ms: float
     excluded: tuple[int, ...] = ()
+    basis: str = METRIC_STEP_TIME
+    """The step duration divided by: `step_time`, or `traced_step_time` (`RuleContext.step_basis`)."""
 
 
 @dataclass(frozen=True)
@@ -79,22 +81,46 @@ class RuleContext:
             self._memo[key] = tuple(sorted(ranks))
         return self._memo[key]
 
+    @property
+    def step_basis(self) -> str:
+        """The step duration the rules that do not need input wait divide by (their cohort's
+        Step Time): `step_time` (Input Wait + Traced Step Time) when every rank that measured its
+        traced step also measured its input wait, else `traced_step_time` for every rank.
+
+        Step Time needs Input Wait, and a loop that feeds its steps without a DataLoader (a
+        generator, tensors it makes, a memory-mapped `get_batch`) under marked steps measures
+        none: with Step Time as their only basis, the compute, H2D, residual, straggler,
+        collective-bound and drift rules lost every rank for a phase none of them needs
+        (issue 30). One basis for all ranks, never a mix: a rank's traced step beside another
+        rank's Step Time would compare unlike durations."""
+        key = ("step_basis",)
+        if key not in self._memo:
+            with_input = self.column(METRIC_STEP_TIME)
+            traced = self.column(METRIC_TRACED_STEP_TIME)
+            full = bool(with_input) and all(r in with_input for r in traced)
+            self._memo[key] = METRIC_STEP_TIME if full else METRIC_TRACED_STEP_TIME
+        return self._memo[key]
+
     def values(self, rank: int) -> StepTimeValues:
         return self.window.rank_facts[rank].average
 
-    def share(self, metric: str) -> ShareFacts | None:
-        """median(metric) / median(step_time) over the ranks carrying both; None if undefined."""
-        key = ("share", metric)
+    def share(self, metric: str, basis: str | None = None) -> ShareFacts | None:
+        """median(metric) / median(step duration) over the ranks carrying both; None if undefined.
+
+        The step duration is `basis`, by default `step_basis`: Input Wait's own share is always
+        taken of Step Time (`basis=METRIC_STEP_TIME`), which it is part of."""
+        basis = basis or self.step_basis
+        key = ("share", metric, basis)
         if key not in self._memo:
-            self._memo[key] = self._share(metric)
+            self._memo[key] = self._share(metric, basis)
         return self._memo[key]
 
-    def _share(self, metric: str) -> ShareFacts | None:
+    def _share(self, metric: str, basis: str) -> ShareFacts | None:
         left_out = set(self.excluded.get(metric, ()))
-        cohort = tuple(r for r in self.cohort((metric, METRIC_STEP_TIME)) if r not in left_out)
+        cohort = tuple(r for r in self.cohort((metric, basis)) if r not in left_out)
         if not cohort:
             return None
-        col, steps = self.column(metric), self.column(METRIC_STEP_TIME)
+        col, steps = self.column(metric), self.column(basis)
         step_median = float(statistics.median([steps[r] for r in cohort]))
         median = float(statistics.median([col[r] for r in cohort]))
         share = finite_ratio(median, step_median)
@@ -110,6 +136,7 @@ class RuleContext:
             worst_rank=worst_rank,
             worst_ms=col[worst_rank],
             excluded=tuple(sorted(left_out)),
+            basis=basis,
         )
 
     def capped(self, severity: str) -> tuple[str, list[str]]:
@@ -132,4 +159,8 @@ class RuleContext:
             "clock": self.window.clock,
             "training_strategy": self.window.training_strategy,
         }
+
+    def basis_evidence(self, basis: str | None = None) -> dict[str, object]:
+        """The step duration a rule divided by, for its evidence (`step_basis`)."""
+        return {"step_basis": basis or self.step_basis}
 

@@ -63,11 +63,12 @@ def step_time_drift(ctx: RuleContext) -> DiagnosisIssue | None:
     steps = ctx.window.steps
     if len(steps) < 2 * policy.drift_min_segment:
         return None
-    cohort = ctx.cohort((METRIC_STEP_TIME,))
+    basis = ctx.step_basis
+    cohort = ctx.cohort((basis,))
     if not cohort:
         return None
     facts = [ctx.window.rank_facts[r] for r in cohort]
-    matrix = rank_step_matrix(facts, METRIC_STEP_TIME)
+    matrix = rank_step_matrix(facts, basis)
     if matrix.shape[0] != len(steps) or np.isnan(matrix).any():
         return None
     job = np.median(matrix, axis=1)
@@ -102,7 +103,7 @@ def step_time_drift(ctx: RuleContext) -> DiagnosisIssue | None:
     after = float(np.median(series[split:, column]))
     who = "the job (every rank alike)" if rank is None else f"rank {rank}"
     summary = (f"{who} became {drift:.0%} slower from step {steps[split]} on "
-               f"({before:.1f} -> {after:.1f} ms median step)"
+               f"({before:.1f} -> {after:.1f} ms median {'step' if basis == METRIC_STEP_TIME else 'traced step'})"
                + (f"; {grown} grew most ({growth[grown]:+.1f} ms)" if grown else ""))
     evidence = {
         **ctx.common_evidence(),
@@ -122,6 +123,7 @@ def step_time_drift(ctx: RuleContext) -> DiagnosisIssue | None:
         "min_segment": policy.drift_min_segment,
         "uncapped_severity": uncapped,
         "severity_caps": caps,
+        **ctx.basis_evidence(basis),
     }
     return DiagnosisIssue(kind=STEP_TIME_DRIFT, severity=severity, status=ctx.status, score=drift,
                           summary=summary, culprit_rank=rank, evidence=evidence)

@@ -27,17 +27,23 @@ from traceml.schema.diagnosis import (
 )
 from traceml.schema.vocabulary import (
     METRIC_COLLECTIVE_WAIT,
+    METRIC_BACKWARD,
     METRIC_COMPUTE,
+    METRIC_FORWARD,
     METRIC_H2D,
     METRIC_INPUT_WAIT,
     METRIC_RESIDUAL,
     METRIC_STEP_TIME,
+    METRIC_TRACED_STEP_TIME,
     REQUIRED_METRICS,
 )
 
 OVERHEAD_METRICS: tuple[str, ...] = (METRIC_INPUT_WAIT, METRIC_H2D, METRIC_RESIDUAL, METRIC_COLLECTIVE_WAIT)
 """Shares that, at or above the warn threshold, rule out COMPUTE_BOUND (collective wait
 included: under DDP it lies inside backward, so it would pass for compute)."""
+
+_STEP_WORD = {METRIC_STEP_TIME: "step", METRIC_TRACED_STEP_TIME: "traced step"}
+"""How a summary names the step duration it divided by (`RuleContext.step_basis`)."""
 
 _SHARE_WORDING = {
     INPUT_BOUND: "waiting on input",
@@ -69,17 +75,24 @@ def _share_issue(ctx: RuleContext, kind: str, facts: ShareFacts | None) -> Diagn
         "crit_threshold": ctx.policy.crit_share,
         "uncapped_severity": uncapped,
         "severity_caps": caps,
+        **ctx.basis_evidence(facts.basis),
     }
     summary = (
-        f"{facts.share:.0%} of the median step ({facts.median_ms:.1f} of "
+        f"{facts.share:.0%} of the median {_STEP_WORD[facts.basis]} ({facts.median_ms:.1f} of "
         f"{facts.step_time_median_ms:.1f} ms) is spent {_SHARE_WORDING[kind]}"
     )
     return DiagnosisIssue(kind=kind, severity=severity, status=ctx.status, score=facts.share,
                           summary=summary, evidence=evidence)
 
 
+def overhead_share(ctx: RuleContext, metric: str) -> ShareFacts | None:
+    """A metric's share for the rules: Input Wait's of Step Time (which holds it; None where
+    Input Wait was not measured), every other metric's of the window's step basis."""
+    return ctx.share(metric, METRIC_STEP_TIME if metric == METRIC_INPUT_WAIT else None)
+
+
 def input_bound(ctx: RuleContext) -> DiagnosisIssue | None:
-    return _share_issue(ctx, INPUT_BOUND, ctx.share(METRIC_INPUT_WAIT))
+    return _share_issue(ctx, INPUT_BOUND, overhead_share(ctx, METRIC_INPUT_WAIT))
 
 
 def h2d_bound(ctx: RuleContext) -> DiagnosisIssue | None:
@@ -100,7 +113,7 @@ def compute_bound(ctx: RuleContext) -> DiagnosisIssue | None:
         return None
     overhead: dict[str, float | None] = {}
     for metric in OVERHEAD_METRICS:
-        other = ctx.share(metric)
+        other = overhead_share(ctx, metric)
         overhead[metric] = None if other is None else other.share
         if other is not None and ctx.policy.at_least(other.share, ctx.policy.warn_share):
             return None
@@ -113,8 +126,9 @@ def compute_bound(ctx: RuleContext) -> DiagnosisIssue | None:
         "cohort_ranks": list(facts.cohort),
         "threshold": ctx.policy.compute_bound_share,
         "overhead_shares": overhead,
+        **ctx.basis_evidence(facts.basis),
     }
-    summary = f"compute is {facts.share:.0%} of the median step; no overhead reaches {ctx.policy.warn_share:.0%}"
+    summary = f"compute is {facts.share:.0%} of the median {_STEP_WORD[facts.basis]}; no overhead reaches {ctx.policy.warn_share:.0%}"
     return DiagnosisIssue(kind=COMPUTE_BOUND, severity=SEVERITY_INFO, status=ctx.status, score=None,
                           summary=summary, evidence=evidence)
 
@@ -133,15 +147,16 @@ def collective_bound(ctx: RuleContext) -> DiagnosisIssue | None:
     run by run, the time-weighted share does not. Where per-step values are missing, the
     window averages stand in (the rank with the least average share).
     """
-    cohort = ctx.cohort((METRIC_COLLECTIVE_WAIT, METRIC_STEP_TIME))
+    basis = ctx.step_basis
+    cohort = ctx.cohort((METRIC_COLLECTIVE_WAIT, basis))
     if not cohort:
         return None
-    waits, steps = ctx.column(METRIC_COLLECTIVE_WAIT), ctx.column(METRIC_STEP_TIME)
+    waits, steps = ctx.column(METRIC_COLLECTIVE_WAIT), ctx.column(basis)
     shares = {r: finite_ratio(waits[r], steps[r]) for r in cohort}
     if any(v is None for v in shares.values()):
         return None
     least = min(cohort, key=lambda r: (shares[r], r))
-    per_step = _least_shares(ctx, cohort)
+    per_step = _least_shares(ctx, cohort, basis)
     median_share, weighted_share = per_step if per_step is not None else (shares[least], shares[least])
     score = min(median_share, weighted_share)
     policy = ctx.policy
@@ -171,6 +186,7 @@ def collective_bound(ctx: RuleContext) -> DiagnosisIssue | None:
         "crit_threshold": policy.collective_crit_share,
         "uncapped_severity": uncapped,
         "severity_caps": caps,
+        **ctx.basis_evidence(basis),
     }
     summary = (f"every rank waits in collectives for at least {score:.0%} of its step, even the rank "
                f"nobody waited for (median step; rank {least} on average: {waits[least]:.1f} of "
@@ -179,11 +195,11 @@ def collective_bound(ctx: RuleContext) -> DiagnosisIssue | None:
                           summary=summary, evidence=evidence)
 
 
-def _least_shares(ctx: RuleContext, cohort: tuple[int, ...]) -> tuple[float, float] | None:
+def _least_shares(ctx: RuleContext, cohort: tuple[int, ...], basis: str) -> tuple[float, float] | None:
     """Per aligned step, the smallest collective-wait share among `cohort`: (its median over the
     steps, the time-weighted one: those ranks' waits summed over their step times summed)."""
     facts = [ctx.window.rank_facts[r] for r in cohort]
-    waits, steps = rank_step_matrix(facts, METRIC_COLLECTIVE_WAIT), rank_step_matrix(facts, METRIC_STEP_TIME)
+    waits, steps = rank_step_matrix(facts, METRIC_COLLECTIVE_WAIT), rank_step_matrix(facts, basis)
     if not waits.size or waits.shape != steps.shape or np.isnan(waits).any() or np.isnan(steps).any() \
             or (steps <= 0).any():
         return None
@@ -217,8 +233,29 @@ def signal_coverage(ctx: RuleContext) -> dict[str, tuple[int, int]]:
     return out
 
 
+UNREACHABLE: dict[str, str] = {
+    METRIC_INPUT_WAIT: "the input-bound share, an input straggler's attribution and Step Time "
+                       "(the other rules divide by the traced step)",
+    METRIC_FORWARD: "compute, residual and a compute straggler",
+    METRIC_BACKWARD: "compute, residual and the visible-phase straggler",
+    METRIC_TRACED_STEP_TIME: "every share, straggler and drift (no step duration)",
+}
+"""What a required signal measured by no rank leaves out of reach (docs/DIAGNOSIS.md)."""
+
+REMEDY: dict[str, str] = {
+    METRIC_INPUT_WAIT: "time the batch fetch: `with traceml.timed_input(): batch = get_batch()` "
+                       "(or iterate `traceml.wrap_dataloader(batches)`)",
+    METRIC_FORWARD: "time the model: `traceml.wrap_forward(model)` (or `with traceml.trace_step(model):`)",
+    METRIC_BACKWARD: "time backward: `with traceml.timed_backward(): loss.backward()`",
+    METRIC_TRACED_STEP_TIME: "mark each step: `with traceml.trace_step(model):`",
+}
+"""The one-line fix for each signal, said once, in the INCOMPLETE_DATA finding."""
+
+
 def incomplete_data(ctx: RuleContext) -> DiagnosisIssue | None:
-    """A required signal measured by no rank: every rule needing it is blind, so say so."""
+    """A required signal measured by no rank: say which findings that puts out of reach and the
+    one-line fix. The rules that do not need it have run on what was measured and stand beside
+    this issue; it is not a verdict on the run."""
     coverage = signal_coverage(ctx)
     missing = [m for m, (measured, expected) in coverage.items() if measured == 0 and expected > 0]
     if not missing:
@@ -227,8 +264,11 @@ def incomplete_data(ctx: RuleContext) -> DiagnosisIssue | None:
         **ctx.common_evidence(),
         "missing_signals": missing,
         "signal_coverage": {m: f"{measured}/{expected}" for m, (measured, expected) in coverage.items()},
+        "unreachable": {m: UNREACHABLE[m] for m in missing},
+        "what_to_do": {m: REMEDY[m] for m in missing},
     }
-    summary = f"no rank reports {', '.join(missing)}: rules that need it cannot run"
+    summary = "; ".join(f"no rank measured {m}, so {UNREACHABLE[m]} cannot be judged: {REMEDY[m]}"
+                        for m in missing)
     return DiagnosisIssue(kind=INCOMPLETE_DATA, severity=SEVERITY_WARN, status=STATUS_INCOMPLETE,
                           score=None, summary=summary, evidence=evidence)
 
@@ -236,8 +276,8 @@ def incomplete_data(ctx: RuleContext) -> DiagnosisIssue | None:
 def balanced(ctx: RuleContext) -> DiagnosisIssue:
     shares = {}
     for metric in (*OVERHEAD_METRICS, METRIC_COMPUTE):
-        facts = ctx.share(metric)
+        facts = overhead_share(ctx, metric)
         shares[metric] = None if facts is None else facts.share
-    evidence = {**ctx.common_evidence(), "shares": shares}
+    evidence = {**ctx.common_evidence(), "shares": shares, **ctx.basis_evidence()}
     return DiagnosisIssue(kind=BALANCED, severity=SEVERITY_INFO, status=STATUS_BALANCED, score=None,
                           summary="no bottleneck or straggler crosses a threshold", evidence=evidence)

@@ -34,7 +34,6 @@ from traceml.schema.vocabulary import (
     METRIC_COLLECTIVE_WAIT,
     METRIC_FORWARD,
     METRIC_OPTIMIZER_STEP,
-    METRIC_STEP_TIME,
 )
 
 BASIS_COLLECTIVE_WAIT = "collective_wait"
@@ -131,7 +130,8 @@ def _wait_excesses(culprit: StepTimeValues, victim: StepTimeValues) -> tuple[dic
 
 def rank_straggler(ctx: RuleContext) -> DiagnosisIssue | None:
     phases = visible_phases(ctx)
-    cohort = ctx.cohort((*phases, METRIC_STEP_TIME))
+    basis = ctx.step_basis
+    cohort = ctx.cohort((*phases, basis))
     if len(cohort) < 2:
         return None
     waits = ctx.column(METRIC_COLLECTIVE_WAIT)
@@ -143,7 +143,7 @@ def rank_straggler(ctx: RuleContext) -> DiagnosisIssue | None:
     culprit = _Candidate(ordered[0][1], visible[ordered[0][1]], ctx.values(ordered[0][1]))
     middle = ordered[len(ordered) // 2]
     victim = _Candidate(middle[1], visible[middle[1]], ctx.values(middle[1]))
-    victim_step = ctx.column(METRIC_STEP_TIME)[victim.rank]
+    victim_step = ctx.column(basis)[victim.rank]
     if victim.rank == culprit.rank:
         return None
     gap = middle[0] - ordered[0][0]
@@ -208,6 +208,7 @@ def rank_straggler(ctx: RuleContext) -> DiagnosisIssue | None:
         "crit_threshold": ctx.policy.crit_share,
         "uncapped_severity": uncapped,
         "severity_caps": caps,
+        **ctx.basis_evidence(basis),
     }
     return DiagnosisIssue(
         kind=kind,

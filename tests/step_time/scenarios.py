@@ -1,5 +1,5 @@
 """The Step Time contract scenarios (eleven from the contract, four of issue 19's collective
-wait and drift), written into real SQLite through `StepTimeStore`.
+wait and drift, one of issue 30's loop without input wait), written into real SQLite through `StepTimeStore`.
 
 Base per-step payload (milliseconds): input_wait 5, h2d 5, forward 30, backward 45,
 optimizer 10, traced 95. GPU scenarios store gpu = value and cpu = 2 x value; CPU
@@ -123,6 +123,16 @@ def _gather_input_straggler(rank: int, step: int) -> Payload:
     return _base(traced=135.0, cw=40.5)
 
 
+def _no_input_compute_straggler(rank: int, step: int) -> Payload:
+    """Marked steps over batches no DataLoader delivers (a generator): no rank measures input
+    wait. DDP, 2 ranks; rank 1's forward computes 60 ms longer, so rank 0 waits those 60 ms in
+    the gradient all-reduce inside its backward. Every phase the rules need but input wait is
+    measured, so the straggler is found on the traced step (issue 30 item 1)."""
+    if rank == 1:
+        return _base(iw=None, fwd=90.0, traced=155.0, cw=1.0)
+    return _base(iw=None, bwd=105.0, traced=155.0, cw=61.0)
+
+
 def _collective_bound(rank: int, step: int) -> Payload:
     """Every rank waits about 40 ms of a 145 ms step in collectives inside backward, nearly
     alike (a slow interconnect, not a late rank)."""
@@ -183,6 +193,9 @@ SCENARIO_SPECS: Mapping[str, Scenario] = {s.name: s for s in (
              "every rank waits a large share of its step in collectives: COLLECTIVE_BOUND, no rank named"),
     Scenario("step_time_drift", 2, _STEPS_40, "cpu", STRATEGY_DDP, _drift,
              "every rank 30 % slower from step 21 on: STEP_TIME_DRIFT at that step, forward grown"),
+    Scenario("no_input_compute_straggler", 2, _STEPS_30, "cpu", STRATEGY_DDP, _no_input_compute_straggler,
+             "no rank measures input wait: the rules that do not need it run on the traced step "
+             "(COMPUTE_STRAGGLER, grown phase forward) and INCOMPLETE_DATA says what is out of reach"),
 )}
 
 SCENARIOS: tuple[str, ...] = tuple(SCENARIO_SPECS)

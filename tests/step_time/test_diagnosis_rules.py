@@ -97,6 +97,59 @@ def test_incomplete_data_does_not_hide_a_rule_that_can_still_run():
     assert kinds(diag) == [d.INPUT_BOUND, d.INCOMPLETE_DATA]
 
 
+# --- Issue 30: no rule waits on a phase it does not need -------------------------------------
+
+
+def test_input_wait_missing_everywhere_leaves_the_other_rules_on_the_traced_step():
+    # Visible-phase basis (no collective wait): rank 0 arrives last, rank 1 waits 40 ms in backward;
+    # rank 0's forward is 40 ms longer, so the compute straggler is named on the traced step.
+    ranks = {0: rank_values(iw=None, fwd=70.0, traced=135.0), 1: rank_values(iw=None, bwd=85.0, traced=135.0)}
+    diag = diagnose(window(ranks))
+    # Compute is 125 of the 135 ms traced step: COMPUTE_BOUND (info) is reachable too, its input
+    # share unknown (null), not assumed.
+    assert kinds(diag) == [d.COMPUTE_STRAGGLER, d.INCOMPLETE_DATA, d.COMPUTE_BOUND]
+    assert only(diag, d.COMPUTE_BOUND).evidence["overhead_shares"]["input_wait"] is None
+    straggler = diag.primary
+    assert (straggler.culprit_rank, straggler.victim_rank) == (0, 1)
+    assert straggler.score == pytest.approx(40 / 135)
+    assert straggler.evidence["step_basis"] == "traced_step_time"
+    assert straggler.evidence["excess_ms"]["input_wait"] is None  # the input attribution is out of reach
+    incomplete = only(diag, d.INCOMPLETE_DATA)
+    assert incomplete.evidence["missing_signals"] == ["input_wait"]
+    # What it could not see and the one-line fix, once.
+    assert "input-bound share" in incomplete.summary and "traceml.timed_input()" in incomplete.summary
+    assert incomplete.summary.count("timed_input") == 1
+    assert set(incomplete.evidence["what_to_do"]) == {"input_wait"}
+    assert_json_safe(diag)
+
+
+@pytest.mark.parametrize("rule_kind,ranks", [
+    (d.RESIDUAL_HEAVY, {0: rank_values(iw=None, traced=130.0), 1: rank_values(iw=None, traced=130.0)}),
+    (d.COMPUTE_BOUND, {0: rank_values(iw=None, h2d=None, traced=86.0), 1: rank_values(iw=None, h2d=None, traced=86.0)}),
+    (d.COLLECTIVE_BOUND, {0: rank_values(iw=None, bwd=85.0, traced=135.0, cw=40.0),
+                          1: rank_values(iw=None, bwd=85.0, traced=135.0, cw=41.0)}),
+])
+def test_share_and_collective_rules_run_without_input_wait(rule_kind, ranks):
+    diag = diagnose(window(ranks))
+    issue = only(diag, rule_kind)
+    assert issue.evidence["step_basis"] == "traced_step_time"
+    assert d.INCOMPLETE_DATA in kinds(diag) and d.INPUT_BOUND not in kinds(diag)
+
+
+def test_input_wait_on_some_ranks_only_puts_every_rank_on_the_traced_step():
+    # One basis for all ranks: rank 1 lacks input wait, so nobody's Step Time is compared.
+    ranks = {0: rank_values(traced=135.0, fwd=70.0), 1: rank_values(iw=None, bwd=85.0, traced=135.0)}
+    diag = diagnose(window(ranks))
+    assert diag.primary.kind == d.COMPUTE_STRAGGLER
+    assert diag.primary.evidence["step_basis"] == "traced_step_time"
+    assert d.INCOMPLETE_DATA not in kinds(diag)  # one rank measured it: not a blind signal
+
+
+def test_with_input_wait_everywhere_the_basis_stays_step_time():
+    diag = diagnose(window({0: rank_values(), 1: rank_values()}))
+    assert diag.primary.evidence["step_basis"] == "step_time"
+
+
 def test_a_silent_expected_rank_counts_against_coverage():
     diag = diagnose(window({0: rank_values(fwd=None), 1: None}))
     assert only(diag, d.INCOMPLETE_DATA).evidence["signal_coverage"]["forward"] == "0/2"

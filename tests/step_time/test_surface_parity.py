@@ -40,6 +40,10 @@ EXPECTED = {
     "collective_gather_input_straggler": [("INPUT_STRAGGLER", "crit", 40 / 140, 1, 0)],
     "collective_bound": [("COLLECTIVE_BOUND", "warn", 40 / 140, None, None)],
     "step_time_drift": [("STEP_TIME_DRIFT", "crit", 0.30, None, None)],
+    # Issue 30: no input wait anywhere; the straggler is judged on the traced step (60 of 155 ms)
+    # and the missing signal is said beside it, not instead of it.
+    "no_input_compute_straggler": [("COMPUTE_STRAGGLER", "crit", 60 / 155, 1, 0),
+                                   ("INCOMPLETE_DATA", "warn", None, None, None)],
 }
 
 # Evidence the issue-19 scenarios must carry (key -> value) on their first issue.
@@ -51,7 +55,10 @@ EXPECTED_EVIDENCE = {
                                           "wait_asymmetry_ms": 40.0},
     "collective_bound": {"metric": "collective_wait", "least_wait_rank": 0, "least_wait_ms": 40.0},
     "step_time_drift": {"scope": "job", "onset_step": 21, "grown_phase": "forward", "before_ms": 100.0,
-                        "after_ms": 130.0},
+                        "after_ms": 130.0, "step_basis": "step_time"},
+    "no_input_compute_straggler": {"wait_basis": "collective_wait", "grown_phase": "forward",
+                                   "step_basis": "traced_step_time", "wait_asymmetry_ms": 60.0,
+                                   "victim_step_time_ms": 155.0},
 }
 
 
@@ -77,7 +84,7 @@ def surfaces(scenario_db):
 
 
 def test_expected_table_covers_every_scenario():
-    assert set(EXPECTED) == set(SCENARIOS) and len(SCENARIOS) == 15
+    assert set(EXPECTED) == set(SCENARIOS) and len(SCENARIOS) == 16
 
 
 @pytest.mark.parametrize("name", SCENARIOS)

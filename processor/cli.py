@@ -83,23 +83,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"export requests each receiver handles at once; beyond it gRPC UNAVAILABLE with RetryInfo, "
                         f"HTTP 429 with Retry-After (env {env.TRACEML_PROCESSOR_MAX_CONCURRENT_REQUESTS}; "
                         f"default {DEFAULT_MAX_CONCURRENT_REQUESTS})")
-    from traceml.processor import serving
+    from traceml.processor import http_front
 
     p.add_argument("--http-header-timeout", type=float, metavar="SECONDS",
                    help=f"OTLP/HTTP: the request head must arrive within this, from connect or its first byte "
                         f"(env {env.TRACEML_PROCESSOR_HTTP_HEADER_TIMEOUT}; default "
-                        f"{serving.DEFAULT_HEADER_TIMEOUT_S:g})")
+                        f"{http_front.DEFAULT_HEADER_TIMEOUT_S:g})")
     p.add_argument("--http-body-timeout", type=float, metavar="SECONDS",
                    help=f"OTLP/HTTP: the body must arrive within this after the head; then 408 "
-                        f"(env {env.TRACEML_PROCESSOR_HTTP_BODY_TIMEOUT}; default {serving.DEFAULT_BODY_TIMEOUT_S:g})")
+                        f"(env {env.TRACEML_PROCESSOR_HTTP_BODY_TIMEOUT}; default {http_front.DEFAULT_BODY_TIMEOUT_S:g})")
     p.add_argument("--http-keepalive-timeout", type=float, metavar="SECONDS",
                    help=f"OTLP/HTTP: an idle kept-alive connection is closed after this "
                         f"(env {env.TRACEML_PROCESSOR_HTTP_KEEPALIVE_TIMEOUT}; default "
-                        f"{serving.DEFAULT_KEEPALIVE_TIMEOUT_S:g})")
+                        f"{http_front.DEFAULT_KEEPALIVE_TIMEOUT_S:g})")
     p.add_argument("--http-max-connections", type=int, metavar="N",
                    help=f"OTLP/HTTP connections open at once per process (lowered below the descriptor limit); "
                         f"beyond it the longest-idle is closed, else 503 + Retry-After "
-                        f"(env {env.TRACEML_PROCESSOR_HTTP_MAX_CONNECTIONS}; default {serving.DEFAULT_MAX_CONNECTIONS})")
+                        f"(env {env.TRACEML_PROCESSOR_HTTP_MAX_CONNECTIONS}; default {http_front.DEFAULT_MAX_CONNECTIONS})")
     p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     p.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     return p
@@ -159,20 +159,20 @@ def _otlp_timeout_s(default_s: float = 10.0) -> float:
 
 def _http_limits(args):
     """--http-* flags, else TRACEML_PROCESSOR_HTTP_*, else the front's defaults. Raises ValueError."""
-    from traceml.processor import serving
+    from traceml.processor import http_front
 
     def pick(flag, name: str, default, kind):
         return flag if flag is not None else kind(_env(name, str(default)))
 
-    limits = serving.HttpLimits(
+    limits = http_front.HttpLimits(
         header_timeout_s=pick(args.http_header_timeout, env.TRACEML_PROCESSOR_HTTP_HEADER_TIMEOUT,
-                              serving.DEFAULT_HEADER_TIMEOUT_S, float),
+                              http_front.DEFAULT_HEADER_TIMEOUT_S, float),
         body_timeout_s=pick(args.http_body_timeout, env.TRACEML_PROCESSOR_HTTP_BODY_TIMEOUT,
-                            serving.DEFAULT_BODY_TIMEOUT_S, float),
+                            http_front.DEFAULT_BODY_TIMEOUT_S, float),
         keepalive_timeout_s=pick(args.http_keepalive_timeout, env.TRACEML_PROCESSOR_HTTP_KEEPALIVE_TIMEOUT,
-                                 serving.DEFAULT_KEEPALIVE_TIMEOUT_S, float),
+                                 http_front.DEFAULT_KEEPALIVE_TIMEOUT_S, float),
         max_connections=pick(args.http_max_connections, env.TRACEML_PROCESSOR_HTTP_MAX_CONNECTIONS,
-                             serving.DEFAULT_MAX_CONNECTIONS, int),
+                             http_front.DEFAULT_MAX_CONNECTIONS, int),
     )
     limits.validate()
     return limits

@@ -1,6 +1,6 @@
 """OTLP/HTTP receiver: POST /v1/traces and /v1/metrics, plus /healthz and /readyz.
 
-The routes run on the bounded HTTP/1.1 front of `serving.HttpFront` (h11 on an
+The routes run on the bounded HTTP/1.1 front of `http_front.HttpFront` (h11 on an
 asyncio loop: header and body timeouts, a connection cap, framing errors close
 the connection); this module decides what each request gets.
 
@@ -27,7 +27,8 @@ from traceml.processor.otlp_read import otlp_json_response, parse_otlp_json, rea
 from traceml.processor.ingest import DEFAULT_MAX_CONCURRENT_REQUESTS, RETRY_AFTER_S, Backpressure, IngestUnavailable
 from traceml.processor.otlp_intake import OtlpIntake
 from traceml.processor.security import BearerAuth, TlsConfig
-from traceml.processor.serving import Accept, HttpFront, HttpLimits, Reply, RequestHead, ServerThread
+from traceml.processor.http_front import Accept, HttpFront, HttpLimits, Reply, RequestHead
+from traceml.processor.listener import ServerThread
 from traceml.schema import vocabulary as v
 from traceml.schema.vocabulary import SIGNAL_METRICS, SIGNAL_TRACES
 

@@ -18,7 +18,7 @@ from traceml.processor.ingest import DEFAULT_MAX_CONCURRENT_REQUESTS, IngestQueu
 from traceml.processor.otlp_intake import OtlpIntake
 from traceml.processor.runs import RunMonitor, stored_run_is_over
 from traceml.processor.security import BearerAuth, TlsConfig, warn_if_exposed
-from traceml.processor.serving import HttpLimits
+from traceml.processor.http_front import HttpLimits
 from traceml.processor.self_telemetry import SelfTelemetry
 from traceml.processor.reporting.summary_metrics import DEFAULT_RANK_SERIES_TOP_K
 from traceml.processor.summary_export import DEFAULT_MAX_SERIES, Point, SummaryExportConfig, SummaryPusher

@@ -1,6 +1,6 @@
 """The web view over HTTP: mounted under `/ui` on the OTLP/HTTP port, or on its own `--ui HOST:PORT`.
 
-Both go through the processor's bounded HTTP front (`serving.HttpFront`: header,
+Both go through the processor's bounded HTTP front (`http_front.HttpFront`: header,
 body and keep-alive timeouts, a connection cap, framing errors closed), so the
 page faces the same hostile traffic as the receiver with the same defences.
 `WebApp.handle` reads SQLite, so it runs on the front's pool, never on its loop.
@@ -12,7 +12,8 @@ import logging
 from typing import Callable
 
 from traceml.processor.security import TlsConfig
-from traceml.processor.serving import Accept, HttpFront, HttpLimits, Reply, RequestHead, ServerThread
+from traceml.processor.http_front import Accept, HttpFront, HttpLimits, Reply, RequestHead
+from traceml.processor.listener import ServerThread
 from traceml.processor.web.app import WebApp
 
 LOG = logging.getLogger(__name__)

@@ -228,7 +228,7 @@ def test_requests_over_the_concurrent_limit_answer_429_with_retry_after(tmp_path
         svc.stop()
 
 
-# --- the HTTP/1.1 front (processor/serving.py): keep-alive, pipelining, 100-continue, HEAD, IPv6, TLS ---
+# --- the HTTP/1.1 front (processor/http_front.py): keep-alive, pipelining, 100-continue, HEAD, IPv6, TLS ---
 
 
 def _raw_exchange(port, payload: bytes, until: bytes, timeout_s: float = 10.0, host="127.0.0.1") -> bytes:
@@ -307,7 +307,7 @@ def test_a_tls_handshake_that_never_comes_is_closed_within_the_header_timeout(tm
     import ssl
 
     from traceml.processor.security import TlsConfig
-    from traceml.processor.serving import HttpLimits
+    from traceml.processor.http_front import HttpLimits
 
     cert, key = certificate
     svc = make_service(tmp_path, otlp_grpc=None, prometheus=None, tls=TlsConfig(str(cert), str(key)),

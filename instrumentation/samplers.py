@@ -28,10 +28,12 @@ import time
 from functools import partial
 from operator import is_, itemgetter
 
+from traceml.schema.vocabulary import RAW_DATALOADER_NEXT
+
 from . import step_events as _se
 from . import timing as _timing
 from .records import EventTotals, PhaseInterval, ResolvedStepTime, StepMemorySnapshot
-from .step_boundary import INFERRED_STEP, resolve_inferred
+from .step_boundary import INFERRED_STEP, before_forward_wait, resolve_inferred
 
 _log = logging.getLogger("traceml")
 
@@ -177,6 +179,10 @@ def resolve_batch(batch, wall_offset_ns: int, *, gpu_available: bool = True,
             end = t1
         if g0 is not None:
             gpu = True
+    # A step inferred from an optimizer update with no DataLoader `next()` in it: its input wait
+    # is the time before forward, read from its stamps before its CUDA events go back.
+    before = (before_forward_wait(ordered, gpu_available)
+              if INFERRED_STEP in totals and RAW_DATALOADER_NEXT not in totals else None)
     if len(totals) == len(ordered):
         phases = tuple(phases)
         if gpu:
@@ -190,6 +196,8 @@ def resolve_batch(batch, wall_offset_ns: int, *, gpu_available: bool = True,
         totals = _sum_occurrences(ordered, gpu_available, pool)
         phases = tuple([new_tuple(PhaseInterval, (e[0], e[1] + wall_offset_ns, e[2] + wall_offset_ns))
                         for e in ordered])
+    if before is not None:
+        totals[RAW_DATALOADER_NEXT] = before
     if INFERRED_STEP in totals:  # a step inferred from an optimizer update (step_boundary)
         phases = resolve_inferred(totals, phases)
     return new_tuple(ResolvedStepTime, (batch.step, ordered[0][1] + wall_offset_ns, end + wall_offset_ns,

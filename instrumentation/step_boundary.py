@@ -55,6 +55,7 @@ from traceml.schema.vocabulary import (
 )
 
 from . import step_events as _se
+from .records import EventTotals
 from .process_state import recording as _rec
 from .process_state import session as _session
 from .process_state import timing_policy as _policy
@@ -343,16 +344,56 @@ def _end_step(st: BoundaryState) -> None:
 # --- the sampler side ------------------------------------------------------------------
 
 
+def before_forward_wait(ordered: list, gpu_available: bool = True):
+    """The input wait of an inferred step in which no DataLoader was seen: the host time from
+    the end of the previous update (the step's start) to the first phase timed after it (the
+    forward, or a copy or collective that precedes it). That interval holds the batch fetch of
+    any reader the loop uses instead of a DataLoader (a generator, a memory-mapped
+    `get_batch`, tensors it makes) and whatever host work comes before forward.
+
+    Sampler thread, from the stamps the step already holds (nothing more is recorded on the
+    training thread); `ordered`: the step's events sorted by start, CUDA events not yet
+    released. Returns `EventTotals(cpu_ms, gpu_ms, 0)`: a count of 0 says no `next()` was
+    timed (the wire and the store keep it: `input_wait_count` = 0), so the processor can say
+    "input wait measured as the time before forward". The GPU value is the time between the
+    CUDA event recorded at the previous update and the first phase's start event, when both
+    exist. None when the step has no DataLoader-free shape to measure (no inferred interval,
+    or no phase after its start).
+    """
+    step = next((e for e in ordered if e[0] == INFERRED_STEP), None)
+    if step is None:
+        return None
+    first = next((e for e in ordered if e is not step and e[1] >= step[1]), None)
+    if first is None:
+        return None
+    gpu = None
+    g0, g1 = step[3], first[3]
+    if gpu_available and g0 is not None and g1 is not None:
+        try:
+            gpu = max(0.0, float(g0.elapsed_time(g1)))
+        except Exception:
+            gpu = None
+    return tuple.__new__(EventTotals, (max(0, first[1] - step[1]) / 1e6, gpu, 0))
+
+
 def resolve_inferred(totals: dict, phases: tuple) -> tuple:
     """An inferred step's interval becomes its traced step time (sampler thread, in place).
 
-    In `totals`: traced = the interval minus the input wait timed inside it, CPU
-    and GPU apart (GPU: None unless both are known), so Step Time = Input Wait +
-    Traced. In `phases` (returned): the interval is named as the traced step.
+    In `totals`: traced = the interval minus the input wait timed inside it (a
+    DataLoader's, or the time before forward, `before_forward_wait`), CPU and GPU
+    apart (GPU: None unless both are known), so Step Time = Input Wait + Traced. In
+    `phases` (returned): the interval is named as the traced step, and a wait measured
+    before forward gets its own interval at the step's start.
     """
     inferred = totals.pop(INFERRED_STEP, None)
     if inferred is None:
         return phases
+    before = totals.get(RAW_DATALOADER_NEXT)
+    if before is not None and before[2] == 0:  # measured before forward: its interval for the trace
+        start = next((p[1] for p in phases if p[0] == INFERRED_STEP), None)
+        if start is not None:
+            gap = tuple.__new__(type(phases[0]), (RAW_DATALOADER_NEXT, start, start + int(before[0] * 1e6)))
+            phases = (gap, *phases)
     cpu, gpu = inferred[0], inferred[1]
     wait = totals.get(RAW_DATALOADER_NEXT)
     if wait is not None:

@@ -88,6 +88,56 @@ def test_one_step_per_update_with_input_wait_outside_the_traced_time(sink):
         assert b.start_time_ns == a.end_time_ns
 
 
+def _generator(batches: int, width: int = 4, sleep_s: float = 0.0):
+    """A streaming reader with no DataLoader: each batch takes `sleep_s` to read."""
+    for _ in range(batches):
+        if sleep_s:
+            time.sleep(sleep_s)
+        yield torch.randn(2, width), torch.randn(2, 1)
+
+
+def test_without_a_dataloader_the_time_before_forward_is_the_input_wait(sink):
+    # Issue 30 item 2: a generator's fetch lies between one update's end and the next forward.
+    traceml.init(mode="auto")
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in _generator(5, sleep_s=0.02):
+        _loss(model, x, y).backward()
+        opt.step()
+        opt.zero_grad()
+    records = _records(sink)
+    assert [r.step for r in records] == [0, 1, 2, 3, 4]
+    for r in records[1:]:
+        wait, traced = r.events[RAW_DATALOADER_NEXT], r.events[RAW_STEP_TIME]
+        assert wait.count == 0  # no next() was timed: measured before forward
+        assert wait.cpu_ms >= 19.0  # the reader's sleep
+        assert wait.gpu_ms is None  # a CPU step
+        span_ms = (r.end_time_ns - r.start_time_ns) / 1e6
+        assert wait.cpu_ms + traced.cpu_ms == pytest.approx(span_ms, abs=0.01)
+        assert traced.cpu_ms < wait.cpu_ms  # the tiny model's step, without the fetch
+        gap = [p for p in r.phases if p.raw_event == RAW_DATALOADER_NEXT]
+        assert len(gap) == 1 and gap[0].start_time_ns == r.start_time_ns
+        forward = next(p for p in r.phases if p.raw_event == RAW_FORWARD)
+        assert gap[0].end_time_ns == pytest.approx(forward.start_time_ns, abs=1_000)
+    # The first step starts at its first timed event: nothing before forward to measure.
+    assert records[0].events[RAW_DATALOADER_NEXT].cpu_ms == 0.0
+
+
+def test_a_dataloader_step_keeps_its_next_as_the_input_wait(sink):
+    traceml.init(mode="auto")
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in _loader(3):
+        time.sleep(0.02)  # host work after next(), before forward: in the traced step, not input
+        _loss(model, x, y).backward()
+        opt.step()
+    records = _records(sink)
+    for r in records:
+        assert r.events[RAW_DATALOADER_NEXT].count == 1
+        assert r.events[RAW_DATALOADER_NEXT].cpu_ms < 15.0
+        assert r.events[RAW_STEP_TIME].cpu_ms >= 19.0
+
+
 def test_gradient_accumulation_gives_one_step_per_update(sink):
     traceml.init(mode="auto")
     model = _model()
@@ -334,4 +384,8 @@ def test_on_cuda_each_update_records_the_next_steps_gpu_start(sink, fake_gpu):
     records = _records(sink)
     assert len(records) == 4 and tracker.reads == 3 and tracker.resets == 3
     assert records[1].events[RAW_STEP_TIME].gpu_ms is None  # no GPU start before its first update
-    assert [r.events[RAW_STEP_TIME].gpu_ms for r in records[2:]] == [15.0, 15.0]
+    # No DataLoader: the 10 ms before forward (GPU start at the update to forward's start event)
+    # is the input wait, measured before forward (count 0), and the traced step is the rest.
+    assert [r.events[RAW_DATALOADER_NEXT].gpu_ms for r in records[2:]] == [10.0, 10.0]
+    assert [r.events[RAW_DATALOADER_NEXT].count for r in records[2:]] == [0, 0]
+    assert [r.events[RAW_STEP_TIME].gpu_ms for r in records[2:]] == [5.0, 5.0]

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from traceml.processor.diagnosis.policy import DEFAULT_POLICY
+from traceml.processor.metric_point import SPECS
 from traceml.processor.step_time.model import FRESHNESS_STATES
 from traceml.schema import diagnosis as d
 from traceml.schema import vocabulary as v
 
-SPECS: Mapping[str, v.MetricSpec] = {s.name: s for s in (*v.SUMMARY_METRICS, *v.PROCESSOR_METRICS)}
 TRAINING_SPECS: Mapping[str, v.MetricSpec] = {s.name: s for s in v.TRAINING_METRICS}
 
 # Prometheus job that scrapes the processor(s) (deploy/prometheus/prometheus.yml).
@@ -33,40 +33,40 @@ def label(attribute_key: str) -> str:
 
 @dataclass(frozen=True)
 class Names:
-    window_metric: str = metric("traceml.window.metric")
-    window_skew: str = metric("traceml.window.skew")
-    rank_metric: str = metric("traceml.rank.metric")
-    window_steps: str = metric("traceml.window.steps")
-    window_ranks: str = metric("traceml.window.ranks")
-    window_last_step: str = metric("traceml.window.last_step")
-    run_first_step: str = metric("traceml.run.first_step")
-    run_fresh: str = metric("traceml.run.fresh")
-    rank_memory_peak: str = metric("traceml.rank.memory.peak")
-    diagnosis_active: str = metric("traceml.diagnosis.active")
-    rank_dropped: str = metric("traceml.rank.telemetry.dropped")
-    run_dropped: str = metric("traceml.run.telemetry.dropped")
-    run_memory_peak: str = metric("traceml.run.memory.peak")
-    run_exported_ranks: str = metric("traceml.run.exported_ranks")
-    run_process_cpu: str = metric("traceml.run.process.cpu.utilization")
-    run_process_memory: str = metric("traceml.run.process.memory.usage")
-    run_gpu_utilization: str = metric("traceml.run.gpu.utilization")
-    run_gpu_memory: str = metric("traceml.run.gpu.memory.usage")
-    run_gpu_temperature: str = metric("traceml.run.gpu.temperature")
-    run_gpu_power: str = metric("traceml.run.gpu.power")
-    run_host_cpu: str = metric("traceml.run.host.cpu.utilization")
-    run_host_memory: str = metric("traceml.run.host.memory.utilization")
-    rank_process_cpu: str = metric("traceml.rank.process.cpu.utilization")
-    rank_process_memory: str = metric("traceml.rank.process.memory.usage")
-    rank_gpu_utilization: str = metric("traceml.rank.gpu.utilization")
-    rank_gpu_memory: str = metric("traceml.rank.gpu.memory.usage")
-    records: str = metric("traceml.processor.records")
+    window_metric: str = metric(v.METRIC_WINDOW_METRIC)
+    window_skew: str = metric(v.METRIC_WINDOW_SKEW)
+    rank_metric: str = metric(v.METRIC_RANK_METRIC)
+    window_steps: str = metric(v.METRIC_WINDOW_STEPS)
+    window_ranks: str = metric(v.METRIC_WINDOW_RANKS)
+    window_last_step: str = metric(v.METRIC_WINDOW_LAST_STEP)
+    run_first_step: str = metric(v.METRIC_RUN_FIRST_STEP)
+    run_fresh: str = metric(v.METRIC_RUN_FRESH)
+    rank_memory_peak: str = metric(v.METRIC_RANK_MEMORY_PEAK)
+    diagnosis_active: str = metric(v.METRIC_DIAGNOSIS_ACTIVE)
+    rank_dropped: str = metric(v.METRIC_RANK_TELEMETRY_DROPPED)
+    run_dropped: str = metric(v.METRIC_RUN_TELEMETRY_DROPPED)
+    run_memory_peak: str = metric(v.METRIC_RUN_MEMORY_PEAK)
+    run_exported_ranks: str = metric(v.METRIC_RUN_EXPORTED_RANKS)
+    run_process_cpu: str = metric(v.METRIC_RUN_PROCESS_CPU_UTILIZATION)
+    run_process_memory: str = metric(v.METRIC_RUN_PROCESS_MEMORY_USAGE)
+    run_gpu_utilization: str = metric(v.METRIC_RUN_GPU_UTILIZATION)
+    run_gpu_memory: str = metric(v.METRIC_RUN_GPU_MEMORY_USAGE)
+    run_gpu_temperature: str = metric(v.METRIC_RUN_GPU_TEMPERATURE)
+    run_gpu_power: str = metric(v.METRIC_RUN_GPU_POWER)
+    run_host_cpu: str = metric(v.METRIC_RUN_HOST_CPU_UTILIZATION)
+    run_host_memory: str = metric(v.METRIC_RUN_HOST_MEMORY_UTILIZATION)
+    rank_process_cpu: str = metric(v.METRIC_RANK_PROCESS_CPU_UTILIZATION)
+    rank_process_memory: str = metric(v.METRIC_RANK_PROCESS_MEMORY_USAGE)
+    rank_gpu_utilization: str = metric(v.METRIC_RANK_GPU_UTILIZATION)
+    rank_gpu_memory: str = metric(v.METRIC_RANK_GPU_MEMORY_USAGE)
+    records: str = metric(v.METRIC_PROCESSOR_RECORDS)
     requests: str = metric(v.METRIC_PROCESSOR_REQUESTS)
     http_connection_events: str = metric(v.METRIC_PROCESSOR_HTTP_CONNECTION_EVENTS)
-    analysis_duration: str = metric("traceml.processor.analysis.duration")
-    run_lag: str = metric("traceml.processor.run.lag")
-    runs: str = metric("traceml.processor.runs")
-    export_failures: str = metric("traceml.processor.export.failures")
-    series_left_out: str = metric("traceml.processor.series.left_out")
+    analysis_duration: str = metric(v.METRIC_PROCESSOR_ANALYSIS_DURATION)
+    run_lag: str = metric(v.METRIC_PROCESSOR_RUN_LAG)
+    runs: str = metric(v.METRIC_PROCESSOR_RUNS)
+    export_failures: str = metric(v.METRIC_PROCESSOR_EXPORT_FAILURES)
+    series_left_out: str = metric(v.METRIC_PROCESSOR_SERIES_LEFT_OUT)
 
 
 @dataclass(frozen=True)

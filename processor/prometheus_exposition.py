@@ -32,8 +32,9 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from traceml.processor.metric_point import SPECS
 from traceml.processor.listener import ServerThread
-from traceml.processor.summary_export import DEFAULT_MAX_SERIES, SPECS, SeriesLimit
+from traceml.processor.summary_export import DEFAULT_MAX_SERIES, SeriesLimit
 from traceml.schema import vocabulary as v
 from traceml.schema.distribution import package_version
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import AbstractSet, Callable, Protocol, Sequence
 
 from traceml.processor.store_records import DecodedBatch
-from traceml.processor.summary_export import Point
+from traceml.processor.metric_point import MetricPoint
 from traceml.processor.security import summary_folder
 from traceml.processor.sqlite_layout import connect_readonly
 from traceml.schema import vocabulary as v
@@ -186,12 +186,12 @@ class RunMonitor:
         for state in states:
             out.extend(state.points)
             if state.analysis_s is not None:
-                out.append(Point("traceml.processor.analysis.duration", {v.ATTR_RUN_ID: state.run_id},
-                                 state.analysis_s))
+                out.append(MetricPoint(v.METRIC_PROCESSOR_ANALYSIS_DURATION, {v.ATTR_RUN_ID: state.run_id},
+                                       state.analysis_s))
             if state.last_step_end is not None and state.ended is None:
-                out.append(Point("traceml.processor.run.lag", {v.ATTR_RUN_ID: state.run_id},
-                                 max(0.0, now_wall - state.last_step_end)))
-        out.append(Point("traceml.processor.runs", {}, float(len(states))))
+                out.append(MetricPoint(v.METRIC_PROCESSOR_RUN_LAG, {v.ATTR_RUN_ID: state.run_id},
+                                       max(0.0, now_wall - state.last_step_end)))
+        out.append(MetricPoint(v.METRIC_PROCESSOR_RUNS, {}, float(len(states))))
         return out
 
     def state(self, run_id: str) -> RunState | None:

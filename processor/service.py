@@ -15,13 +15,15 @@ from pathlib import Path
 from traceml.processor.admission import RunAdmission
 from traceml.processor.decode import DecodeLimits, Decoder
 from traceml.processor.ingest import DEFAULT_MAX_CONCURRENT_REQUESTS, IngestQueue
+from traceml.processor.metric_point import MetricPoint
 from traceml.processor.otlp_intake import OtlpIntake
 from traceml.processor.runs import RunMonitor, stored_run_is_over
 from traceml.processor.security import BearerAuth, TlsConfig, warn_if_exposed
 from traceml.processor.http_front import HttpLimits
 from traceml.processor.self_telemetry import SelfTelemetry
 from traceml.processor.reporting.summary_metrics import DEFAULT_RANK_SERIES_TOP_K
-from traceml.processor.summary_export import DEFAULT_MAX_SERIES, Point, SummaryExportConfig, SummaryPusher
+from traceml.processor.summary_export import DEFAULT_MAX_SERIES, SummaryExportConfig, SummaryPusher
+from traceml.schema import vocabulary as v
 
 LOG = logging.getLogger(__name__)
 
@@ -149,10 +151,11 @@ class ProcessorService:
     def points(self) -> list:
         points = self.monitor.points()
         # Requests and records by outcome (and refusal reason): every series, zeros included.
-        points.extend(Point(key.metric, key.attributes(), float(count)) for key, count in self.stats.counts().items())
+        points.extend(MetricPoint(key.metric, key.attributes(), float(count))
+                      for key, count in self.stats.counts().items())
         # Lost summary pushes, on /metrics and downstream; always present (0 when not pushing).
-        points.append(Point("traceml.processor.export.failures", {},
-                            float(0 if self.pusher is None else self.pusher.failed)))
+        points.append(MetricPoint(v.METRIC_PROCESSOR_EXPORT_FAILURES, {},
+                                  float(0 if self.pusher is None else self.pusher.failed)))
         return points
 
     def readiness(self) -> tuple[bool, str]:

@@ -3,8 +3,8 @@
 (Incoming OTLP Export requests are `otlp_intake`'s; the Prometheus `/metrics`
 endpoint is `prometheus_exposition`'s.)
 
-Both surfaces read the same list of points (`.name`, `.attributes`, `.value`,
-named after `SUMMARY_METRICS` / `PROCESSOR_METRICS`) through one series grouping
+Both surfaces read the same list of points (`metric_point.MetricPoint`, named
+after `SUMMARY_METRICS` / `PROCESSOR_METRICS`) through one series grouping
 with one series limit (`SeriesLimit`); neither carries a `step` attribute. The
 OTLP push hands the OpenTelemetry SDK's official OTLP metric exporter (gRPC or
 HTTP/protobuf) the SDK's own `MetricsData`, built from the latest snapshot on its
@@ -27,12 +27,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Sequence
 
+from traceml.processor.metric_point import SPECS, MetricPoint
 from traceml.schema import vocabulary as v
 from traceml.schema.distribution import package_version
 
 LOG = logging.getLogger(__name__)
-
-SPECS: Mapping[str, v.MetricSpec] = {s.name: s for s in (*v.SUMMARY_METRICS, *v.PROCESSOR_METRICS)}
 
 DEFAULT_MAX_SERIES = 100_000
 """Series one scrape or push carries at most (`--max-series`, `TRACEML_PROCESSOR_MAX_SERIES`).
@@ -40,18 +39,6 @@ DEFAULT_MAX_SERIES = 100_000
 Per-rank series are bounded per run (reporting/summary_metrics.py) and runs by
 `--max-runs`, so this is a safety net that keeps a scrape under about a second,
 not a limit a normal deployment reaches."""
-
-SERIES_LEFT_OUT = "traceml.processor.series.left_out"
-
-
-@dataclass(frozen=True, slots=True)
-class Point:
-    """One exported value (same shape as reporting's MetricPoint)."""
-
-    name: str
-    attributes: Mapping[str, object]
-    value: float
-
 
 Families = dict[str, dict[tuple, object]]
 
@@ -111,8 +98,9 @@ class SeriesLimit:
                 left_runs += 1
                 left_series += size
                 first_left = run_id if first_left is None else first_left
-        if SERIES_LEFT_OUT in specs:
-            families.setdefault(SERIES_LEFT_OUT, {})[()] = Point(SERIES_LEFT_OUT, {}, float(left_series))
+        if v.METRIC_PROCESSOR_SERIES_LEFT_OUT in specs:
+            left_out = v.METRIC_PROCESSOR_SERIES_LEFT_OUT
+            families.setdefault(left_out, {})[()] = MetricPoint(left_out, {}, float(left_series))
         with self._lock:
             self.left_out_series, self.left_out_runs = left_series, left_runs
             log = left_runs and not self._logged

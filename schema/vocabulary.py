@@ -352,6 +352,43 @@ HTTP_CONNECTION_EVENTS: tuple[str, ...] = (
     "accept_out_of_descriptors",  # accept() met EMFILE/ENFILE: accepting paused for a second
 )
 
+# The processor's other own series (specs: PROCESSOR_METRICS below): per-run refresh figures,
+# the run count, failed summary pushes, series left out by the series limit.
+METRIC_PROCESSOR_ANALYSIS_DURATION = "traceml.processor.analysis.duration"
+METRIC_PROCESSOR_RUN_LAG = "traceml.processor.run.lag"
+METRIC_PROCESSOR_RUNS = "traceml.processor.runs"
+METRIC_PROCESSOR_EXPORT_FAILURES = "traceml.processor.export.failures"
+METRIC_PROCESSOR_SERIES_LEFT_OUT = "traceml.processor.series.left_out"
+
+# The summary metrics' names (specs: SUMMARY_METRICS below). Every module that builds,
+# renders or queries one of these series names it through these constants.
+METRIC_WINDOW_METRIC = "traceml.window.metric"
+METRIC_WINDOW_SKEW = "traceml.window.skew"
+METRIC_RANK_METRIC = "traceml.rank.metric"
+METRIC_WINDOW_STEPS = "traceml.window.steps"
+METRIC_WINDOW_RANKS = "traceml.window.ranks"
+METRIC_WINDOW_LAST_STEP = "traceml.window.last_step"
+METRIC_RUN_FIRST_STEP = "traceml.run.first_step"
+METRIC_RUN_FRESH = "traceml.run.fresh"
+METRIC_RANK_MEMORY_PEAK = "traceml.rank.memory.peak"
+METRIC_DIAGNOSIS_ACTIVE = "traceml.diagnosis.active"
+METRIC_RANK_TELEMETRY_DROPPED = "traceml.rank.telemetry.dropped"
+METRIC_RUN_TELEMETRY_DROPPED = "traceml.run.telemetry.dropped"
+METRIC_RUN_MEMORY_PEAK = "traceml.run.memory.peak"
+METRIC_RUN_EXPORTED_RANKS = "traceml.run.exported_ranks"
+METRIC_RUN_PROCESS_CPU_UTILIZATION = "traceml.run.process.cpu.utilization"
+METRIC_RUN_PROCESS_MEMORY_USAGE = "traceml.run.process.memory.usage"
+METRIC_RUN_GPU_UTILIZATION = "traceml.run.gpu.utilization"
+METRIC_RUN_GPU_MEMORY_USAGE = "traceml.run.gpu.memory.usage"
+METRIC_RUN_GPU_TEMPERATURE = "traceml.run.gpu.temperature"
+METRIC_RUN_GPU_POWER = "traceml.run.gpu.power"
+METRIC_RUN_HOST_CPU_UTILIZATION = "traceml.run.host.cpu.utilization"
+METRIC_RUN_HOST_MEMORY_UTILIZATION = "traceml.run.host.memory.utilization"
+METRIC_RANK_PROCESS_CPU_UTILIZATION = "traceml.rank.process.cpu.utilization"
+METRIC_RANK_PROCESS_MEMORY_USAGE = "traceml.rank.process.memory.usage"
+METRIC_RANK_GPU_UTILIZATION = "traceml.rank.gpu.utilization"
+METRIC_RANK_GPU_MEMORY_USAGE = "traceml.rank.gpu.memory.usage"
+
 STATISTICS: tuple[str, ...] = ("median", "worst", "average")
 
 
@@ -371,46 +408,46 @@ class MetricSpec:
 
 
 SUMMARY_METRICS: tuple[MetricSpec, ...] = (
-    MetricSpec("traceml.window.metric", "s",
+    MetricSpec(METRIC_WINDOW_METRIC, "s",
                "Step Time metric statistic over the run's common step window (selected clock).",
                (ATTR_RUN_ID, ATTR_METRIC, ATTR_STATISTIC)),
-    MetricSpec("traceml.window.skew", "1",
+    MetricSpec(METRIC_WINDOW_SKEW, "1",
                "Worst-rank skew of a Step Time metric: (worst - median) / median.",
                (ATTR_RUN_ID, ATTR_METRIC)),
-    MetricSpec("traceml.rank.metric", "s",
+    MetricSpec(METRIC_RANK_METRIC, "s",
                "Per-rank window average of a Step Time metric.",
                (ATTR_RUN_ID, ATTR_RANK, ATTR_METRIC)),
-    MetricSpec("traceml.window.steps", "{step}",
+    MetricSpec(METRIC_WINDOW_STEPS, "{step}",
                "Number of aligned steps in the run's common window.", (ATTR_RUN_ID,)),
-    MetricSpec("traceml.window.ranks", "{rank}",
+    MetricSpec(METRIC_WINDOW_RANKS, "{rank}",
                "Number of ranks in the run's rank universe.", (ATTR_RUN_ID,)),
-    MetricSpec("traceml.window.last_step", "{step}",
+    MetricSpec(METRIC_WINDOW_LAST_STEP, "{step}",
                "Latest aligned step id in the window.", (ATTR_RUN_ID,)),
-    MetricSpec("traceml.run.first_step", "{step}",
+    MetricSpec(METRIC_RUN_FIRST_STEP, "{step}",
                "Lowest step id stored for the run: above 0 when the processor first saw the run part-way "
                "(started after the job, or received the run after a rebalance).", (ATTR_RUN_ID,)),
-    MetricSpec("traceml.run.fresh", "1",
+    MetricSpec(METRIC_RUN_FRESH, "1",
                "1 for the run's current freshness state (cold, live, bridged, expired).",
                (ATTR_RUN_ID, ATTR_FRESHNESS)),
-    MetricSpec("traceml.rank.memory.peak", "By",
+    MetricSpec(METRIC_RANK_MEMORY_PEAK, "By",
                "Latest per-step peak allocated memory of a rank's tracked device.",
                (ATTR_RUN_ID, ATTR_RANK)),
-    MetricSpec("traceml.diagnosis.active", "1",
+    MetricSpec(METRIC_DIAGNOSIS_ACTIVE, "1",
                "Active diagnosis issue; the value is its score (0 where none applies).",
                (ATTR_RUN_ID, ATTR_DIAGNOSIS_KIND, ATTR_DIAGNOSIS_SEVERITY,
                 ATTR_DIAGNOSIS_STATUS, ATTR_CULPRIT_RANK)),
-    MetricSpec("traceml.rank.telemetry.dropped", "{record}",
+    MetricSpec(METRIC_RANK_TELEMETRY_DROPPED, "{record}",
                "Telemetry records a rank reported dropped, by queue.",
                (ATTR_RUN_ID, ATTR_RANK, ATTR_QUEUE), kind="counter"),
     # Job-level aggregates over every rank: the per-rank series above exist only for the
     # ranks that matter (processor/reporting/summary_metrics.py says which).
-    MetricSpec("traceml.run.telemetry.dropped", "{record}",
+    MetricSpec(METRIC_RUN_TELEMETRY_DROPPED, "{record}",
                "Telemetry records all ranks of the run reported dropped, summed over ranks, by queue.",
                (ATTR_RUN_ID, ATTR_QUEUE), kind="counter"),
-    MetricSpec("traceml.run.memory.peak", "By",
+    MetricSpec(METRIC_RUN_MEMORY_PEAK, "By",
                "Latest per-step peak allocated memory over all ranks of the run (median/worst/average rank).",
                (ATTR_RUN_ID, ATTR_STATISTIC)),
-    MetricSpec("traceml.run.exported_ranks", "{rank}",
+    MetricSpec(METRIC_RUN_EXPORTED_RANKS, "{rank}",
                "Ranks of the run that have per-rank series (culprits, worst, representative, top-k by score).",
                (ATTR_RUN_ID,)),
     # Resource figures over the window (the analysis's `ResourceWindow`; which figure feeds which
@@ -418,37 +455,37 @@ SUMMARY_METRICS: tuple[MetricSpec, ...] = (
     # run, per rank for the exported ranks only. Under `traceml.run.` / `traceml.rank.`, never the
     # semantic conventions' own names (`process.cpu.utilization`, `hw.gpu.utilization`, ...), which
     # a Collector's hostmetrics or DCGM pipeline may carry into the same backend.
-    MetricSpec("traceml.run.process.cpu.utilization", "1",
+    MetricSpec(METRIC_RUN_PROCESS_CPU_UTILIZATION, "1",
                "Mean CPU utilisation of the run's rank processes over the window (median/worst rank).",
                (ATTR_RUN_ID, ATTR_STATISTIC)),
-    MetricSpec("traceml.run.process.memory.usage", "By",
+    MetricSpec(METRIC_RUN_PROCESS_MEMORY_USAGE, "By",
                "Highest resident set size of the run's rank processes over the window (median/worst rank).",
                (ATTR_RUN_ID, ATTR_STATISTIC)),
-    MetricSpec("traceml.run.gpu.utilization", "1",
+    MetricSpec(METRIC_RUN_GPU_UTILIZATION, "1",
                "Mean utilisation of the ranks' GPUs over the window (median rank; worst: the least busy).",
                (ATTR_RUN_ID, ATTR_STATISTIC)),
-    MetricSpec("traceml.run.gpu.memory.usage", "By",
+    MetricSpec(METRIC_RUN_GPU_MEMORY_USAGE, "By",
                "Highest memory in use on the ranks' GPUs over the window (median/worst rank).",
                (ATTR_RUN_ID, ATTR_STATISTIC)),
-    MetricSpec("traceml.run.gpu.temperature", "Cel",
+    MetricSpec(METRIC_RUN_GPU_TEMPERATURE, "Cel",
                "Highest temperature of the ranks' GPUs over the window (median/worst rank).",
                (ATTR_RUN_ID, ATTR_STATISTIC)),
-    MetricSpec("traceml.run.gpu.power", "W",
+    MetricSpec(METRIC_RUN_GPU_POWER, "W",
                "Mean power draw of the ranks' GPUs over the window (median/worst rank).",
                (ATTR_RUN_ID, ATTR_STATISTIC)),
-    MetricSpec("traceml.run.host.cpu.utilization", "1",
+    MetricSpec(METRIC_RUN_HOST_CPU_UTILIZATION, "1",
                "Mean busy fraction of the CPUs of the run's hosts over the window (median/worst host).",
                (ATTR_RUN_ID, ATTR_STATISTIC)),
-    MetricSpec("traceml.run.host.memory.utilization", "1",
+    MetricSpec(METRIC_RUN_HOST_MEMORY_UTILIZATION, "1",
                "Highest used / total memory of the run's hosts over the window (median/worst host).",
                (ATTR_RUN_ID, ATTR_STATISTIC)),
-    MetricSpec("traceml.rank.process.cpu.utilization", "1",
+    MetricSpec(METRIC_RANK_PROCESS_CPU_UTILIZATION, "1",
                "Mean CPU utilisation of a rank's process over the window.", (ATTR_RUN_ID, ATTR_RANK)),
-    MetricSpec("traceml.rank.process.memory.usage", "By",
+    MetricSpec(METRIC_RANK_PROCESS_MEMORY_USAGE, "By",
                "Highest resident set size of a rank's process over the window.", (ATTR_RUN_ID, ATTR_RANK)),
-    MetricSpec("traceml.rank.gpu.utilization", "1",
+    MetricSpec(METRIC_RANK_GPU_UTILIZATION, "1",
                "Mean utilisation of a rank's GPU over the window.", (ATTR_RUN_ID, ATTR_RANK)),
-    MetricSpec("traceml.rank.gpu.memory.usage", "By",
+    MetricSpec(METRIC_RANK_GPU_MEMORY_USAGE, "By",
                "Highest memory in use on a rank's GPU over the window.", (ATTR_RUN_ID, ATTR_RANK)),
 )
 RESOURCE_STATISTICS: tuple[str, ...] = STATISTICS[:2]
@@ -470,15 +507,15 @@ PROCESSOR_METRICS: tuple[MetricSpec, ...] = (
                "(refused_at_cap, evicted_idle, header/body/write timeouts, framing_error, hung_up, "
                "tls_failed, accept_out_of_descriptors).",
                (ATTR_CONNECTION_EVENT,), kind="counter"),
-    MetricSpec("traceml.processor.analysis.duration", "s",
+    MetricSpec(METRIC_PROCESSOR_ANALYSIS_DURATION, "s",
                "Duration of the latest live analysis refresh of a run.", (ATTR_RUN_ID,)),
-    MetricSpec("traceml.processor.run.lag", "s",
+    MetricSpec(METRIC_PROCESSOR_RUN_LAG, "s",
                "Seconds between now and the newest step end received for a run.", (ATTR_RUN_ID,)),
-    MetricSpec("traceml.processor.runs", "{run}", "Runs currently tracked.", ()),
-    MetricSpec("traceml.processor.export.failures", "{request}",
+    MetricSpec(METRIC_PROCESSOR_RUNS, "{run}", "Runs currently tracked.", ()),
+    MetricSpec(METRIC_PROCESSOR_EXPORT_FAILURES, "{request}",
                "Summary-metric pushes to the OTLP export endpoint that failed after their retries.",
                (), kind="counter"),
-    MetricSpec("traceml.processor.series.left_out", "{series}",
+    MetricSpec(METRIC_PROCESSOR_SERIES_LEFT_OUT, "{series}",
                "Series left out of the latest /metrics scrape or push because the series limit was reached "
                "(whole runs, the most recently first seen first).", ()),
 )

@@ -2,6 +2,7 @@
 
 Pure: nothing here loads SQLite, aligns steps or diagnoses (docs/SCHEMA.md).
 """
+from traceml.processor.metric_point import MetricPoint, make_point
 from traceml.processor.reporting.final_summary import (
     FINAL_SUMMARY_FILE,
     PUBLIC_METRIC_KEYS,
@@ -12,7 +13,7 @@ from traceml.processor.reporting.final_summary import (
     write_final_summary,
 )
 from traceml.processor.reporting.inputs import RankMemory, RankTelemetry, RunMetadata, RunTelemetry
-from traceml.processor.reporting.summary_metrics import MetricPoint, make_point, summary_metric_points
+from traceml.processor.reporting.summary_metrics import summary_metric_points
 
 __all__ = [
     "FINAL_SUMMARY_FILE", "PUBLIC_METRIC_KEYS", "PUBLIC_METRICS", "SUMMARY_CARD_FILE",

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from traceml.processor.metric_point import SPECS, MetricPoint
 from traceml.processor.reporting.inputs import RankMemory, RankTelemetry
 from traceml.processor.reporting.resources import resource_window_of
 from traceml.processor.resources import model as res
@@ -37,28 +37,37 @@ from traceml.schema.vocabulary import (
     ATTR_RANK,
     ATTR_RUN_ID,
     ATTR_STATISTIC,
+    METRIC_DIAGNOSIS_ACTIVE,
+    METRIC_RANK_GPU_MEMORY_USAGE,
+    METRIC_RANK_GPU_UTILIZATION,
+    METRIC_RANK_MEMORY_PEAK,
+    METRIC_RANK_METRIC,
+    METRIC_RANK_PROCESS_CPU_UTILIZATION,
+    METRIC_RANK_PROCESS_MEMORY_USAGE,
+    METRIC_RANK_TELEMETRY_DROPPED,
+    METRIC_RUN_EXPORTED_RANKS,
+    METRIC_RUN_FIRST_STEP,
+    METRIC_RUN_FRESH,
+    METRIC_RUN_GPU_MEMORY_USAGE,
+    METRIC_RUN_GPU_POWER,
+    METRIC_RUN_GPU_TEMPERATURE,
+    METRIC_RUN_GPU_UTILIZATION,
+    METRIC_RUN_HOST_CPU_UTILIZATION,
+    METRIC_RUN_HOST_MEMORY_UTILIZATION,
+    METRIC_RUN_MEMORY_PEAK,
+    METRIC_RUN_PROCESS_CPU_UTILIZATION,
+    METRIC_RUN_PROCESS_MEMORY_USAGE,
+    METRIC_RUN_TELEMETRY_DROPPED,
     METRIC_STEP_TIME,
+    METRIC_WINDOW_LAST_STEP,
+    METRIC_WINDOW_METRIC,
+    METRIC_WINDOW_RANKS,
+    METRIC_WINDOW_SKEW,
+    METRIC_WINDOW_STEPS,
     QUEUE_NAMES,
     RESOURCE_STATISTICS,
     STATISTICS,
-    SUMMARY_METRICS,
-    MetricSpec,
 )
-
-WINDOW_METRIC = "traceml.window.metric"
-WINDOW_SKEW = "traceml.window.skew"
-RANK_METRIC = "traceml.rank.metric"
-WINDOW_STEPS = "traceml.window.steps"
-WINDOW_RANKS = "traceml.window.ranks"
-WINDOW_LAST_STEP = "traceml.window.last_step"
-RUN_FIRST_STEP = "traceml.run.first_step"
-RUN_FRESH = "traceml.run.fresh"
-RANK_MEMORY_PEAK = "traceml.rank.memory.peak"
-DIAGNOSIS_ACTIVE = "traceml.diagnosis.active"
-RANK_TELEMETRY_DROPPED = "traceml.rank.telemetry.dropped"
-RUN_TELEMETRY_DROPPED = "traceml.run.telemetry.dropped"
-RUN_MEMORY_PEAK = "traceml.run.memory.peak"
-RUN_EXPORTED_RANKS = "traceml.run.exported_ranks"
 
 # The analysis's resource figures (`processor.resources.model`) -> the summary metric each feeds.
 # Rank figures and node figures are separate maps: they share keys (`cpu_utilization`). Left
@@ -66,48 +75,46 @@ RUN_EXPORTED_RANKS = "traceml.run.exported_ranks"
 # machine rather than the run, and the allocator figures, which `traceml.run.memory.peak`
 # already carries from the step spans.
 RUN_RANK_FIGURE_METRICS: Mapping[str, str] = {
-    res.CPU_UTILIZATION: "traceml.run.process.cpu.utilization",
-    res.RSS_BYTES: "traceml.run.process.memory.usage",
-    res.GPU_UTILIZATION: "traceml.run.gpu.utilization",
-    res.GPU_MEMORY_USED_BYTES: "traceml.run.gpu.memory.usage",
-    res.GPU_TEMPERATURE_C: "traceml.run.gpu.temperature",
-    res.GPU_POWER_W: "traceml.run.gpu.power",
+    res.CPU_UTILIZATION: METRIC_RUN_PROCESS_CPU_UTILIZATION,
+    res.RSS_BYTES: METRIC_RUN_PROCESS_MEMORY_USAGE,
+    res.GPU_UTILIZATION: METRIC_RUN_GPU_UTILIZATION,
+    res.GPU_MEMORY_USED_BYTES: METRIC_RUN_GPU_MEMORY_USAGE,
+    res.GPU_TEMPERATURE_C: METRIC_RUN_GPU_TEMPERATURE,
+    res.GPU_POWER_W: METRIC_RUN_GPU_POWER,
 }
 RUN_NODE_FIGURE_METRICS: Mapping[str, str] = {
-    res.HOST_CPU_UTILIZATION: "traceml.run.host.cpu.utilization",
-    res.HOST_MEMORY_UTILIZATION: "traceml.run.host.memory.utilization",
+    res.HOST_CPU_UTILIZATION: METRIC_RUN_HOST_CPU_UTILIZATION,
+    res.HOST_MEMORY_UTILIZATION: METRIC_RUN_HOST_MEMORY_UTILIZATION,
 }
 RANK_FIGURE_METRICS: Mapping[str, str] = {
-    res.CPU_UTILIZATION: "traceml.rank.process.cpu.utilization",
-    res.RSS_BYTES: "traceml.rank.process.memory.usage",
-    res.GPU_UTILIZATION: "traceml.rank.gpu.utilization",
-    res.GPU_MEMORY_USED_BYTES: "traceml.rank.gpu.memory.usage",
+    res.CPU_UTILIZATION: METRIC_RANK_PROCESS_CPU_UTILIZATION,
+    res.RSS_BYTES: METRIC_RANK_PROCESS_MEMORY_USAGE,
+    res.GPU_UTILIZATION: METRIC_RANK_GPU_UTILIZATION,
+    res.GPU_MEMORY_USED_BYTES: METRIC_RANK_GPU_MEMORY_USAGE,
 }
 
 DEFAULT_RANK_SERIES_TOP_K = 8
 """Ranks per run exported by deviation score, beyond the culprits, victims, worst and
 representative rank (`--rank-series-top-k`, `TRACEML_PROCESSOR_RANK_SERIES_TOP_K`)."""
 
-SPECS: Mapping[str, MetricSpec] = {spec.name: spec for spec in SUMMARY_METRICS}
-
 # The attribute order each point below is built in; checked against the vocabulary at import
 # so that a vocabulary change cannot silently shift values onto the wrong keys.
 _BUILT_ORDER: Mapping[str, tuple[str, ...]] = {
-    WINDOW_METRIC: (ATTR_RUN_ID, ATTR_METRIC, ATTR_STATISTIC),
-    WINDOW_SKEW: (ATTR_RUN_ID, ATTR_METRIC),
-    RANK_METRIC: (ATTR_RUN_ID, ATTR_RANK, ATTR_METRIC),
-    WINDOW_STEPS: (ATTR_RUN_ID,),
-    WINDOW_RANKS: (ATTR_RUN_ID,),
-    WINDOW_LAST_STEP: (ATTR_RUN_ID,),
-    RUN_FIRST_STEP: (ATTR_RUN_ID,),
-    RUN_FRESH: (ATTR_RUN_ID, ATTR_FRESHNESS),
-    RANK_MEMORY_PEAK: (ATTR_RUN_ID, ATTR_RANK),
-    DIAGNOSIS_ACTIVE: (ATTR_RUN_ID, ATTR_DIAGNOSIS_KIND, ATTR_DIAGNOSIS_SEVERITY, ATTR_DIAGNOSIS_STATUS,
-                       ATTR_CULPRIT_RANK),
-    RANK_TELEMETRY_DROPPED: (ATTR_RUN_ID, ATTR_RANK, ATTR_QUEUE),
-    RUN_TELEMETRY_DROPPED: (ATTR_RUN_ID, ATTR_QUEUE),
-    RUN_MEMORY_PEAK: (ATTR_RUN_ID, ATTR_STATISTIC),
-    RUN_EXPORTED_RANKS: (ATTR_RUN_ID,),
+    METRIC_WINDOW_METRIC: (ATTR_RUN_ID, ATTR_METRIC, ATTR_STATISTIC),
+    METRIC_WINDOW_SKEW: (ATTR_RUN_ID, ATTR_METRIC),
+    METRIC_RANK_METRIC: (ATTR_RUN_ID, ATTR_RANK, ATTR_METRIC),
+    METRIC_WINDOW_STEPS: (ATTR_RUN_ID,),
+    METRIC_WINDOW_RANKS: (ATTR_RUN_ID,),
+    METRIC_WINDOW_LAST_STEP: (ATTR_RUN_ID,),
+    METRIC_RUN_FIRST_STEP: (ATTR_RUN_ID,),
+    METRIC_RUN_FRESH: (ATTR_RUN_ID, ATTR_FRESHNESS),
+    METRIC_RANK_MEMORY_PEAK: (ATTR_RUN_ID, ATTR_RANK),
+    METRIC_DIAGNOSIS_ACTIVE: (ATTR_RUN_ID, ATTR_DIAGNOSIS_KIND, ATTR_DIAGNOSIS_SEVERITY,
+                              ATTR_DIAGNOSIS_STATUS, ATTR_CULPRIT_RANK),
+    METRIC_RANK_TELEMETRY_DROPPED: (ATTR_RUN_ID, ATTR_RANK, ATTR_QUEUE),
+    METRIC_RUN_TELEMETRY_DROPPED: (ATTR_RUN_ID, ATTR_QUEUE),
+    METRIC_RUN_MEMORY_PEAK: (ATTR_RUN_ID, ATTR_STATISTIC),
+    METRIC_RUN_EXPORTED_RANKS: (ATTR_RUN_ID,),
     **{name: (ATTR_RUN_ID, ATTR_STATISTIC)
        for name in (*RUN_RANK_FIGURE_METRICS.values(), *RUN_NODE_FIGURE_METRICS.values())},
     **{name: (ATTR_RUN_ID, ATTR_RANK) for name in RANK_FIGURE_METRICS.values()},
@@ -126,29 +133,6 @@ EXPORTED_METRICS: tuple[str, ...] = (
 
 NO_RANK = ""
 """`traceml.diagnosis.culprit_rank` of an issue that names no rank (an absent Prometheus label)."""
-
-
-@dataclass(frozen=True, slots=True)
-class MetricPoint:
-    """One gauge or counter value with its data-point attributes (keys in the spec's order)."""
-
-    name: str
-    attributes: Mapping[str, str]
-    value: float
-
-    def check(self) -> "MetricPoint":
-        """Raise ValueError unless the name and attribute keys are exactly a SUMMARY_METRICS spec's."""
-        spec = SPECS.get(self.name)
-        if spec is None:
-            raise ValueError(f"{self.name!r} is not a summary metric")
-        if tuple(self.attributes) != spec.attributes:
-            raise ValueError(f"{self.name}: attributes {tuple(self.attributes)} != {spec.attributes}")
-        return self
-
-
-def make_point(name: str, attributes: Mapping[str, str], value: float) -> MetricPoint:
-    """A checked point, for callers that build their own (the projection builds from specs)."""
-    return MetricPoint(name, dict(attributes), float(value)).check()
 
 
 def _point(name: str, values: tuple, value: float) -> MetricPoint:
@@ -242,11 +226,11 @@ def summary_metric_points(
         for statistic in ("median", "worst", "average"):
             value = getattr(stats, statistic)
             if value is not None:
-                points.append(_point(WINDOW_METRIC, (run, metric, statistic), _s(value)))
+                points.append(_point(METRIC_WINDOW_METRIC, (run, metric, statistic), _s(value)))
         if stats.skew is not None:
-            points.append(_point(WINDOW_SKEW, (run, metric), float(stats.skew)))
+            points.append(_point(METRIC_WINDOW_SKEW, (run, metric), float(stats.skew)))
 
-    rank_keys = SPECS[RANK_METRIC].attributes
+    rank_keys = SPECS[METRIC_RANK_METRIC].attributes
     for rank in ranks:
         facts = window.rank_facts.get(rank)
         if facts is None:
@@ -256,22 +240,22 @@ def summary_metric_points(
         for metric in EXPORTED_METRICS:
             value = getattr(average, metric)
             if value is not None:
-                points.append(MetricPoint(RANK_METRIC, dict(zip(rank_keys, (run, label, metric))),
+                points.append(MetricPoint(METRIC_RANK_METRIC, dict(zip(rank_keys, (run, label, metric))),
                                           value / 1000.0))
 
-    points.append(_point(WINDOW_STEPS, (run,), float(window.step_count)))
-    points.append(_point(WINDOW_RANKS, (run,), float(len(window.expected_ranks))))
-    points.append(_point(RUN_EXPORTED_RANKS, (run,), float(len(ranks))))
+    points.append(_point(METRIC_WINDOW_STEPS, (run,), float(window.step_count)))
+    points.append(_point(METRIC_WINDOW_RANKS, (run,), float(len(window.expected_ranks))))
+    points.append(_point(METRIC_RUN_EXPORTED_RANKS, (run,), float(len(ranks))))
     if window.steps:
-        points.append(_point(WINDOW_LAST_STEP, (run,), float(window.steps[-1])))
+        points.append(_point(METRIC_WINDOW_LAST_STEP, (run,), float(window.steps[-1])))
     if first_step_stored is not None:
-        points.append(_point(RUN_FIRST_STEP, (run,), float(first_step_stored)))
+        points.append(_point(METRIC_RUN_FIRST_STEP, (run,), float(first_step_stored)))
 
     if freshness is not None:
         if freshness not in FRESHNESS_STATES:
             raise ValueError(f"unknown freshness {freshness!r}")
         for state in FRESHNESS_STATES:
-            points.append(_point(RUN_FRESH, (run, state), 1.0 if state == freshness else 0.0))
+            points.append(_point(METRIC_RUN_FRESH, (run, state), 1.0 if state == freshness else 0.0))
 
     peaks = []
     for m in sorted(memory, key=lambda m: m.global_rank):
@@ -279,18 +263,18 @@ def summary_metric_points(
             continue
         peaks.append(float(m.peak_allocated_bytes))
         if m.global_rank in exported:
-            points.append(_point(RANK_MEMORY_PEAK, (run, str(m.global_rank)), float(m.peak_allocated_bytes)))
+            points.append(_point(METRIC_RANK_MEMORY_PEAK, (run, str(m.global_rank)), float(m.peak_allocated_bytes)))
     if peaks:
         median, worst, average = STATISTICS
         for statistic, value in ((median, statistics.median(peaks)), (worst, max(peaks)),
                                  (average, statistics.fmean(peaks))):
-            points.append(_point(RUN_MEMORY_PEAK, (run, statistic), float(value)))
+            points.append(_point(METRIC_RUN_MEMORY_PEAK, (run, statistic), float(value)))
 
     points += _resource_points(analysis, run, ranks)
 
     for issue in analysis.diagnosis.issues:
         culprit = NO_RANK if issue.culprit_rank is None else str(issue.culprit_rank)
-        points.append(_point(DIAGNOSIS_ACTIVE, (run, issue.kind, issue.severity, issue.status, culprit),
+        points.append(_point(METRIC_DIAGNOSIS_ACTIVE, (run, issue.kind, issue.severity, issue.status, culprit),
                              float(issue.score or 0.0)))
 
     totals = dict.fromkeys(QUEUE_NAMES, 0)
@@ -299,10 +283,10 @@ def summary_metric_points(
             count = int(t.dropped.get(queue, 0))
             totals[queue] += count
             if t.global_rank in exported:
-                points.append(_point(RANK_TELEMETRY_DROPPED, (run, str(t.global_rank), queue), float(count)))
+                points.append(_point(METRIC_RANK_TELEMETRY_DROPPED, (run, str(t.global_rank), queue), float(count)))
     if telemetry:
         for queue in QUEUE_NAMES:
-            points.append(_point(RUN_TELEMETRY_DROPPED, (run, queue), float(totals[queue])))
+            points.append(_point(METRIC_RUN_TELEMETRY_DROPPED, (run, queue), float(totals[queue])))
     return tuple(points)
 
 

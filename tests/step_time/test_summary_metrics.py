@@ -8,8 +8,8 @@ import pytest
 from tests.harness.resource_windows import busy_gpu_run
 from tests.step_time.handbuilt_windows import rank_values, window
 from traceml.processor.diagnosis import diagnose
+from traceml.processor.metric_point import make_point
 from traceml.processor.reporting import RankMemory, RankTelemetry, summary_metric_points
-from traceml.processor.reporting.summary_metrics import make_point
 from traceml.processor.step_time.model import FRESHNESS_STATES, StepTimeAnalysis
 from traceml.schema.vocabulary import ATTR_STEP, SUMMARY_METRICS
 

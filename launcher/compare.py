@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence, TextIO
 
-from traceml.launcher import run_dir as rd
+from traceml.schema.summary import FINAL_SUMMARY_FILE
 
 # (public key, label) in display order.
 COMPARED_METRICS: tuple[tuple[str, str], ...] = (
@@ -121,7 +121,7 @@ class SummaryLoadError(ValueError):
 def load_summary(path: str | Path) -> tuple[Path, dict[str, Any]]:
     path = Path(path)
     if path.is_dir():
-        path = path / rd.SUMMARY_FILENAME
+        path = path / FINAL_SUMMARY_FILE
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:

@@ -17,6 +17,7 @@ from typing import Any, TextIO
 
 from traceml.launcher import run_dir as rd
 from traceml.schema.diagnosis import NO_STEPS
+from traceml.schema.summary import FINAL_SUMMARY_FILE
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ def write_report(db_path: Path, run_id: str, folder: Path, launcher=None) -> Fin
     launcher = _kept_launcher_ending(Path(db_path), run_id, launcher)
     folder.mkdir(parents=True, exist_ok=True)
     written = [Path(p) for p in write_final_summary(Path(db_path), run_id, Path(folder), launcher=launcher)]
-    summary_path = next((p for p in written if p.suffix == ".json"), folder / rd.SUMMARY_FILENAME)
+    summary_path = next((p for p in written if p.suffix == ".json"), folder / FINAL_SUMMARY_FILE)
     card_path = next((p for p in written if p.suffix == ".txt"), None)
     summary = json.loads(summary_path.read_text())
     card = card_path.read_text() if card_path is not None else str(summary.get("card") or "")
@@ -93,5 +94,5 @@ def finalize_run(run_path: Path, run_id: str, *, out: TextIO, print_card: bool =
         print(f"[traceml] text card:     {report.card_path}", file=out)
     if (report.diagnosis or {}).get("kind") != NO_STEPS:  # nothing to compare without a step
         print(f"[traceml] compare runs:  traceml compare {report.summary_path} <other run>/"
-              f"{rd.SUMMARY_FILENAME}", file=out, flush=True)
+              f"{FINAL_SUMMARY_FILE}", file=out, flush=True)
     return report

@@ -18,8 +18,6 @@ from traceml.schema import run_id as _run_id
 
 DEFAULT_RUNS_DIR = "traceml_runs"
 DB_FILENAME = "traceml.sqlite"
-SUMMARY_FILENAME = "final_summary.json"
-CARD_FILENAME = "summary_card.txt"
 LAUNCHER_ENDING_FILENAME = "launcher_ending.json"
 """Beside the database: the ranks' exit codes as `traceml run` saw them, for `traceml summary`."""
 

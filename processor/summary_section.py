@@ -181,10 +181,11 @@ def build_final_summary(db_path: Path, run_id: str, *, generated_at: float | Non
 
 def write_final_summary(db_path: Path, run_id: str, folder: Path, *,
                         launcher: LauncherEnding | None = None) -> tuple[Path, Path]:
-    """Build and write `final_summary.json` + the text card into `folder` (atomic writes)."""
-    from traceml.processor.reporting.final_summary import write_final_summary as write_files
+    """Build the run's final summary from the store and write `final_summary.json` + the text card
+    into `folder` (atomic writes, by `reporting.write_summary_files`)."""
+    from traceml.processor.reporting.final_summary import write_summary_files
 
-    return write_files(folder, build_final_summary(Path(db_path), run_id, launcher=launcher))
+    return write_summary_files(folder, build_final_summary(Path(db_path), run_id, launcher=launcher))
 
 
 def live_points(result, db_path: Path, *, top_k: int | None = None) -> Sequence:

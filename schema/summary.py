@@ -1,4 +1,4 @@
-"""The public final-summary schema version: the one place it lives.
+"""The public final-summary schema: its version (the one place it lives) and its files' names.
 
 Bump it (and add a CHANGELOG entry) whenever a public key or null pattern of
 `final_summary.json` changes; the golden test refuses such a change otherwise.
@@ -10,6 +10,11 @@ from __future__ import annotations
 from importlib import resources
 
 SCHEMA_VERSION = "1.6"
+
+FINAL_SUMMARY_FILE = "final_summary.json"
+SUMMARY_CARD_FILE = "summary_card.txt"
+"""The two files of a run's final summary, named alike wherever they are written (`traceml run`'s
+run folder, the processor's `--summary-dir`) and read (`traceml summary`, `traceml compare`)."""
 
 
 def final_summary_json_schema_text() -> str:

@@ -31,12 +31,9 @@ from traceml.processor.reporting.resources import (
 )
 from traceml.processor.resources.model import ResourceWindow
 from traceml.processor.step_time.model import DiagnosisIssue, StepTimeAnalysis, StepTimeWindow
-from traceml.schema.summary import SCHEMA_VERSION
+from traceml.schema.summary import FINAL_SUMMARY_FILE, SCHEMA_VERSION, SUMMARY_CARD_FILE
 from traceml.schema.endings import OUTCOME_FAILED, OUTCOME_FINISHED, OUTCOME_INTERRUPTED, OUTCOME_LOST, OUTCOMES
 from traceml.schema.vocabulary import QUEUE_NAMES
-
-FINAL_SUMMARY_FILE = "final_summary.json"
-SUMMARY_CARD_FILE = "summary_card.txt"
 
 # Public key -> window metric name. The order is the card's and the schema's.
 PUBLIC_METRICS: tuple[tuple[str, str], ...] = (
@@ -430,8 +427,10 @@ def _rank(rank: int | None) -> str:
 # --- Files ----------------------------------------------------------------------------------
 
 
-def write_final_summary(directory: str | os.PathLike, summary: Mapping) -> tuple[Path, Path]:
-    """Write `final_summary.json` and `summary_card.txt` atomically (temp file + rename)."""
+def write_summary_files(directory: str | os.PathLike, summary: Mapping) -> tuple[Path, Path]:
+    """Write a built summary's `final_summary.json` and `summary_card.txt` atomically (temp file +
+    rename): the one writer of the two files (`summary_section.write_final_summary` builds a run's
+    summary from its store and hands it here)."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     json_path, card_path = out / FINAL_SUMMARY_FILE, out / SUMMARY_CARD_FILE

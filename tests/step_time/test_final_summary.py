@@ -18,7 +18,7 @@ from traceml.processor.reporting import (
     RunMetadata,
     RunTelemetry,
     project_final_summary,
-    write_final_summary,
+    write_summary_files,
 )
 from traceml.processor.step_time.model import StepTimeAnalysis
 from traceml.schema.summary import SCHEMA_VERSION, final_summary_json_schema_text
@@ -158,9 +158,9 @@ def test_non_finite_values_never_reach_the_file():
     json.dumps(summary, allow_nan=False)
 
 
-def test_write_final_summary_round_trips(tmp_path):
+def test_write_summary_files_round_trips(tmp_path):
     summary = project_final_summary(straggler_analysis(), RunMetadata("run-x", generated_at=1.0))
-    json_path, card_path = write_final_summary(tmp_path / "out", summary)
+    json_path, card_path = write_summary_files(tmp_path / "out", summary)
     assert json_path.name == FINAL_SUMMARY_FILE and card_path.name == SUMMARY_CARD_FILE
     assert json.loads(json_path.read_text()) == summary
     assert card_path.read_text() == summary["card"]

@@ -33,11 +33,10 @@ from typing import Mapping
 from traceml.schema import environment as env_names
 from traceml.schema import vocabulary as v
 from traceml.schema.run_id import (
-    SOURCE_ARGUMENT,
     SOURCE_GENERATED,
-    SOURCE_RENDEZVOUS,
-    SOURCE_SLURM,
-    SOURCE_TRACEML_ENV,
+    SOURCE_LAUNCHER_PROCESS,
+    SOURCE_RENDEZVOUS_STORE,
+    RunIdSource,
     declared_run_id,
     fresh_run_id,
 )
@@ -47,11 +46,7 @@ _log = logging.getLogger("traceml.exporter.identity")
 RUN_ID_STORE_KEY = "traceml/run_id"
 STORE_TIMEOUT_S = 5.0
 
-SOURCE_TORCHELASTIC = SOURCE_RENDEZVOUS  # in a rank the rendezvous id is TORCHELASTIC_RUN_ID
-SOURCE_STORE = "rendezvous_store"
-SOURCE_LAUNCHER = "launcher_process"
-__all__ = ["RunIdentity", "resolve_identity", "fresh_run_id", "SOURCE_ARGUMENT", "SOURCE_TRACEML_ENV",
-           "SOURCE_TORCHELASTIC", "SOURCE_SLURM", "SOURCE_STORE", "SOURCE_LAUNCHER", "SOURCE_GENERATED"]
+__all__ = ["RunIdentity", "resolve_identity", "fresh_run_id"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +61,7 @@ class RunIdentity:
     local_world_size: int
     hostname: str
     strategy: str
-    run_id_source: str = SOURCE_GENERATED
+    run_id_source: RunIdSource = SOURCE_GENERATED  # which source gave the id (`schema.run_id`)
     attempt: int = 0  # elastic restart attempt (TORCHELASTIC_RESTART_COUNT): earlier attempts' steps stay apart
 
     @property
@@ -154,7 +149,7 @@ def _resolve_strategy(strategy: str | None, env: Mapping[str, str], world_size: 
 # --- run id --------------------------------------------------------------------------------
 
 def _resolve_run_id(explicit: str | None, env: Mapping[str, str], world_size: int,
-                    local_world_size: int, use_store: bool) -> tuple[str, str]:
+                    local_world_size: int, use_store: bool) -> tuple[str, RunIdSource]:
     declared = declared_run_id(explicit, env.get(env_names.TORCHELASTIC_RUN_ID), env)
     if declared is not None:
         return declared
@@ -163,13 +158,13 @@ def _resolve_run_id(explicit: str | None, env: Mapping[str, str], world_size: in
     if use_store:
         agreed = _agreed_run_id(env)
         if agreed:
-            return agreed, SOURCE_STORE
+            return agreed, SOURCE_RENDEZVOUS_STORE
     derived = _launcher_run_id(env)
     if derived and local_world_size < world_size:
         _log.warning("traceml: no run id source reachable from every node (TRACEML_RUN_ID, "
                      "TORCHELASTIC_RUN_ID, SLURM_JOB_ID, rendezvous store); ranks on different "
                      "nodes may disagree. Set TRACEML_RUN_ID to one value for the whole job.")
-    return (derived, SOURCE_LAUNCHER) if derived else (fresh_run_id(), SOURCE_GENERATED)
+    return (derived, SOURCE_LAUNCHER_PROCESS) if derived else (fresh_run_id(), SOURCE_GENERATED)
 
 
 def _agreed_run_id(env: Mapping[str, str]) -> str | None:

@@ -21,19 +21,10 @@ DB_FILENAME = "traceml.sqlite"
 LAUNCHER_ENDING_FILENAME = "launcher_ending.json"
 """Beside the database: the ranks' exit codes as `traceml run` saw them, for `traceml summary`."""
 
-_SOURCE_NAMES = {
-    _run_id.SOURCE_ARGUMENT: "explicit",
-    _run_id.SOURCE_TRACEML_ENV: "explicit",
-    _run_id.SOURCE_RENDEZVOUS: "rdzv_id",
-    _run_id.SOURCE_SLURM: "slurm",
-}
-"""The launcher's names for the sources (`ResolvedRunId.source`; `launcher.run` checks for `generated`)."""
-
-
 @dataclass(frozen=True, slots=True)
 class ResolvedRunId:
     run_id: str
-    source: str  # "explicit" | "rdzv_id" | "slurm" | "generated"
+    source: _run_id.RunIdSource  # the ranks' vocabulary; `launcher.run` checks for SOURCE_GENERATED
 
 
 def resolve_run_id(explicit: str | None, rdzv_id: str | None,
@@ -41,9 +32,9 @@ def resolve_run_id(explicit: str | None, rdzv_id: str | None,
     environ = os.environ if environ is None else environ
     declared = _run_id.declared_run_id(explicit, rdzv_id, environ)
     if declared is None:
-        return ResolvedRunId(_run_id.fresh_run_id(), "generated")
+        return ResolvedRunId(_run_id.fresh_run_id(), _run_id.SOURCE_GENERATED)
     value, source = declared
-    return ResolvedRunId(value, _SOURCE_NAMES[source])
+    return ResolvedRunId(value, source)
 
 
 def run_directory(runs_dir: str | os.PathLike[str], run_id: str) -> Path:

@@ -14,28 +14,39 @@ order of the declared sources lives here, once:
 
 What happens when no source declares an id is each side's own decision (ranks
 agree on a generated one through the rendezvous store; the launcher generates
-one); both generate it with `fresh_run_id()`. Standard library only.
+one); both generate it with `fresh_run_id()`. Which source gave the id is named
+by one vocabulary on both sides (`RunIdSource`): a rank's `RunIdentity.run_id_source`
+and the launcher's `ResolvedRunId.source`. Standard library only.
 """
 from __future__ import annotations
 
 import secrets
 import time
-from typing import Mapping
+from typing import Literal, Mapping
 
-from .environment import SLURM_JOB_ID, TRACEML_RUN_ID
+from .environment import SLURM_JOB_ID, TORCHELASTIC_RUN_ID, TRACEML_RUN_ID
 
-SOURCE_ARGUMENT = "argument"
-SOURCE_TRACEML_ENV = TRACEML_RUN_ID
-SOURCE_RENDEZVOUS = "TORCHELASTIC_RUN_ID"
-SOURCE_SLURM = SLURM_JOB_ID
-SOURCE_GENERATED = "generated"
+RunIdSource = Literal["argument", "TRACEML_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID",
+                      "rendezvous_store", "launcher_process", "generated"]
+# The declared sources, in their order of precedence:
+SOURCE_ARGUMENT: RunIdSource = "argument"
+SOURCE_TRACEML_ENV: RunIdSource = TRACEML_RUN_ID
+SOURCE_RENDEZVOUS: RunIdSource = TORCHELASTIC_RUN_ID  # a rank's variable; the launcher's `--rdzv-id`
+SOURCE_SLURM: RunIdSource = SLURM_JOB_ID
+# When none declares one: the ranks' agreement through the job's rendezvous store, or the id
+# derived from the launcher process the local ranks share (exporter.identity); else a fresh id.
+SOURCE_RENDEZVOUS_STORE: RunIdSource = "rendezvous_store"
+SOURCE_LAUNCHER_PROCESS: RunIdSource = "launcher_process"
+SOURCE_GENERATED: RunIdSource = "generated"
+RUN_ID_SOURCES: tuple[RunIdSource, ...] = (SOURCE_ARGUMENT, SOURCE_TRACEML_ENV, SOURCE_RENDEZVOUS, SOURCE_SLURM,
+                                           SOURCE_RENDEZVOUS_STORE, SOURCE_LAUNCHER_PROCESS, SOURCE_GENERATED)
 
 RENDEZVOUS_UNSET = "none"
 """The rendezvous id plain `torchrun` (no `--rdzv-id`) sets: no id was chosen."""
 
 
 def declared_run_id(explicit: str | None, rendezvous_id: str | None,
-                    environ: Mapping[str, str]) -> tuple[str, str] | None:
+                    environ: Mapping[str, str]) -> tuple[str, RunIdSource] | None:
     """`(run id, source)` from the first source that declares one, else None.
 
     Args:

@@ -8,15 +8,15 @@ import textwrap
 
 import pytest
 
-from traceml.exporter.identity import (
+from traceml.exporter.identity import resolve_identity
+from traceml.schema.run_id import (
     SOURCE_ARGUMENT,
     SOURCE_GENERATED,
-    SOURCE_LAUNCHER,
+    SOURCE_LAUNCHER_PROCESS,
+    SOURCE_RENDEZVOUS,
+    SOURCE_RENDEZVOUS_STORE,
     SOURCE_SLURM,
-    SOURCE_STORE,
-    SOURCE_TORCHELASTIC,
     SOURCE_TRACEML_ENV,
-    resolve_identity,
 )
 
 TORCHRUN_2 = {"RANK": "1", "LOCAL_RANK": "1", "GROUP_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
@@ -29,7 +29,7 @@ def test_precedence_argument_then_traceml_then_torchelastic_then_slurm():
     assert resolve_identity(environ=env).run_id_source == SOURCE_TRACEML_ENV
     del env["TRACEML_RUN_ID"]
     assert (resolve_identity(environ=env).run_id, resolve_identity(environ=env).run_id_source) == \
-        ("e", SOURCE_TORCHELASTIC)
+        ("e", SOURCE_RENDEZVOUS)
     del env["TORCHELASTIC_RUN_ID"]
     assert (resolve_identity(environ=env).run_id, resolve_identity(environ=env).run_id_source) == ("s", SOURCE_SLURM)
 
@@ -89,7 +89,7 @@ def test_ranks_agree_through_the_rendezvous_store_and_the_next_job_differs():
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "WORLD_SIZE": "2",
                "LOCAL_WORLD_SIZE": "2"}
         ranks = [resolve_identity(environ=dict(env, RANK=str(r), LOCAL_RANK=str(r))) for r in (1, 0)]
-        assert {i.run_id_source for i in ranks} == {SOURCE_STORE}
+        assert {i.run_id_source for i in ranks} == {SOURCE_RENDEZVOUS_STORE}
         assert ranks[0].run_id == ranks[1].run_id
         ids.append(ranks[0].run_id)
         del store
@@ -120,7 +120,7 @@ def test_without_a_store_ranks_under_one_launcher_agree_and_consecutive_jobs_dif
     assert jobs[0][0] != jobs[1][0]
     # Same-process check of the source label.
     ident = resolve_identity(environ={"WORLD_SIZE": "2", "RANK": "0", "MASTER_PORT": "1"}, use_store=False)
-    assert ident.run_id_source == SOURCE_LAUNCHER
+    assert ident.run_id_source == SOURCE_LAUNCHER_PROCESS
 
 
 @pytest.mark.parametrize("explicit, rdzv, environ", [

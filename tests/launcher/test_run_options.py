@@ -50,10 +50,10 @@ def test_bad_refresh_is_a_usage_error():
 
 
 @pytest.mark.parametrize("explicit, rdzv, environ, expected, source", [
-    ("cli", "rdzv", {"TRACEML_RUN_ID": "env", "SLURM_JOB_ID": "9"}, "cli", "explicit"),
-    (None, "rdzv", {"TRACEML_RUN_ID": "env", "SLURM_JOB_ID": "9"}, "env", "explicit"),
-    (None, "rdzv", {"SLURM_JOB_ID": "9"}, "rdzv", "rdzv_id"),
-    (None, "none", {"SLURM_JOB_ID": "9"}, "9", "slurm"),
+    ("cli", "rdzv", {"TRACEML_RUN_ID": "env", "SLURM_JOB_ID": "9"}, "cli", "argument"),
+    (None, "rdzv", {"TRACEML_RUN_ID": "env", "SLURM_JOB_ID": "9"}, "env", "TRACEML_RUN_ID"),
+    (None, "rdzv", {"SLURM_JOB_ID": "9"}, "rdzv", "TORCHELASTIC_RUN_ID"),  # --rdzv-id: the ranks' variable
+    (None, "none", {"SLURM_JOB_ID": "9"}, "9", "SLURM_JOB_ID"),
     (None, None, {"TRACEML_RUN_ID": "  "}, None, "generated"),
 ])
 def test_run_id_precedence(explicit, rdzv, environ, expected, source):

@@ -57,7 +57,3 @@ def note_ending(ending: ProcessEnding) -> None:
 def noted_ending() -> ProcessEnding | None:
     with _lock:
         return _noted
-
-
-def _reset_for_tests() -> None:
-    note_ending(None)  # type: ignore[arg-type]

@@ -238,10 +238,3 @@ def _timed_call(cls, patch: _ClassPatch):
     __call__.__qualname__ = f"{cls.__qualname__}.__call__"
     __call__.__doc__ = "TraceML forward timing around this class's module call (see traceml.forward)."
     return __call__
-
-
-def _reset_for_tests() -> None:
-    """Undo every module's forward timing (tests only: `wrap_forward` outlives shutdown())."""
-    with _lock:
-        while _timers:
-            _release(_timers.popitem()[1])

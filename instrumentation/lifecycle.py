@@ -15,7 +15,6 @@ import logging
 import os
 import threading
 
-from . import forward as _forward
 from . import settings as _settings
 from . import step_boundary
 from . import step_events as _se
@@ -61,6 +60,10 @@ def init(mode: str | None = None, *, endpoint: str | None = None, protocol: str 
         session.disabled = config.disabled
         if config.disabled or session.initialized:
             return
+        # A component below its floor: UnsupportedVersion naming it, before anything is patched.
+        from traceml.schema.version_floors import TRAINING, require
+
+        require(TRAINING)
         session.default_device = _detect_default_device()
         if session.default_device is not None:
             # Regions before the first step (input wait) get CUDA events too once the
@@ -202,16 +205,3 @@ def _shutdown_at_exit() -> None:
         shutdown(timeout_s=2.0)
     except Exception:
         pass
-
-
-def _reset_for_tests() -> None:
-    """Shut down and forget all process state (tests only)."""
-    shutdown(timeout_s=1.0)
-    _forward._reset_for_tests()
-    _se._reset_for_tests()
-    _timing._reset_for_tests()
-    step_boundary._reset_for_tests()
-    reset_tracker_cache()
-    _session.disabled = _settings.kill_switch()
-    _session.open_step = None
-    _session.default_device = None

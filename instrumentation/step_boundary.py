@@ -406,9 +406,3 @@ def resolve_inferred(totals: dict, phases: tuple) -> tuple:
     totals[RAW_STEP_TIME] = tuple.__new__(type(inferred), (cpu, gpu, 1))
     return tuple([p if p[0] != INFERRED_STEP else tuple.__new__(type(p), (RAW_STEP_TIME, p[1], p[2]))
                   for p in phases])
-
-
-def _reset_for_tests() -> None:
-    global _state
-    disarm()
-    _state = BoundaryState()

@@ -446,23 +446,6 @@ def queue_wakeup(queue: str):
     return {"timing": _timing_queue, "memory": _memory_queue}[queue].wakeup
 
 
-def _reset_for_tests() -> None:
-    """Forget all state (tests only): counter, queues, captures, warnings, owner."""
-    global _next_step, _timing_queue, _memory_queue, _events_dropped, _foreign_dropped
-    _rec.active = None
-    _rec.recording = False
-    _rec.fast = _rec.loader_fast = False
-    _rec.owner = None
-    _next_step = 0
-    _timing_queue = BoundedDropQueue()
-    _memory_queue = BoundedDropQueue()
-    _events_dropped = 0
-    _foreign_dropped = 0
-    held.clear()
-    _warned.clear()
-    _misuse.clear()
-
-
 def wall_offset_ns() -> int:
     """time.time_ns() - time.perf_counter_ns(), sampled now (maps perf stamps to wall clock)."""
     return time.time_ns() - time.perf_counter_ns()

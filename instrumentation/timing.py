@@ -299,10 +299,3 @@ def dataloader_timing_scope(enabled: bool) -> _DataLoaderTimingScope:
 
 def dataloader_timing_enabled() -> bool:
     return _policy.dataloader_timing
-
-
-def _reset_for_tests() -> None:
-    _policy.gpu_default = _policy.gpu_undecided = False
-    _policy.pool = None
-    _policy.dataloader_timing = True
-    _se.refresh_fast_path()

@@ -16,6 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from tests.exporter.exporter_records import identity, step_record
 
 import traceml
+from traceml._testing import reset_for_tests
 from traceml.exporter import resolve_settings
 from traceml.exporter.encoding import OtlpEncoder, resource_attributes
 from traceml.schema import vocabulary as v
@@ -34,9 +35,9 @@ def user_provider(monkeypatch):
         "deployment.environment": "prod", v.ATTR_RANK: 42}))
     provider.add_span_processor(SimpleSpanProcessor(spans))
     monkeypatch.setattr(otel_trace, "get_tracer_provider", lambda: provider)
-    traceml._reset_for_tests()
+    reset_for_tests()
     yield provider, spans
-    traceml._reset_for_tests()
+    reset_for_tests()
     provider.shutdown()
 
 

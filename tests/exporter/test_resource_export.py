@@ -222,13 +222,14 @@ def test_a_cpu_run_sends_process_and_host_metrics_and_nothing_of_a_gpu(fresh_rec
     import time
 
     import traceml
+    from traceml._testing import reset_for_tests
 
     for name in ("LOCAL_RANK", "SLURM_LOCALID", "RANK", "SLURM_PROCID", "TRACEML_RESOURCES", "TRACEML_DISABLE",
                  "OTEL_EXPORTER_OTLP_ENDPOINT"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("TRACEML_RESOURCE_INTERVAL", "0.2")
     run_id = "res-cpu-run"
-    traceml._reset_for_tests()
+    reset_for_tests()
     traceml.init(mode="manual", endpoint=fresh_receiver.grpc_endpoint, protocol="grpc", run_id=run_id)
     try:
         sampler = traceml._resource_sampler
@@ -237,7 +238,7 @@ def test_a_cpu_run_sends_process_and_host_metrics_and_nothing_of_a_gpu(fresh_rec
             time.sleep(0.05)
     finally:
         traceml.shutdown()
-        traceml._reset_for_tests()
+        reset_for_tests()
     names = {metric.name for res, metric, _ in fresh_receiver.metric_points() if res.get(v.ATTR_RUN_ID) == run_id}
     assert {r.PROCESS_CPU_UTILIZATION, r.PROCESS_MEMORY_USAGE, r.SYSTEM_CPU_UTILIZATION, r.SYSTEM_CPU_LOGICAL_COUNT,
             r.SYSTEM_MEMORY_USAGE, r.SYSTEM_MEMORY_LIMIT} <= names

@@ -7,6 +7,7 @@ from tests.instrumentation.instr_fakes import FakeGpuClock
 
 import traceml
 from traceml import step_events, timing
+from traceml._testing import reset_for_tests
 
 
 @pytest.fixture(autouse=True)
@@ -14,9 +15,9 @@ def fresh_state(monkeypatch):
     monkeypatch.delenv("TRACEML_DISABLE", raising=False)
     monkeypatch.delenv("TRACEML_MODE", raising=False)
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
-    traceml._reset_for_tests()
+    reset_for_tests()
     yield
-    traceml._reset_for_tests()
+    reset_for_tests()
     for sink in traceml.samplers.registered_sinks():
         traceml.unregister_sink(sink)
 

@@ -28,6 +28,7 @@ import torch  # noqa: E402
 from transformers import Trainer  # noqa: E402
 
 import traceml  # noqa: E402
+from traceml._testing import reset_for_tests  # noqa: E402
 from traceml import step_events  # noqa: E402
 from traceml.integrations import huggingface as hf  # noqa: E402
 from traceml.integrations.huggingface import guard, installation  # noqa: E402
@@ -45,7 +46,7 @@ class Traced:
     """One traced session: fresh TraceML state, HF integration installed, a sink attached."""
 
     def __init__(self) -> None:
-        traceml._reset_for_tests()
+        reset_for_tests()
         self.sink = RecordingSink()
         traceml.register_sink(self.sink)
         assert hf.init() is True
@@ -64,7 +65,7 @@ def traced(monkeypatch):
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
     session = Traced()
     yield session
-    traceml._reset_for_tests()
+    reset_for_tests()
     traceml.unregister_sink(session.sink)
 
 
@@ -406,7 +407,7 @@ def test_without_the_guard_a_hand_added_callback_still_brackets_each_group(trace
 
 
 def test_disabled_traceml_records_nothing(monkeypatch, tmp_path):
-    traceml._reset_for_tests()
+    reset_for_tests()
     monkeypatch.setenv("TRACEML_DISABLE", "1")
     assert hf.init() is False
     trainer, log, _ = h.make_trainer(str(tmp_path), train_dataset=h.MapDataset(10))

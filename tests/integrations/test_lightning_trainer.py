@@ -23,6 +23,7 @@ pytest.importorskip("pytorch_lightning")
 
 from tests.harness.child_python import child_env  # noqa: E402
 import traceml  # noqa: E402
+from traceml._testing import reset_for_tests  # noqa: E402
 from traceml.integrations import lightning as tl  # noqa: E402
 from traceml.integrations.lightning import accumulation, reporting  # noqa: E402
 from traceml.schema.environment import TRACEML_DISABLE  # noqa: E402
@@ -71,7 +72,7 @@ def traced(request):
     """A fresh TraceML process state in `auto` mode (what `traceml run` sets up),
     with automatic Lightning attach on; `finish()` drains the samplers into the sink."""
     mode = getattr(request, "param", "auto")
-    traceml._reset_for_tests()
+    reset_for_tests()
     traceml.init(mode=mode)
     sink = ListSink()
     traceml.register_sink(sink)
@@ -85,7 +86,7 @@ def traced(request):
     yield sink
     tl.remove_auto_attach()
     traceml.unregister_sink(sink)
-    traceml._reset_for_tests()
+    reset_for_tests()
 
 
 # --- Tiny models, one set of classes per namespace -------------------------------------
@@ -542,7 +543,7 @@ def test_manual_callback_is_reused_not_duplicated(traced, namespace):
 
 
 def test_callback_added_without_init_starts_traceml_in_manual_mode():
-    traceml._reset_for_tests()
+    reset_for_tests()
     sink = ListSink()
     traceml.register_sink(sink)
     try:
@@ -554,7 +555,7 @@ def test_callback_added_without_init_starts_traceml_in_manual_mode():
         assert sink.counts(FWD) == [2, 2]
     finally:
         traceml.unregister_sink(sink)
-        traceml._reset_for_tests()
+        reset_for_tests()
 
 
 def test_callback_goes_before_checkpoint_callbacks(traced, tmp_path):
@@ -569,7 +570,7 @@ def test_disabled_launch_installs_nothing(traced, monkeypatch):
     monkeypatch.setenv(TRACEML_DISABLE, "1")
     # As a disabled launch starts: init() is a no-op (without this the auto-mode session the
     # fixture started would still infer steps from the optimizer updates).
-    traceml._reset_for_tests()
+    reset_for_tests()
     traceml.init()
     assert not traceml.is_initialized()
     tl.remove_auto_attach()

@@ -84,24 +84,17 @@ def format_age(seconds: float) -> str:
 
 
 def read_run_status(db_path: Path, run_id: str) -> RunStatus:
-    """The run is over when every rank of it sent its end marker (`runs.stored_run_is_over`, the
+    """The run is over when every rank of it sent its end marker (`runs.run_is_over`, the
     processor's own rule); the last step time is the store's. Unknown (not ended) on any error."""
-    import sqlite3
-
-    from traceml.processor.runs import stored_run_is_over
-    from traceml.processor.sqlite_layout import connect_readonly
+    from traceml.processor.runs import run_is_over
+    from traceml.processor.store_read import StoreReadError, read_run_progress
 
     try:
-        conn = connect_readonly(db_path)
-    except (sqlite3.Error, OSError):
+        progress = read_run_progress(db_path, run_id)
+    except StoreReadError:
         return RunStatus(False, None)
-    try:
-        row = conn.execute("SELECT last_sample_time FROM step_time_runs WHERE run_id = ?", (run_id,)).fetchone()
-        return RunStatus(stored_run_is_over(conn, run_id), None if row is None else row[0])
-    except sqlite3.Error:
-        return RunStatus(False, None)
-    finally:
-        conn.close()
+    ends = progress.ends
+    return RunStatus(run_is_over(ends.ranks, ends.world_size, ends.finished), progress.last_sample_time)
 
 
 def latest_step_of(result: LiveStepTimeResult) -> int | None:

@@ -5,22 +5,17 @@ at a live processor's file is safe.
 """
 from __future__ import annotations
 
-import sqlite3
-from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from traceml.launcher import run_dir as rd
+
+if TYPE_CHECKING:
+    from traceml.processor.store_read import StoredRun
 
 
 class RunLookupError(ValueError):
     """A path or run id that does not lead to stored Step Time data; the message says why."""
-
-
-@dataclass(frozen=True, slots=True)
-class StoredRun:
-    run_id: str
-    latest_step: int | None
-    last_receive_time: float
 
 
 def find_database(path: str | Path) -> Path:
@@ -43,22 +38,16 @@ def find_database(path: str | Path) -> Path:
 
 
 def list_runs(db_path: Path) -> list[StoredRun]:
-    """Runs in the database, most recently active last."""
-    from traceml.processor.sqlite_layout import connect_readonly
+    """Runs in the database, most recently active last (`store_read.list_runs`, read newest first)."""
+    from traceml.processor.store_read import NotAStore, StoreUnavailable, list_runs as list_stored_runs
 
     try:
-        conn = connect_readonly(db_path)
-    except (sqlite3.Error, OSError) as exc:
+        runs = list_stored_runs(db_path)
+    except StoreUnavailable as exc:
         raise RunLookupError(f"cannot open {db_path}: {exc}") from exc
-    try:
-        rows = conn.execute(
-            "SELECT run_id, latest_step, last_receive_time FROM step_time_runs"
-            " ORDER BY last_receive_time, run_id").fetchall()
-    except sqlite3.Error as exc:
+    except NotAStore as exc:
         raise RunLookupError(f"{db_path} is not a TraceML processor database ({exc})") from exc
-    finally:
-        conn.close()
-    return [StoredRun(run_id, latest_step, float(last)) for run_id, latest_step, last in rows]
+    return runs[::-1]
 
 
 def choose_run(db_path: Path, run_id: str | None) -> str:

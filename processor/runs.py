@@ -22,6 +22,7 @@ from traceml.processor.store_records import DecodedBatch
 from traceml.processor.metric_point import MetricPoint
 from traceml.processor.security import summary_folder
 from traceml.processor.sqlite_layout import connect_readonly
+from traceml.processor.store_read import read_rank_ends, read_run_activity
 from traceml.schema import vocabulary as v
 
 LOG = logging.getLogger(__name__)
@@ -153,9 +154,8 @@ class RunMonitor:
             return
         conn = connect_readonly(self.db_path)
         try:
-            for run_id, last_receive, _, latest_row in conn.execute(
-                    "SELECT run_id, last_receive_time, last_sample_time, latest_row_id FROM step_time_runs"):
-                self._seen[run_id] = (last_receive, latest_row)
+            for run in read_run_activity(conn):
+                self._seen[run.run_id] = (run.last_receive_time, run.latest_row_id)
             for run_id in run_ids:
                 with self._lock:
                     self._load_ranks(conn, self._runs[run_id])
@@ -167,14 +167,11 @@ class RunMonitor:
     @staticmethod
     def _load_ranks(conn, state: RunState) -> None:
         """The run's stored ranks, declared world size and end markers, into `state`."""
-        for rank, world_size, finished_time in conn.execute(
-                "SELECT global_rank, world_size, finished_time FROM step_time_ranks WHERE run_id = ?",
-                (state.run_id,)):
-            state.ranks.add(rank)
-            if world_size:
-                state.world_size = max(state.world_size or 0, world_size)
-            if finished_time is not None:
-                state.finished.add(rank)
+        ends = read_rank_ends(conn, state.run_id)
+        state.ranks.update(ends.ranks)
+        if ends.world_size:
+            state.world_size = max(state.world_size or 0, ends.world_size)
+        state.finished.update(ends.finished)
 
     # --- read by /metrics and the OTLP pusher -----------------------------------------
 
@@ -263,12 +260,11 @@ class RunMonitor:
         conn = connect_readonly(self.db_path)
         try:
             changed = []
-            for run_id, last_receive, last_sample, latest_row in conn.execute(
-                    "SELECT run_id, last_receive_time, last_sample_time, latest_row_id FROM step_time_runs"):
-                marker = (last_receive, latest_row)
-                if self._seen.get(run_id) != marker:
-                    self._seen[run_id] = marker
-                    changed.append((run_id, last_sample))
+            for run in read_run_activity(conn):
+                marker = (run.last_receive_time, run.latest_row_id)
+                if self._seen.get(run.run_id) != marker:
+                    self._seen[run.run_id] = marker
+                    changed.append((run.run_id, run.last_sample_time))
             for run_id, last_sample in changed:
                 with self._lock:
                     state = self._state(run_id, self._clock())
@@ -319,6 +315,5 @@ class RunMonitor:
 
 def stored_run_is_over(conn: sqlite3.Connection, run_id: str) -> bool:
     """`run_is_over` on what the store holds for `run_id` (read at a restart)."""
-    state = RunState(run_id, 0.0, 0.0)
-    RunMonitor._load_ranks(conn, state)
-    return state.all_finished()
+    ends = read_rank_ends(conn, run_id)
+    return run_is_over(ends.ranks, ends.world_size, ends.finished)

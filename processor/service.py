@@ -131,17 +131,18 @@ class ProcessorService:
         import time
 
         from traceml.processor.sqlite_layout import connect_readonly
+        from traceml.processor.store_read import read_run_activity
 
         now = time.time()
         recent = []
         conn = connect_readonly(self.config.db)
         try:
-            for run_id, last_receive in conn.execute("SELECT run_id, last_receive_time FROM step_time_runs"):
-                if now - last_receive >= self.config.idle_timeout_s:
+            for run in read_run_activity(conn):
+                if now - run.last_receive_time >= self.config.idle_timeout_s:
                     continue
-                if stored_run_is_over(conn, run_id):
+                if stored_run_is_over(conn, run.run_id):
                     continue  # every rank sent its end marker: that run is over
-                recent.append(run_id)
+                recent.append(run.run_id)
         finally:
             conn.close()
         return recent

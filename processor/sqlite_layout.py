@@ -1,10 +1,11 @@
 """The Step Time database as it lies on disk: what the write side and the read side share.
 
 The writer (`sqlite_writer`, fed row tuples by `normalise`) creates these tables
-and fills the `packed` BLOB; every reader (`step_time/sqlite_reader.py` for the
-analysis, the small fact readers in `runs`, `service`, `summary_section` and the
-launcher's `stored_runs`) opens the file through `connect_readonly` and decodes
-`packed` with the constants below. Neither side imports the other.
+and fills the `packed` BLOB; every reader (`step_time/sqlite_reader.py` and
+`resources/reader.py` for the analyses, `store_read` for every other fact: runs,
+rank endings, memory peaks, drops) opens the file through `connect_readonly`,
+names the tables by the constants below and decodes `packed` with them. Neither
+side imports the other; no other module runs SQL (tests/processor/test_sql_owners.py).
 
 This module runs no query, creates nothing and judges no value: creating the
 schema is the writer's, whether a file may be written at all `sqlite_guard`'s,
@@ -37,6 +38,24 @@ readers of an older file find those absent and treat them as unknown / attempt 0
 
 BUSY_TIMEOUT_S = 5.0
 """How long any connection, reader or writer, waits on another's lock before SQLITE_BUSY."""
+
+
+# The tables (`DDL` below creates them under these names; readers name them through these).
+SAMPLES_TABLE = "step_time_samples"
+"""One row per (run, rank, step) of the run's current attempt: timings, identity, `packed`."""
+MEMORY_TABLE = "step_memory_samples"
+"""Peak memory per (run, rank, step, device) of the current attempt."""
+RUNS_TABLE = "step_time_runs"
+"""One row per run: strategy, rank-universe version, stored cursor, activity times, attempt."""
+RANKS_TABLE = "step_time_ranks"
+"""One row per (run, rank): identity and the end marker's facts."""
+ATTEMPT_SAMPLES_TABLE = "step_time_attempt_samples"
+ATTEMPT_MEMORY_TABLE = "step_memory_attempt_samples"
+"""The rows of earlier attempts of an elastically restarted run."""
+RESOURCES_TABLE = "resource_samples"
+"""Process, host and GPU samples (a rank's own, or a foreign sender's joined by host)."""
+DROPS_TABLE = "step_time_drops"
+"""Telemetry each rank reported dropped, per queue."""
 
 
 def metric_columns(metric: str) -> tuple[str, str, str]:
@@ -117,26 +136,26 @@ _MEMORY_COLUMNS_DDL = """run_id TEXT NOT NULL,
     receive_time REAL NOT NULL"""
 
 DDL = f"""
-CREATE TABLE IF NOT EXISTS step_time_samples (
+CREATE TABLE IF NOT EXISTS {SAMPLES_TABLE} (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     {_SAMPLE_COLUMNS_DDL},
     UNIQUE (run_id, global_rank, step)
 );
 -- Live tail: latest steps of a run (range on step) and rows newer than a cursor (rowid).
-CREATE INDEX IF NOT EXISTS step_time_samples_run_step ON step_time_samples (run_id, step);
-CREATE INDEX IF NOT EXISTS step_time_samples_run ON step_time_samples (run_id);
+CREATE INDEX IF NOT EXISTS step_time_samples_run_step ON {SAMPLES_TABLE} (run_id, step);
+CREATE INDEX IF NOT EXISTS step_time_samples_run ON {SAMPLES_TABLE} (run_id);
 
-CREATE TABLE IF NOT EXISTS step_memory_samples (
+CREATE TABLE IF NOT EXISTS {MEMORY_TABLE} (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     {_MEMORY_COLUMNS_DDL},
     UNIQUE (run_id, global_rank, step, device)
 );
 -- The resource analysis reads the window's steps of every rank (a range on step).
-CREATE INDEX IF NOT EXISTS step_memory_samples_run_step ON step_memory_samples (run_id, step);
+CREATE INDEX IF NOT EXISTS step_memory_samples_run_step ON {MEMORY_TABLE} (run_id, step);
 
 -- One row per run: strategy, rank-universe version (bumped when a rank appears or its
 -- identity changes) and the stored cursor (latest row id, latest step).
-CREATE TABLE IF NOT EXISTS step_time_runs (
+CREATE TABLE IF NOT EXISTS {RUNS_TABLE} (
     run_id TEXT PRIMARY KEY,
     training_strategy TEXT,
     ranks_version INTEGER NOT NULL DEFAULT 0,
@@ -149,7 +168,7 @@ CREATE TABLE IF NOT EXISTS step_time_runs (
 );
 
 -- The persisted rank universe of a run, with identity and end-of-run facts.
-CREATE TABLE IF NOT EXISTS step_time_ranks (
+CREATE TABLE IF NOT EXISTS {RANKS_TABLE} (
     run_id TEXT NOT NULL,
     global_rank INTEGER NOT NULL,
     local_rank INTEGER,
@@ -169,12 +188,12 @@ CREATE TABLE IF NOT EXISTS step_time_ranks (
 -- attempt (`step_time_runs.attempt`) only, so no reader mixes attempts into a window.
 -- When a later attempt's first row arrives, the earlier attempt's rows move here with
 -- their attempt number (nothing is overwritten), as do rows arriving late from it.
-CREATE TABLE IF NOT EXISTS step_time_attempt_samples (
+CREATE TABLE IF NOT EXISTS {ATTEMPT_SAMPLES_TABLE} (
     attempt INTEGER NOT NULL,
     {_SAMPLE_COLUMNS_DDL},
     UNIQUE (run_id, attempt, global_rank, step)
 );
-CREATE TABLE IF NOT EXISTS step_memory_attempt_samples (
+CREATE TABLE IF NOT EXISTS {ATTEMPT_MEMORY_TABLE} (
     attempt INTEGER NOT NULL,
     {_MEMORY_COLUMNS_DDL},
     UNIQUE (run_id, attempt, global_rank, step, device)
@@ -183,7 +202,7 @@ CREATE TABLE IF NOT EXISTS step_memory_attempt_samples (
 -- Resource samples (`schema.resources.STORED_METRICS`): a rank's own (run and rank set), or a
 -- foreign sender's on a host where a run has ranks (hostmetrics, DCGM: run and rank NULL),
 -- joined to the run by host, device and time when read. `device` '' for process and host.
-CREATE TABLE IF NOT EXISTS resource_samples (
+CREATE TABLE IF NOT EXISTS {RESOURCES_TABLE} (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     run_id TEXT,
     global_rank INTEGER,
@@ -196,11 +215,11 @@ CREATE TABLE IF NOT EXISTS resource_samples (
     pid INTEGER,
     receive_time REAL NOT NULL
 );
-CREATE INDEX IF NOT EXISTS resource_samples_run_time ON resource_samples (run_id, sample_time);
-CREATE INDEX IF NOT EXISTS resource_samples_host_time ON resource_samples (host, sample_time);
+CREATE INDEX IF NOT EXISTS resource_samples_run_time ON {RESOURCES_TABLE} (run_id, sample_time);
+CREATE INDEX IF NOT EXISTS resource_samples_host_time ON {RESOURCES_TABLE} (host, sample_time);
 
 -- Telemetry a rank reported dropped (cumulative per queue; the largest report is kept).
-CREATE TABLE IF NOT EXISTS step_time_drops (
+CREATE TABLE IF NOT EXISTS {DROPS_TABLE} (
     run_id TEXT NOT NULL,
     global_rank INTEGER NOT NULL,
     queue TEXT NOT NULL,
@@ -210,11 +229,11 @@ CREATE TABLE IF NOT EXISTS step_time_drops (
 """
 
 ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
-    ("step_time_ranks", "outcome", "TEXT"),
-    ("step_time_ranks", "exit_code", "INTEGER"),
-    ("step_time_runs", "attempt", "INTEGER NOT NULL DEFAULT 0"),
+    (RANKS_TABLE, "outcome", "TEXT"),
+    (RANKS_TABLE, "exit_code", "INTEGER"),
+    (RUNS_TABLE, "attempt", "INTEGER NOT NULL DEFAULT 0"),
     *((table, column, "INTEGER" if column.endswith("_count") else "REAL")
-      for table in ("step_time_samples", "step_time_attempt_samples")
+      for table in (SAMPLES_TABLE, ATTEMPT_SAMPLES_TABLE)
       for column in metric_columns(METRIC_COLLECTIVE_WAIT)),
 )
 """(table, column, type) added to `DDL` after version 1 (the collective-wait columns in
@@ -245,7 +264,8 @@ def connect_readonly(path: str | Path) -> sqlite3.Connection:
 
 
 __all__ = [
-    "ADDED_COLUMNS", "BUSY_TIMEOUT_S", "DDL", "RESOURCE_COLUMNS", "LEGACY_PACKED_FIELDS", "LEGACY_PACKED_METRICS", "MEMORY_COLUMNS", "METRIC_VALUE_COLUMNS", "PACKED_FIELDS",
+    "ADDED_COLUMNS", "ATTEMPT_MEMORY_TABLE", "ATTEMPT_SAMPLES_TABLE", "BUSY_TIMEOUT_S", "DDL",
+    "DROPS_TABLE", "MEMORY_TABLE", "RANKS_TABLE", "RESOURCES_TABLE", "RUNS_TABLE", "SAMPLES_TABLE", "RESOURCE_COLUMNS", "LEGACY_PACKED_FIELDS", "LEGACY_PACKED_METRICS", "MEMORY_COLUMNS", "METRIC_VALUE_COLUMNS", "PACKED_FIELDS",
     "PACKED_FORMAT", "PACKED_METRICS", "PACKED_RANK", "PACKED_SAMPLE_TIME", "PACKED_STEP",
     "PACKED_VALUES", "SAMPLE_COLUMNS", "SCHEMA_OBJECTS", "SCHEMA_USER_VERSION", "connect_readonly", "metric_columns",
 ]

@@ -24,11 +24,11 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping
 
 from traceml.processor.sqlite_layout import connect_readonly
 from traceml.processor.step_time.model import LiveStepTimeResult
-from traceml.processor.summary_section import read_run_facts
+from traceml.processor.store_read import StoreReadError, list_runs, read_run_facts, read_step_memory
 from traceml.processor.web.pages import index_fragment, run_fragments
 from traceml.processor.web.view import StepMemory, ViewInputs, build_run_view, drawn_ranks
 
@@ -41,41 +41,16 @@ MAX_INDEX_RUNS = 200
 SessionSource = Callable[[str], object | None]  # run id -> a live session with refresh(), or None
 
 
-def read_step_memory(conn: sqlite3.Connection, run_id: str, ranks: Sequence[int],
-                     first_step: int, last_step: int) -> StepMemory:
-    """Per-step peak allocated bytes of `ranks` over [first_step, last_step] (largest device per step)."""
-    if not ranks:
-        return StepMemory()
-    wanted = set(ranks)
-    by_rank: dict[int, dict[int, int | None]] = {}
-    rows = conn.execute(
-        "SELECT global_rank, step, max(peak_allocated_bytes) FROM step_memory_samples"
-        " WHERE run_id = ? AND step BETWEEN ? AND ? GROUP BY global_rank, step",
-        (run_id, first_step, last_step))
-    for rank, step, allocated in rows:
-        if rank in wanted:
-            by_rank.setdefault(int(rank), {})[int(step)] = None if allocated is None else int(allocated)
-    return StepMemory({r: s for r, s in by_rank.items() if any(v is not None for v in s.values())})
-
-
 def list_stored_runs(db_path: Path, limit: int = MAX_INDEX_RUNS) -> list[dict]:
-    """The database's runs, most recently active first (empty before the tables exist)."""
-    if not Path(db_path).exists():
-        return []
+    """The database's runs, most recently active first (`store_read.list_runs`), as the index
+    lists them; empty when the file or its tables do not exist yet."""
     try:
-        conn = connect_readonly(db_path)
-    except (sqlite3.Error, OSError):
+        runs = list_runs(db_path, limit=limit)
+    except StoreReadError:
         return []
-    try:
-        rows = conn.execute("SELECT run_id, latest_step, last_receive_time FROM step_time_runs"
-                            " ORDER BY last_receive_time DESC, run_id LIMIT ?", (limit,)).fetchall()
-    except sqlite3.Error:
-        return []
-    finally:
-        conn.close()
-    return [{"run_id": run_id, "latest_step": latest_step,
-             "last_receive": _dt.datetime.fromtimestamp(float(last), tz=_dt.timezone.utc)
-             .strftime("%Y-%m-%d %H:%M:%S")} for run_id, latest_step, last in rows]
+    return [{"run_id": run.run_id, "latest_step": run.latest_step,
+             "last_receive": _dt.datetime.fromtimestamp(run.last_receive_time, tz=_dt.timezone.utc)
+             .strftime("%Y-%m-%d %H:%M:%S")} for run in runs]
 
 
 @dataclass
@@ -188,7 +163,7 @@ class RunFeed:
         except (sqlite3.Error, OSError):
             return StepMemory()
         try:
-            return read_step_memory(conn, run_id, ranks, first, last)
+            return StepMemory(read_step_memory(conn, run_id, ranks, first, last))
         except sqlite3.Error:
             return StepMemory()
         finally:
@@ -217,4 +192,4 @@ class RunFeed:
             return runs, body
 
 
-__all__ = ["MAX_INDEX_RUNS", "RunFeed", "TICK_S", "list_stored_runs", "read_step_memory"]
+__all__ = ["MAX_INDEX_RUNS", "RunFeed", "TICK_S", "list_stored_runs"]

@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Mapping
 
 from traceml.processor.sqlite_layout import connect_readonly
-from traceml.processor.summary_section import read_run_facts
-from traceml.processor.web.feed import read_step_memory
+from traceml.processor.store_read import read_run_facts, read_step_memory
 from traceml.processor.web.pages import compare_page, report_page
 from traceml.processor.web.view import (
     LAST_STEPS,
@@ -48,7 +47,7 @@ def build_report_view(db_path: str | os.PathLike, run_id: str, *, generated_at: 
         tail = window.steps[-LAST_STEPS:]
         conn = connect_readonly(db_path)
         try:
-            step_memory = read_step_memory(conn, run_id, drawn_ranks(analysis), tail[0], tail[-1])
+            step_memory = StepMemory(read_step_memory(conn, run_id, drawn_ranks(analysis), tail[0], tail[-1]))
         except sqlite3.OperationalError:
             pass
         finally:

@@ -80,7 +80,7 @@ def test_no_steps_says_why_first_failure_then_interrupt_then_losses_then_unmarke
 def test_a_version_1_database_is_migrated_by_the_writer_and_read_as_is_by_readers(tmp_path):
     from traceml.processor.sqlite_layout import DDL, SCHEMA_USER_VERSION
     from traceml.processor.sqlite_writer import StepTimeStore
-    from traceml.processor.summary_section import read_rank_telemetry
+    from traceml.processor.store_read import read_rank_telemetry
 
     old_ddl = DDL.replace("    outcome TEXT,\n    exit_code INTEGER,\n", "")
     assert old_ddl != DDL

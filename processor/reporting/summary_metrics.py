@@ -22,6 +22,8 @@ import statistics
 from typing import Mapping, Sequence
 
 from traceml.processor.metric_point import SPECS, MetricPoint
+from traceml.processor.settings import RANK_SERIES_TOP_K
+from traceml.processor.reporting.final_summary import PUBLIC_METRICS
 from traceml.processor.reporting.inputs import RankMemory, RankTelemetry
 from traceml.processor.reporting.resources import resource_window_of
 from traceml.processor.resources import model as res
@@ -93,7 +95,7 @@ RANK_FIGURE_METRICS: Mapping[str, str] = {
     res.GPU_MEMORY_USED_BYTES: METRIC_RANK_GPU_MEMORY_USAGE,
 }
 
-DEFAULT_RANK_SERIES_TOP_K = 8
+DEFAULT_RANK_SERIES_TOP_K = RANK_SERIES_TOP_K.default
 """Ranks per run exported by deviation score, beyond the culprits, victims, worst and
 representative rank (`--rank-series-top-k`, `TRACEML_PROCESSOR_RANK_SERIES_TOP_K`)."""
 
@@ -124,12 +126,9 @@ for _name, _order in _BUILT_ORDER.items():
         raise ImportError(f"summary metric {_name}: vocabulary attributes {SPECS[_name].attributes} "
                           f"no longer match the projection's {_order}")
 
-# Window metric names re-exported as the `traceml.metric` attribute (canonical names).
-EXPORTED_METRICS: tuple[str, ...] = (
-    "step_time", "input_wait", "traced_step_time", "step_time_cpu", "step_time_gpu",
-    "traced_step_time_cpu", "traced_step_time_gpu", "dataloader_fetch_cpu", "h2d",
-    "forward", "backward", "optimizer_step", "compute", "residual", "collective_wait",
-)
+EXPORTED_METRICS: tuple[str, ...] = tuple(metric for _, metric in PUBLIC_METRICS)
+"""Window metric names re-exported as the `traceml.metric` attribute: the final summary's public
+metrics, in its order, so the two surfaces cannot carry different sets."""
 
 NO_RANK = ""
 """`traceml.diagnosis.culprit_rank` of an issue that names no rank (an absent Prometheus label)."""

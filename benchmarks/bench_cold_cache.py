@@ -74,12 +74,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from benchmarks import traceml_checkout  # noqa: E402,F401  (imports the checkout when not installed)
-from benchmarks.json_output import add_json_flag, print_json, table_output  # noqa: E402
+from benchmarks.lib import checkout  # noqa: E402,F401  (imports the checkout when not installed)
+from benchmarks.lib.checkout import package_roots  # noqa: E402
+from benchmarks.lib.estimators import run_rounds  # noqa: E402
+from benchmarks.lib.json_output import add_json_flag, print_json, table_output  # noqa: E402
+from benchmarks.lib.traced_steps import CPU_MODULE, block_traced, drain_samplers, empty_block  # noqa: E402
+from benchmarks.lib.workload import Batches, block_plain  # noqa: E402
 import traceml  # noqa: E402
-from benchmarks.bench_overhead import (  # noqa: E402
-    _CPU_MODULE, _Batches, _block_plain, _block_traced, _drain_samplers, _empty_block, _rounds)
-from benchmarks.traceml_checkout import package_roots  # noqa: E402
 from traceml import patches, step_events  # noqa: E402
 
 torch.set_num_threads(1)
@@ -126,7 +127,7 @@ class _Manual:
         self.lock = threading.Lock()
         # The empty step's model: trace_step keeps the tracker of the last model only, and
         # alternating two models re-selects it on every step (about 75 us with cold caches).
-        self.model = _CPU_MODULE
+        self.model = CPU_MODULE
         self.x = torch.randn(2, 4)
         self.plain_module = _PlainLinear(4, 4)
         self.timed_module = traceml.wrap_forward(_TimedLinear(4, 4))
@@ -170,7 +171,7 @@ class _Manual:
     @staticmethod
     def empty_step() -> int:
         out: list = []
-        _empty_block(1, _perf_ns, out, True)
+        empty_block(1, _perf_ns, out, True)
         return out[0]
 
     def _call(self, module) -> int:
@@ -210,8 +211,8 @@ def _interleaved(pieces: dict, samples: int, after_round) -> dict[str, list[int]
             out.append(piece())
         return run
 
-    rounds = _rounds(samples, 1, None, {name: evicted(piece) for name, piece in pieces.items()},
-                     after_round=after_round)
+    rounds = run_rounds(samples, 1, None, {name: evicted(piece) for name, piece in pieces.items()},
+                         after_round=after_round)
     return {name: [taken[0] for taken in per] for name, per in rounds.items()}
 
 
@@ -289,7 +290,7 @@ def _auto_samples(samples: int, chunk: int = 10) -> dict[tuple[str, str], list[i
 def _close_step() -> None:
     """Publish what the samples recorded (untimed), so the pending capture stays small."""
     step_events.complete_step_capture()
-    _drain_samplers()
+    drain_samplers()
 
 
 STRETCHES = (
@@ -570,8 +571,8 @@ class _MarkedSteps(_Turns):
         data = torch.utils.data.TensorDataset(torch.randn(batch * batches, 32), torch.randn(batch * batches, 1))
         loader = torch.utils.data.DataLoader(data, batch_size=batch, sampler=Sampler(batch * batches),
                                              collate_fn=collate)
-        self.plain_batches = _Batches(loader)
-        self.timed_batches = _Batches(tm.wrap_dataloader(loader))
+        self.plain_batches = Batches(loader)
+        self.timed_batches = Batches(tm.wrap_dataloader(loader))
 
     def _one(self, block, *args) -> list:
         """One step of bench_overhead's `block`, its clock the stamp at its start and end."""
@@ -585,16 +586,16 @@ class _MarkedSteps(_Turns):
         return parts
 
     def plain(self) -> list:
-        return self._one(_block_plain)
+        return self._one(block_plain)
 
     def manual(self) -> list:
-        return self._one(_block_traced, "manual", self.tm)
+        return self._one(block_traced, "manual", self.tm)
 
     def hooked(self, batches, timed_backward: bool) -> list:
         """manual_hooks (the timed loader, `timed_backward`) and auto (the plain one, patched);
         bench_overhead's block picks that loader by mode, so `batches` (which `_Turns.turn`
         passes both step kinds) is not read here."""
-        return self._one(_block_traced, "manual_hooks" if timed_backward else "auto", self.tm)
+        return self._one(block_traced, "manual_hooks" if timed_backward else "auto", self.tm)
 
 
 def load_checkout(tree: str):

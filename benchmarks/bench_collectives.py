@@ -29,8 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import traceml_checkout  # noqa: F401  (imports the checkout when not installed)
-from benchmarks.json_output import add_json_flag, print_json, table_output  # noqa: E402
+from benchmarks.lib import checkout  # noqa: F401  (imports the checkout when not installed)
+from benchmarks.lib.json_output import add_json_flag, print_json, table_output  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

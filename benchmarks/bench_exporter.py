@@ -23,7 +23,7 @@ import statistics
 import subprocess
 import time
 
-from benchmarks.json_output import add_json_flag, print_json, table_output
+from benchmarks.lib.json_output import add_json_flag, print_json, table_output
 from tests.exporter.exporter_records import identity, memory_record, step_record
 from tests.harness.child_python import child_env, module_command
 from traceml.exporter import OtlpStepExporter, resolve_settings

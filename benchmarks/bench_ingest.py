@@ -42,7 +42,7 @@ from pathlib import Path
 import grpc
 import psutil
 
-from benchmarks.json_output import add_json_flag, print_json, table_output
+from benchmarks.lib.json_output import add_json_flag, print_json, table_output
 from tests.harness import ProcessorProcess
 from tests.harness.stored_rows import count_rows
 from tests.processor.otlp_payloads import step_span, trace_request

@@ -15,7 +15,7 @@ import statistics
 import time
 import warnings
 
-from benchmarks.json_output import add_json_flag, print_json, table_output
+from benchmarks.lib.json_output import add_json_flag, print_json, table_output
 
 
 def main() -> None:

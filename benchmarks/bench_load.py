@@ -40,7 +40,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from benchmarks.json_output import add_json_flag, print_json, table_output
+from benchmarks.lib.json_output import add_json_flag, print_json, table_output
 from tests.harness import ProcessorProcess, wait_until
 from traceml.processor.sqlite_writer import StepTimeStore
 from traceml.processor.step_time.model import (

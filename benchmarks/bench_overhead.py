@@ -60,7 +60,7 @@ both at their defaults):
   phase, manual steps run for that long with both samplers' own threads live at
   their default interval, their drains timed on their threads; each drain's cost is
   read from the step it lands in and the step after, against the two steps around
-  them (`benchmarks.attribution`, with its no-drain control), and gives a second
+  them (`benchmarks.lib.attribution`, with its no-drain control), and gives a second
   throughput ratio per mode: the interleaved steps plus that cost per step instead
   of the charge (their work per step is the same in every mode).
 
@@ -81,11 +81,9 @@ without `trace_step`: its steps are inferred from the optimizer updates,
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import math
 import os
-import random
 import statistics
 import sys
 import time
@@ -94,12 +92,15 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from benchmarks import traceml_checkout  # noqa: E402,F401  (imports the checkout when not installed)
-from benchmarks.attribution import attributed, overlapping  # noqa: E402
-from benchmarks.json_output import add_json_flag, print_json, table_output  # noqa: E402
+from benchmarks.lib import checkout  # noqa: E402,F401  (imports the checkout when not installed)
+from benchmarks.lib.attribution import attributed, overlapping  # noqa: E402
+from benchmarks.lib.estimators import (  # noqa: E402
+    paired_added, quartiles, ratio_interval, run_rounds, steady_allocator, wall_and_cpu)
+from benchmarks.lib.json_output import add_json_flag, print_json, table_output  # noqa: E402
+from benchmarks.lib.traced_steps import MODES, drain_samplers, empty_block, mode_runner, with_timed_loader  # noqa: E402
+from benchmarks.lib.workload import Job  # noqa: E402
 import traceml  # noqa: E402
-from traceml import forward, hooks, patches, samplers, step_boundary  # noqa: E402
-from traceml.schema.vocabulary import RAW_DATALOADER_NEXT  # noqa: E402
+from traceml import samplers  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -113,239 +114,6 @@ class _CountingSink:
 
     def on_step_memory(self, record) -> None:
         pass
-
-
-class _Job:
-    """One model/optimizer/loader, shared by every variant; each variant has its own iterator."""
-
-    def __init__(self, hidden: int, batch: int, batches: int, features: int = 32) -> None:
-        torch.manual_seed(0)
-        self.model = torch.nn.Sequential(torch.nn.Linear(features, hidden), torch.nn.ReLU(),
-                                         torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
-                                         torch.nn.Linear(hidden, 1))
-        self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-5)
-        data = torch.utils.data.TensorDataset(torch.randn(batch * batches, features),
-                                              torch.randn(batch * batches, 1))
-        self.loader = torch.utils.data.DataLoader(data, batch_size=batch)
-        self.plain_batches = _Batches(self.loader)
-        self.timed_batches = _Batches(traceml.wrap_dataloader(self.loader))
-
-
-class _Batches:
-    """next() over an iterable, restarting it at the end of each epoch (outside any step)."""
-
-    def __init__(self, iterable) -> None:
-        self._iterable = iterable
-        self._it = iter(iterable)
-
-    def next(self):
-        try:
-            return next(self._it)
-        except StopIteration:
-            self._it = iter(self._iterable)
-            return next(self._it)
-
-
-def _block_plain(job: _Job, steps: int, clock, out: list) -> None:
-    model, opt, next_batch = job.model, job.opt, job.plain_batches.next
-    for _ in range(steps):
-        t0 = clock()
-        x, y = next_batch()
-        x = x.to("cpu")
-        out_ = model(x)  # bound to a name, as in the manual loop (it lives until the next step)
-        loss = torch.nn.functional.mse_loss(out_, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        out.append(clock() - t0)
-
-
-def _block_traced(job: _Job, steps: int, clock, out: list, mode: str, tm=traceml) -> None:
-    """One block of traced steps; `mode` says who times the five regions.
-
-    - "manual": the explicit wrappers: the timed loader and a `with` block per region;
-    - "manual_hooks": the timed loader, `timed_h2d`/`timed_backward`, and the model and
-      optimizer instrumented once with `wrap_forward`/`wrap_optimizer`;
-    - "auto": the automatic patches (plus `timed_h2d`: on CPU no copy goes to a device);
-    - "auto_unmarked": as "auto" without `trace_step` (steps inferred from `opt.step()`).
-
-    `tm` is the traceml API to time with (bench_cold_cache passes another checkout's,
-    bench_hot_path_floor its reference implementations).
-    """
-    model, opt = job.model, job.opt
-    next_batch = job.plain_batches.next if mode.startswith("auto") else job.timed_batches.next
-    if mode == "manual":
-        forward, optimizer_step = tm.timed_forward, tm.timed_optimizer_step
-        for _ in range(steps):
-            t0 = clock()
-            x, y = next_batch()
-            with tm.trace_step(model):
-                with tm.timed_h2d():
-                    x = x.to("cpu")
-                with forward():
-                    out_ = model(x)
-                loss = torch.nn.functional.mse_loss(out_, y)
-                with tm.timed_backward():
-                    loss.backward()
-                with optimizer_step():
-                    opt.step()
-                opt.zero_grad(set_to_none=True)
-            out.append(clock() - t0)
-        return
-    if mode == "auto_unmarked":
-        # The same loop without trace_step: steps inferred from the optimizer updates.
-        for _ in range(steps):
-            t0 = clock()
-            x, y = next_batch()
-            with tm.timed_h2d():
-                x = x.to("cpu")
-            out_ = model(x)
-            loss = torch.nn.functional.mse_loss(out_, y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            out.append(clock() - t0)
-        return
-    hooked = mode == "manual_hooks"
-    for _ in range(steps):
-        t0 = clock()
-        x, y = next_batch()
-        with tm.trace_step(model):
-            with tm.timed_h2d():
-                x = x.to("cpu")
-            out_ = model(x)
-            loss = torch.nn.functional.mse_loss(out_, y)
-            if hooked:
-                with tm.timed_backward():
-                    loss.backward()
-            else:
-                loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        out.append(clock() - t0)
-
-
-def _variant(job: _Job, mode: str | None):
-    """A runner of `steps` steps: uninstrumented (mode None), or one of MODES.
-
-    TraceML stays initialised for the whole run; only what touches the step is added
-    before the steps and removed after them: the forward and optimizer timing, or the
-    automatic patches. Starting and stopping TraceML around every block made the
-    following steps measurably slower, an artefact no real job has.
-    """
-    def run(steps, clock, out, warmup=0):
-        if mode is None:
-            if warmup:
-                _block_plain(job, warmup, clock, [])
-            _block_plain(job, steps, clock, out)
-            return
-        if mode == "manual_hooks":
-            traceml.wrap_forward(job.model)
-            traceml.wrap_optimizer(job.opt)
-        elif mode == "auto":
-            patches.install()
-            patches.instrument_model(job.model)
-        elif mode == "auto_unmarked":
-            patches.install()
-            patches.instrument_model(job.model)  # what the optimizer's model search does once
-            step_boundary.arm()
-        try:
-            if warmup:
-                _block_traced(job, warmup, clock, [], mode)
-            _block_traced(job, steps, clock, out, mode)
-        finally:
-            if mode == "manual_hooks":
-                forward.remove_forward_instrumentation(job.model)
-                hooks.remove_optimizer_instrumentation(job.opt)
-            elif mode == "auto":
-                patches.uninstall()
-            elif mode == "auto_unmarked":
-                step_boundary.disarm()
-                patches.uninstall()
-    return run
-
-
-def _drain_samplers() -> None:
-    """Resolve and deliver everything the steps so far published, on this thread, now.
-
-    The throughput phase calls this every 0.5 s of steps, timed, in place of the
-    sampler threads: left to them, that work (which holds the GIL) lands in whichever
-    step runs when they wake, uninstrumented ones included, flattering the ratio.
-    """
-    for sampler in (traceml._time_sampler, traceml._memory_sampler):
-        if sampler is not None:
-            sampler.run_once()
-
-
-_CPU_MODULE = torch.nn.Linear(1, 1)  # selects the CPU for trace_step even where CUDA exists
-
-
-def _empty_block(steps: int, clock, out: list, traced: bool) -> None:
-    region = traceml.timed_region
-    model = _CPU_MODULE
-    for _ in range(steps):
-        t0 = clock()
-        if traced:
-            with region(RAW_DATALOADER_NEXT, device="cpu"):
-                pass
-            with traceml.trace_step(model):
-                with traceml.timed_h2d():
-                    pass
-                with traceml.timed_forward():
-                    pass
-                with traceml.timed_backward():
-                    pass
-                with traceml.timed_optimizer_step():
-                    pass
-        out.append(clock() - t0)
-
-
-def _rounds(rounds: int, block: int, clock, variants: dict, warmup: int = 0,
-            after_round=None) -> dict[str, list[list[float]]]:
-    """variants: name -> callable(steps, clock, out, warmup). A new random order each round.
-
-    Returns, per variant, one list of step times per round; `after_round()`, if
-    given, runs at the end of every round. The order is shuffled
-    (seeded) rather than rotated so that no variant always follows the same one:
-    removing the automatic patches invalidates `torch.Tensor` attribute caches, and
-    a fixed successor would pay for it every round.
-    """
-    names = list(variants)
-    order = random.Random(0)
-    out: dict[str, list[list[float]]] = {n: [] for n in names}
-    for _ in range(rounds):
-        order.shuffle(names)
-        for name in names:
-            steps: list = []
-            variants[name](block, clock, steps, warmup)
-            out[name].append(steps)
-        if after_round is not None:
-            after_round()
-    return out
-
-
-def _quartiles(ordered: list) -> tuple:
-    """(first, third) quartile of an already sorted list."""
-    return ordered[len(ordered) // 4], ordered[(3 * len(ordered)) // 4]
-
-
-def _paired_added(samples: dict, variant: str, base: str = "off") -> tuple[float, float, float]:
-    """Added time per step of `variant` over `base`, paired by round: (median, q1, q3) in us.
-
-    Per round: the difference of the two variants' median step times in that round
-    (blocks a few milliseconds apart, so in the same machine state); the figure is
-    the median of those differences over all rounds. This machine's speed drifts by
-    tens of percent over seconds (a shared VM), which a difference of overall
-    medians picks up whenever the two variants' rounds sample the drift unevenly.
-    """
-    med = statistics.median
-    diffs = sorted((med(v) - med(b)) * 1e6 for v, b in zip(samples[variant], samples[base]))
-    return (med(diffs), *_quartiles(diffs))
-
-
-def _wall_and_cpu() -> complex:
-    """Wall clock (real part) and training-thread CPU (imaginary part) in one subtractable value."""
-    return complex(time.perf_counter(), time.thread_time())
 
 
 class _GcTally:
@@ -380,9 +148,9 @@ def _interleaved_steps(rounds: int, variants: dict, drain_every: int, traced_per
         tally.turn = "sampler drain"
         done += 1
         if done % drain_every == 0 or done == rounds:
-            t0 = _wall_and_cpu()
-            _drain_samplers()
-            drain_time += _wall_and_cpu() - t0
+            t0 = wall_and_cpu()
+            drain_samplers()
+            drain_time += wall_and_cpu() - t0
 
     def taking_turn(name, run):
         def go(steps, clock, out, warmup):
@@ -392,28 +160,19 @@ def _interleaved_steps(rounds: int, variants: dict, drain_every: int, traced_per
 
     gc.callbacks.append(tally)
     try:
-        per_round = _rounds(rounds, 1, _wall_and_cpu,
-                            {name: taking_turn(name, run) for name, run in variants.items()},
-                            warmup=settle, after_round=after_round)
+        per_round = run_rounds(rounds, 1, wall_and_cpu,
+                               {name: taking_turn(name, run) for name, run in variants.items()},
+                               warmup=settle, after_round=after_round)
     finally:
         gc.callbacks.remove(tally)
     times = {name: [steps[0] for steps in per] for name, per in per_round.items()}
     return times, drain_time / (rounds * traced_per_round), tally.counts
 
 
-def _ratio_interval(base: list, variant: list, z: float = 1.96) -> tuple[float, float, float]:
-    """Pooled ratio sum(base)/sum(variant) of paired samples, with its delta-method interval."""
-    n = len(base)
-    ratio = sum(base) / sum(variant)
-    mean_v = sum(variant) / n
-    se = statistics.stdev(b - ratio * v for b, v in zip(base, variant)) / (mean_v * math.sqrt(n))
-    return ratio, ratio - z * se, ratio + z * se
-
-
 def _samplers_in_place(run, seconds: float) -> dict:
     """The samplers' own threads live beside one traced variant's steps for `seconds`:
     what their drains cost the steps they land in and the step after each
-    (`benchmarks.attribution`), as a job pays it, against the full charge above."""
+    (`benchmarks.lib.attribution`), as a job pays it, against the full charge above."""
     step_spans: list = []
     work_spans: list = []
     samplers_ = [s for s in (traceml._time_sampler, traceml._memory_sampler) if s is not None]
@@ -453,34 +212,23 @@ def _samplers_in_place(run, seconds: float) -> dict:
 
 
 def _adjusted_ratio(base: list, variant: list, added: float, added_se: float) -> tuple[float, float, float]:
-    """`_ratio_interval` of `variant` plus a per-step cost known to +-`added_se`, both
+    """`ratio_interval` of `variant` plus a per-step cost known to +-`added_se`, both
     uncertainties in the interval."""
-    ratio, lo, hi = _ratio_interval(base, [t + added for t in variant])
+    ratio, lo, hi = ratio_interval(base, [t + added for t in variant])
     mean_v = statistics.fmean(variant) + added
     se = math.hypot((hi - lo) / (2 * 1.96), ratio * added_se / mean_v)
     return ratio, ratio - 1.96 * se, ratio + 1.96 * se
 
 
-def _steady_allocator() -> bool:
-    """Have glibc keep freed memory (no trimming, fixed mmap threshold); False elsewhere."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        m_trim_threshold, m_mmap_threshold = -1, -3
-        return bool(libc.mallopt(m_trim_threshold, 1 << 30) and libc.mallopt(m_mmap_threshold, 32 << 20))
-    except (OSError, AttributeError):
-        return False
-
-
-MODES = ("manual", "manual_hooks", "auto", "auto_unmarked")
 LABELS = {**{mode: mode for mode in MODES}, "control": "control (plain vs plain)"}
 
 
-def _variants(job: _Job) -> dict:
+def _variants(job: Job) -> dict:
     """Step runners: "off", the instrumented modes, and "control", a second
     uninstrumented variant: what each estimator reads when nothing is added (0 us,
     ratio 1.0 on a steady machine)."""
-    return {"off": _variant(job, None), **{mode: _variant(job, mode) for mode in MODES},
-            "control": _variant(job, None)}
+    return {"off": mode_runner(job, None), **{mode: mode_runner(job, mode) for mode in MODES},
+            "control": mode_runner(job, None)}
 
 
 IN_PLACE_MODE = "manual"
@@ -492,7 +240,7 @@ def measure(quick: bool, throughput_rounds: int | None = None, hidden: int = 960
             steady_runtime: bool = True, settle: int = 1, in_place_s: float | None = None) -> dict:
     results: dict = {"cpu_count": os.cpu_count(), "torch": torch.__version__,
                      "load_avg_start": round(os.getloadavg()[0], 2),
-                     "steady_allocator": steady_runtime and _steady_allocator(),
+                     "steady_allocator": steady_runtime and steady_allocator(),
                      "gc_frozen": steady_runtime}
     sink = _CountingSink()
     traceml.register_sink(sink)
@@ -501,29 +249,29 @@ def measure(quick: bool, throughput_rounds: int | None = None, hidden: int = 960
 
     rounds = 40 if quick else 200
     traceml.init(mode="manual")  # samplers + recording; automatic blocks add the patches
-    empty = _rounds(rounds, 200, cpu, {
-        "off": lambda n, c, o, w: _empty_block(n, c, o, False),
-        "on": lambda n, c, o, w: _empty_block(n, c, o, True),
+    empty = run_rounds(rounds, 200, cpu, {
+        "off": lambda n, c, o, w: empty_block(n, c, o, False),
+        "on": lambda n, c, o, w: empty_block(n, c, o, True),
     })
-    results["empty_step_added_us"] = _paired_added(empty, "on")[0]
+    results["empty_step_added_us"] = paired_added(empty, "on")[0]
 
-    job = _Job(64, 16, 64)
+    job = with_timed_loader(Job(64, 16, 64))
     variants = _variants(job)
     for run in variants.values():
         run(30, cpu, [])
-    small = _rounds(rounds, 25, cpu, variants, warmup=2)
+    small = run_rounds(rounds, 25, cpu, variants, warmup=2)
     results["small_step_ms"] = med(t for steps in small["off"] for t in steps) * 1e3
     for mode in (*MODES, "control"):
-        added, q1, q3 = _paired_added(small, mode)
+        added, q1, q3 = paired_added(small, mode)
         results[f"small_step_added_us_{mode}"] = added
         results[f"small_step_added_us_{mode}_iqr"] = (q1, q3)
     results["small_steps_per_variant"] = sum(len(steps) for steps in small["off"])
 
-    job = _Job(hidden, 128, 32)
+    job = with_timed_loader(Job(hidden, 128, 32))
     variants = _variants(job)
     calibration: list = []
     for run in variants.values():
-        run(3, _wall_and_cpu, calibration)
+        run(3, wall_and_cpu, calibration)
     # From here on the benchmark drains the samplers itself (see the module
     # docstring): their threads stop polling (stop() drains what is queued).
     for sampler in (traceml._time_sampler, traceml._memory_sampler):
@@ -557,7 +305,7 @@ def measure(quick: bool, throughput_rounds: int | None = None, hidden: int = 960
     for mode in (*MODES, "control"):
         share = charge if mode in MODES else 0j
         wall = [t.real + share.real for t in steps[mode]]
-        ratio, lo, hi = _ratio_interval(off_wall, wall)
+        ratio, lo, hi = ratio_interval(off_wall, wall)
         results[f"throughput_ratio_{mode}"] = ratio
         results[f"throughput_ratio_{mode}_ci95"] = (lo, hi)
         diffs = [v - o for v, o in zip(wall, off_wall)]
@@ -566,7 +314,7 @@ def measure(quick: bool, throughput_rounds: int | None = None, hidden: int = 960
         cpu_diffs = sorted(v.imag - o.imag for v, o in zip(steps[mode], off))
         added = med(cpu_diffs) * 1e6
         results[f"big_step_added_us_{mode}"] = added
-        results[f"big_step_added_us_{mode}_iqr"] = tuple(q * 1e6 for q in _quartiles(cpu_diffs))
+        results[f"big_step_added_us_{mode}_iqr"] = tuple(q * 1e6 for q in quartiles(cpu_diffs))
         results[f"cpu_accounted_ratio_{mode}"] = off_cpu / (off_cpu + added / 1e6 + share.imag)
         if in_place_s and mode in MODES:
             ratio, lo, hi = _adjusted_ratio(off_wall, [t.real for t in steps[mode]], in_place["per_step"],

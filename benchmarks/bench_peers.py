@@ -91,17 +91,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.json_output import add_json_flag, print_json, table_output
-
-ROOT = Path(__file__).resolve().parents[1]
-PEERS_DIR = ROOT / "benchmarks" / ".peers"
-PEER_VENV = PEERS_DIR / "venv"
-PEER_PYTHON = PEER_VENV / "bin" / "python"
-TORCH_PIN = "2.13.0"
-PEER_PINS = {"traceml-ai": "0.5.0", "nvidia-resiliency-ext": "0.4.1", "nvidia-cuda-cupti-cu12": "12.9.79"}
-NVRX_WANTED = "0.7.0"  # the latest listed; it has no distribution this machine can install
-STAMP = PEER_VENV / "peers-stamp.json"
-WORKLOAD = ROOT / "launcher" / "demo_workload.py"
+from benchmarks.lib.estimators import ratio_interval, steady_allocator, wall_and_cpu
+from benchmarks.lib.json_output import add_json_flag, print_json, table_output
+from benchmarks.lib.peers import NVRX_WANTED, PEER_PYTHON, ROOT, build_peers, our_env, peer_env, run_job
 
 # The ~0.35 ms and ~10 ms steps of bench_overhead (hidden, batch, batches).
 SHAPES = {"small": (64, 16, 64), "big": (960, 128, 32)}
@@ -109,126 +101,12 @@ PROFILER_BLOCK = 5  # steps per torch.profiler turn on the ~10 ms step: one sche
 SMALL_BLOCK = 25
 
 
-# ---------------------------------------------------------------- the peer environment
-
-def _cupti_lib_dir() -> Path:
-    return PEER_VENV / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / \
-        "site-packages" / "nvidia" / "cuda_cupti" / "lib"
-
-
-def _pip(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(PEER_PYTHON), "-m", "pip", "install", "-q", "-c", str(PEERS_DIR / "constraints.txt"),
-                           *args], capture_output=True, text=True, timeout=1800)
-
-
-def build_peers(log=print) -> dict:
-    """The peer environment, built once; returns its stamp (versions installed, what runs on the CPU)."""
-    wanted = {"torch": TORCH_PIN, **PEER_PINS}
-    if STAMP.exists():
-        stamp = json.loads(STAMP.read_text())
-        if stamp.get("wanted") == wanted:
-            return stamp
-    log(f"building the peer environment in {PEER_VENV} (once)")
-    PEERS_DIR.mkdir(parents=True, exist_ok=True)
-    (PEERS_DIR / "constraints.txt").write_text(f"torch=={TORCH_PIN}\n")
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(PEER_VENV)], check=True, timeout=600)
-    out = _pip(f"torch=={TORCH_PIN}", f"traceml-ai=={PEER_PINS['traceml-ai']}")
-    if out.returncode != 0:
-        raise SystemExit(f"peer environment: pip failed:\n{out.stderr[-3000:]}")
-    stamp: dict = {"wanted": wanted}
-    latest = _pip("--dry-run", f"nvidia-resiliency-ext=={NVRX_WANTED}")
-    stamp["nvrx_latest_listed"] = NVRX_WANTED
-    stamp["nvrx_latest_installs"] = latest.returncode == 0
-    out = _pip(f"nvidia-resiliency-ext=={PEER_PINS['nvidia-resiliency-ext']}",
-               f"nvidia-cuda-cupti-cu12=={PEER_PINS['nvidia-cuda-cupti-cu12']}")
-    stamp["nvrx_installed"] = out.returncode == 0
-    probe = subprocess.run([str(PEER_PYTHON), "-c", (
-        "import json, torch, importlib.metadata as m\n"
-        "v = {n: m.version(n) for n in ('torch', 'traceml-ai')}\n"
-        "try: v['nvidia-resiliency-ext'] = m.version('nvidia-resiliency-ext')\n"
-        "except Exception: pass\n"
-        "v['torch_cuda'] = torch.version.cuda\n"
-        "print(json.dumps(v))")], capture_output=True, text=True, timeout=300)
-    stamp["versions"] = json.loads(probe.stdout.strip().splitlines()[-1])
-    if stamp["versions"]["torch_cuda"] is not None or not stamp["versions"]["torch"].startswith(TORCH_PIN):
-        raise SystemExit(f"peer environment: expected the CPU torch {TORCH_PIN}, got {stamp['versions']}")
-    stamp["nvrx_cpu_sections"] = stamp["nvrx_installed"] and _probe_nvrx()
-    STAMP.write_text(json.dumps(stamp, indent=1))
-    return stamp
-
-
-def _probe_nvrx() -> bool:
-    """Do the straggler detection sections run on this CPU-only machine?"""
-    out = subprocess.run([str(PEER_PYTHON), "-W", "ignore", "-c", (
-        "import nvidia_resiliency_ext.straggler as s\n"
-        "s.Detector.initialize(gather_on_rank0=False, report_time_interval=1e9)\n"
-        "with s.Detector.detection_section('probe', profile_cuda=False): pass\n"
-        "print('ok')")], env=_peer_env(), capture_output=True, text=True, timeout=300)
-    return out.returncode == 0 and out.stdout.strip().endswith("ok")
-
-
-def _peer_env(extra: dict | None = None) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TRACEML_"))}
-    env.update({"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
-                "LD_LIBRARY_PATH": f"{_cupti_lib_dir()}:{env.get('LD_LIBRARY_PATH', '')}".rstrip(":")})
-    env.update(extra or {})
-    return env
-
-
 # ---------------------------------------------------------------- worker side (runs in either venv)
 
-def _steady_runtime() -> None:
-    """What bench_overhead does, in every worker alike: glibc keeps freed memory."""
-    import ctypes
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-1, 1 << 30)
-        libc.mallopt(-3, 32 << 20)
-    except (OSError, AttributeError):
-        pass
-
-
-class _Batches:
-    def __init__(self, iterable) -> None:
-        self._iterable, self._it = iterable, iter(iterable)
-
-    def next(self):
-        try:
-            return next(self._it)
-        except StopIteration:
-            self._it = iter(self._iterable)
-            return next(self._it)
-
-
-class _Job:
-    """bench_overhead's model, optimizer and loader, built without any tool."""
-
-    def __init__(self, hidden: int, batch: int, batches: int, features: int = 32) -> None:
-        import torch
-        torch.set_num_threads(1)
-        torch.manual_seed(0)
-        self.torch = torch
-        self.model = torch.nn.Sequential(torch.nn.Linear(features, hidden), torch.nn.ReLU(),
-                                         torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
-                                         torch.nn.Linear(hidden, 1))
-        self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-5)
-        data = torch.utils.data.TensorDataset(torch.randn(batch * batches, features),
-                                              torch.randn(batch * batches, 1))
-        self.loader = torch.utils.data.DataLoader(data, batch_size=batch)
-        self.plain = _Batches(self.loader)
-
-
-
-def _clock() -> complex:
-    """Wall clock (real part) and training-thread CPU (imaginary part) in one subtractable value,
-    bench_overhead's clock: its step runners, reused for ours, subtract two readings."""
-    return complex(time.perf_counter(), time.thread_time())
-
-
-def _block(job: _Job, one_step):
+def _block(job, one_step):
     """A runner of `steps` steps, each `one_step(x, y)` between two clock readings."""
     def run(steps: int, out: list, clock) -> None:
-        next_batch = job.plain.next
+        next_batch = job.plain_batches.next
         for _ in range(steps):
             t0 = clock()
             x, y = next_batch()
@@ -237,8 +115,10 @@ def _block(job: _Job, one_step):
     return run
 
 
-def _plain_runner(job: _Job):
-    mse = job.torch.nn.functional.mse_loss
+def _plain_runner(job):
+    import torch
+
+    mse = torch.nn.functional.mse_loss
     model, opt = job.model, job.opt
 
     def step(x, y):
@@ -271,23 +151,20 @@ class _Helper:
         return total
 
 
-def _worker_ours(job: _Job, folder: Path) -> tuple[dict, _Helper, callable]:
+def _worker_ours(job, folder: Path) -> tuple[dict, _Helper, callable]:
     """Ours, manual and auto, the exporter sending to a real processor."""
     sys.path.insert(0, str(ROOT))
-    from benchmarks import bench_overhead
     from tests.harness import ProcessorProcess
+    from benchmarks.lib.traced_steps import mode_runner, with_timed_loader
     import traceml
 
     proc = ProcessorProcess(folder, extra_args=["--log-level", "WARNING", "--idle-timeout", "3600"])
     proc.start(wait_readyz=True)
     traceml.init(mode="manual", endpoint=f"http://127.0.0.1:{proc.grpc}", protocol="grpc", run_id="bench-peers")
-    bjob = bench_overhead._Job.__new__(bench_overhead._Job)
-    bjob.model, bjob.opt, bjob.loader = job.model, job.opt, job.loader
-    bjob.plain_batches = job.plain
-    bjob.timed_batches = _Batches(traceml.wrap_dataloader(job.loader))
+    with_timed_loader(job)
 
     def variant(mode):
-        run = bench_overhead._variant(bjob, mode)
+        run = mode_runner(job, mode)
         return lambda steps, out, clock: run(steps, clock, out)
     variants = {"plain": variant(None), "control": variant(None),
                 "ours manual": variant("manual"), "ours auto": variant("auto")}
@@ -320,17 +197,19 @@ def _start_original_aggregator(folder: Path):
     raise RuntimeError("the original's aggregator did not start")
 
 
-def _worker_original(job: _Job, folder: Path, mode: str) -> tuple[dict, _Helper, callable]:
+def _worker_original(job, folder: Path, mode: str) -> tuple[dict, _Helper, callable]:
     """The original TraceML in `mode`, its runtime and its aggregator live."""
     import torch
     from torch.utils.data import DataLoader
+
+    from benchmarks.lib.workload import Batches
 
     agg = _start_original_aggregator(folder)
     import traceml_ai as tm
     tm.init(mode=mode)
     model, opt, mse = job.model, job.opt, torch.nn.functional.mse_loss
     if mode == "manual":
-        wrapped_batches = _Batches(tm.wrap_dataloader_fetch(job.loader))
+        wrapped_batches = Batches(tm.wrap_dataloader_fetch(job.loader))
         tm.wrap_forward(model)
         tm.wrap_optimizer(opt)
         wrapped = {"forward": model.__dict__.pop("forward"), "step": opt.__dict__.pop("step")}
@@ -373,7 +252,7 @@ def _worker_original(job: _Job, folder: Path, mode: str) -> tuple[dict, _Helper,
             put(patched)
             try:
                 if not patched_batches:
-                    patched_batches.append(_Batches(job.loader))  # its iterator comes from the patched __iter__
+                    patched_batches.append(Batches(job.loader))  # its iterator comes from the patched __iter__
                 next_batch = patched_batches[0].next
                 for _ in range(steps):
                     t0 = clock()
@@ -401,16 +280,17 @@ def _worker_original(job: _Job, folder: Path, mode: str) -> tuple[dict, _Helper,
     return {"plain": _plain_runner(job), "control": _plain_runner(job), **tool}, _Helper(agg.pid), close
 
 
-def _worker_torch_profiler(job: _Job) -> tuple[dict, _Helper, callable]:
+def _worker_torch_profiler(job) -> tuple[dict, _Helper, callable]:
+    import torch
     from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-    model, opt, mse = job.model, job.opt, job.torch.nn.functional.mse_loss
+    model, opt, mse = job.model, job.opt, torch.nn.functional.mse_loss
 
     def variant(with_schedule: bool):
         def run(steps, out, clock):
             kwargs = {"schedule": schedule(wait=1, warmup=1, active=3, repeat=0)} if with_schedule else {}
             with profile(activities=[ProfilerActivity.CPU], **kwargs) as prof:
-                next_batch = job.plain.next
+                next_batch = job.plain_batches.next
                 for _ in range(steps):
                     t0 = clock()
                     with record_function("input"):
@@ -433,15 +313,16 @@ def _worker_torch_profiler(job: _Job) -> tuple[dict, _Helper, callable]:
             _Helper(None), lambda: None)
 
 
-def _worker_nvrx(job: _Job) -> tuple[dict, _Helper, callable]:
+def _worker_nvrx(job) -> tuple[dict, _Helper, callable]:
     import nvidia_resiliency_ext.straggler as straggler
+    import torch
 
     straggler.Detector.initialize(gather_on_rank0=False, report_time_interval=1e9)
     section = straggler.Detector.detection_section
-    model, opt, mse = job.model, job.opt, job.torch.nn.functional.mse_loss
+    model, opt, mse = job.model, job.opt, torch.nn.functional.mse_loss
 
     def run(steps, out, clock):
-        next_batch = job.plain.next
+        next_batch = job.plain_batches.next
         for _ in range(steps):
             t0 = clock()
             with section("input", profile_cuda=False):
@@ -463,9 +344,14 @@ def _worker_nvrx(job: _Job) -> tuple[dict, _Helper, callable]:
 
 def _serve_training(kind: str, shape: str) -> None:
     """Worker main: build the tool's variants, then answer the coordinator's turns."""
-    _steady_runtime()
+    import torch
+
+    from benchmarks.lib.workload import Job
+
+    steady_allocator()  # what bench_overhead does, in every worker alike: glibc keeps freed memory
+    torch.set_num_threads(1)
     folder = Path(tempfile.mkdtemp(prefix=f"bench-peers-{kind}-"))
-    job = _Job(*SHAPES[shape])
+    job = Job(*SHAPES[shape])
     if kind == "ours":
         variants, helper, close = _worker_ours(job, folder)
     elif kind.startswith("original-"):
@@ -479,7 +365,7 @@ def _serve_training(kind: str, shape: str) -> None:
 
     def collect(name, steps):
         out: list = []
-        variants[name](steps, out, _clock)
+        variants[name](steps, out, wall_and_cpu)
         return [(d.real, d.imag) for d in out]
 
     def cpu_now():
@@ -532,12 +418,12 @@ def _serve_analysis(kind: str) -> None:
 class _OursAnalysis:
     def __init__(self, folder: Path) -> None:
         sys.path.insert(0, str(ROOT))
-        from benchmarks.bench_step_time import RUN, _records, _write  # noqa: F401
+        from benchmarks.lib.step_time_rows import RUN, records, write
         from traceml.processor.sqlite_writer import StepTimeStore
         from traceml.processor.step_time.pipeline import PROFILE_SUMMARY, LiveStepTimeSession, StepTimePipeline, \
             StepTimeRequest
         self.folder, self.run = folder, RUN
-        self._records, self._write = _records, _write
+        self._records, self._write = records, write
         self.Store, self.Session, self.Pipeline, self.Request, self.SUMMARY = \
             StepTimeStore, LiveStepTimeSession, StepTimePipeline, StepTimeRequest, PROFILE_SUMMARY
         self.stores, self.sessions, self.next_step = {}, {}, {}
@@ -688,18 +574,12 @@ class Worker:
             self.proc.kill()
 
 
-def _our_env() -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TRACEML_"))}
-    env["OMP_NUM_THREADS"] = "1"
-    return env
-
-
 def _training_workers(shape: str, stamp: dict, log) -> dict[str, Worker]:
     ours = Path(sys.executable)
-    kinds = [("ours", ours, _our_env()), ("torch-profiler", ours, _our_env()),
-             ("original-manual", PEER_PYTHON, _peer_env()), ("original-auto", PEER_PYTHON, _peer_env())]
+    kinds = [("ours", ours, our_env()), ("torch-profiler", ours, our_env()),
+             ("original-manual", PEER_PYTHON, peer_env()), ("original-auto", PEER_PYTHON, peer_env())]
     if stamp.get("nvrx_cpu_sections"):
-        kinds.append(("nvrx", PEER_PYTHON, _peer_env()))
+        kinds.append(("nvrx", PEER_PYTHON, peer_env()))
     workers = {}
     for kind, python, env in kinds:
         workers[kind] = Worker(python, ["--worker", kind, "--shape", shape], env)
@@ -707,16 +587,10 @@ def _training_workers(shape: str, stamp: dict, log) -> dict[str, Worker]:
     return workers
 
 
-def _bootstrap_median(diffs: list, seed: int = 0, n: int = 1000) -> tuple[float, float]:
+def bootstrap_median(diffs: list, seed: int = 0, n: int = 1000) -> tuple[float, float]:
     rng = random.Random(seed)
     meds = sorted(statistics.median(rng.choices(diffs, k=len(diffs))) for _ in range(n))
     return meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
-
-
-def _ratio_interval(base: list, variant: list, z: float = 1.96) -> tuple[float, float, float]:
-    """bench_overhead's pooled ratio with its delta-method interval (imported there in the project venv)."""
-    from benchmarks.bench_overhead import _ratio_interval as ratio
-    return ratio(base, variant, z)
 
 
 def _rounds(workers: dict, rounds: int, block_of, log, label: str) -> dict:
@@ -753,7 +627,7 @@ def measure_training(quick: bool, stamp: dict, log) -> dict:
             continue
         base = samples[(kind, "plain")]
         diffs = [(med(c for _, c in v) - med(c for _, c in b)) * 1e6 for v, b in zip(per_round, base)]
-        lo, hi = _bootstrap_median(diffs)
+        lo, hi = bootstrap_median(diffs)
         figures["small"].append({"worker": kind, "variant": name, "plain_step_ms": med(c for b in base for _, c in b) * 1e3,
                                  "added_cpu_us": med(diffs), "added_cpu_us_ci95": (lo, hi)})
     # The ~10 ms step: throughput, one step per turn (the profiler a block), plus background CPU.
@@ -779,7 +653,7 @@ def measure_training(quick: bool, stamp: dict, log) -> dict:
         base = samples[(kind, "plain")]
         base_wall = [sum(s for s, _ in b) for b in base]
         var_wall = [sum(s for s, _ in v) for v in per_round]
-        ratio, lo, hi = _ratio_interval(base_wall, var_wall)
+        ratio, lo, hi = ratio_interval(base_wall, var_wall)
         traced = name != "control"
         n_traced = sum(len(v) for (k, n), per in samples.items() if k == kind and n not in ("plain", "control")
                        for v in per)
@@ -804,8 +678,8 @@ def measure_training(quick: bool, stamp: dict, log) -> dict:
 def measure_analysis(quick: bool, log) -> dict:
     rank_counts = [1, 64] if quick else [1, 64, 1024]
     repeats = 5 if quick else 9
-    ours = Worker(Path(sys.executable), ["--analysis", "ours"], _our_env())
-    original = Worker(PEER_PYTHON, ["--analysis", "original"], _peer_env())
+    ours = Worker(Path(sys.executable), ["--analysis", "ours"], our_env())
+    original = Worker(PEER_PYTHON, ["--analysis", "original"], peer_env())
     tools = {"ours": ours, "original": original}
     rows = []
     try:
@@ -835,81 +709,6 @@ def measure_analysis(quick: bool, log) -> dict:
         ours.close()
         original.close()
     return {"analysis": rows}
-
-
-def run_job(tool: str, folder: Path, name: str, scenario: str, steps: int, nproc: int = 2,
-            argv: list[str] | None = None) -> dict:
-    """One `traceml run --nproc-per-node N` of launcher/demo_workload.py under `tool`; wall time and its summary.
-
-    `argv` (a script and its arguments) runs instead of the demo workload; `scenario` and
-    `steps` are then unused. For the original the caller passes a script that marks its own steps
-    (checks/original_step_runner.py runs one that does not)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    script, *workload = argv or [str(WORKLOAD), "--scenario", scenario, "--steps", str(steps)]
-    if tool == "ours":
-        cmd = [str(Path(sys.executable).parent / "traceml"), "run", "--standalone", "--nproc-per-node", str(nproc),
-               "--runs-dir", str(folder), "--run-id", name, "--no-summary-print", script, *workload]
-        env = _our_env()
-        summary_path = folder / name / "final_summary.json"
-    else:
-        shim = PEERS_DIR / "shim"
-        shim.mkdir(parents=True, exist_ok=True)
-        (shim / "traceml.py").write_text(ORIGINAL_SHIM)
-        cmd = [str(PEER_VENV / "bin" / "traceml"), "run", "--nproc-per-node", str(nproc), "--logs-dir",
-               str(folder), "--run-name", name, script, "--args", *workload]
-        env = _peer_env({"PYTHONPATH": str(shim)})
-        summary_path = folder / name / "final_summary.json"
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=900)
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise RuntimeError(f"{tool} run failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    summary = json.loads(summary_path.read_text())
-    return {"wall_s": wall, "summary": summary, "rows": _stored_rows(tool, folder / name), "folder": folder / name}
-
-
-# What the original's `traceml run` executes instead of `import traceml`: the workload calls
-# trace_step and is_initialized/set_recording/shutdown; the original's own demos call init(mode="auto").
-ORIGINAL_SHIM = '''"""Lets launcher/demo_workload.py run under the original TraceML (bench_peers writes this file)."""
-import traceml_ai as _t
-
-_t.init(mode="auto")
-trace_step = _t.trace_step
-
-
-def is_initialized():
-    return False  # the calibration steps run outside trace_step, which the original does not record
-
-
-def set_recording(on):
-    pass
-
-
-def shutdown(*args, **kwargs):
-    from traceml_ai.runtime import lifecycle
-    handle = lifecycle.get_active_runtime_handle()
-    if handle is not None:
-        handle.stop()
-'''
-
-
-def _stored_rows(tool: str, run_folder: Path) -> int:
-    import sqlite3
-    if tool == "ours":
-        dbs = sorted(run_folder.glob("*.sqlite")) + sorted(run_folder.glob("*.db"))
-        table = "step_time_samples"
-    else:
-        dbs = [run_folder / "aggregator" / "telemetry"]
-        table = "step_time_samples"
-    total = 0
-    for db in dbs:
-        if db.exists():
-            with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-                try:
-                    total += conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
-                except sqlite3.Error:
-                    pass
-    return total
 
 
 def measure_e2e(quick: bool, log) -> dict:

@@ -25,8 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.bench_step_time import RUN, _records, _write
-from benchmarks.json_output import add_json_flag, print_json, table_output
+from benchmarks.lib.json_output import add_json_flag, print_json, table_output
+from benchmarks.lib.step_time_rows import RUN, START, records, write
 from traceml.processor.sqlite_layout import RESOURCE_COLUMNS
 from traceml.processor.sqlite_writer import StepTimeStore
 from traceml.processor.step_time.pipeline import (
@@ -39,7 +39,6 @@ from traceml.processor.step_time.pipeline import (
 from traceml.schema import resources as r
 
 STEPS = 400
-START = 1_700_000_000.0  # bench_step_time's first step time
 INTERVAL_S = 5.0
 
 
@@ -66,7 +65,7 @@ def _resource_rows(ranks: int) -> list[tuple]:
 def _store(folder: Path, ranks: int, resources: bool) -> Path:
     db = folder / f"{'res' if resources else 'bare'}_{ranks}.db"
     with StepTimeStore(db) as store:
-        _write(store, ranks, range(1, STEPS + 1))
+        write(store, ranks, range(1, STEPS + 1))
     if resources:
         conn = sqlite3.connect(db)
         with conn:
@@ -91,7 +90,7 @@ def _live_tick(db: Path, ranks: int, repeats: int) -> tuple[float, float]:
     step = STEPS + 1
     with StepTimeStore(db) as store:
         for _ in range(repeats):
-            store.write(_records(ranks, range(step, step + 1)))
+            store.write(records(ranks, range(step, step + 1)))
             step += 1
             t0 = time.perf_counter()
             session.refresh()

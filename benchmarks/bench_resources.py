@@ -1,16 +1,16 @@
 """What the resource sampler costs: training-thread throughput with it on vs off, and its CPU per tick.
 
-Method. One process, one model/optimizer/loader (`bench_overhead._Job`, its ~10 ms CPU
+Method. One process, one model/optimizer/loader (`benchmarks.lib.workload.Job`, its ~10 ms CPU
 step), the plain uninstrumented loop in every variant: the only difference between
 "on" and "off" is a `ResourceSampler` thread running beside the steps. Each round runs
-one block of steps per variant in a new seeded order (`bench_overhead._rounds`):
+one block of steps per variant in a new seeded order (`benchmarks.lib.estimators.run_rounds`):
 "off", "on" (a sampler started before the block and stopped after it, both outside
 the timed steps) and "control" (plain again: what the estimator reads when nothing is
 added). A block lasts a few sampler intervals so each "on" block sees several ticks;
 the interval here is 0.5 s by default, ten times the production default of 5 s, so
 the cost is visible (at 5 s it is a tenth of what is shown). The throughput figure is
 the pooled ratio of the blocks' wall times, off over on, paired by round, with a 95 %
-interval (`bench_overhead._ratio_interval`), the same steadying of glibc's allocator
+interval (`benchmarks.lib.estimators.ratio_interval`), the same steadying of glibc's allocator
 and a frozen GC heap as bench_overhead.
 
 The block ratio is only as precise as the machine is steady over seconds (on this shared
@@ -22,7 +22,7 @@ share of steps a tick lands in, is the added time per step; the ratio follows fr
 with a 95 % interval from the paired differences. The same estimator at as many
 seeded positions with no tick is the control (it reads 0 when nothing is added). What
 it does not see: a tick's after-effect on later steps (caches it evicted), which the
-block ratio would include. (The estimator is `benchmarks.attribution`'s, shared with
+block ratio would include. (The estimator is `benchmarks.lib.attribution`'s, shared with
 bench_overhead's samplers in place, here without the step after.)
 
 The sampler's own cost per tick, two ways: its thread's CPU time over its ticks during
@@ -44,11 +44,19 @@ import statistics
 import sys
 import time
 
-from benchmarks import bench_overhead as bo  # the workload, rounds and estimators (sets one torch thread)
-from benchmarks.attribution import attributed, overlapping
-from benchmarks.json_output import add_json_flag, print_json, table_output
-from traceml.resources import ResourceSampler
-from traceml.schema import environment as env_names
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+
+from benchmarks.lib import checkout  # noqa: E402,F401  (imports the checkout when not installed)
+from benchmarks.lib.attribution import attributed, overlapping  # noqa: E402
+from benchmarks.lib.estimators import ratio_interval, run_rounds, steady_allocator  # noqa: E402
+from benchmarks.lib.json_output import add_json_flag, print_json, table_output  # noqa: E402
+from benchmarks.lib.workload import Job, block_plain  # noqa: E402
+from traceml.resources import ResourceSampler  # noqa: E402
+from traceml.schema import environment as env_names  # noqa: E402
+
+torch.set_num_threads(1)  # bench_overhead's workload, on one thread as there
 
 
 class _CountingSink:
@@ -98,13 +106,13 @@ def _variants(job, interval_s: float, ticks: dict) -> dict:
     sink = _CountingSink()
 
     def plain(steps, clock, out, warmup=0):
-        bo._block_plain(job, steps, clock, out)
+        block_plain(job, steps, clock, out)
 
     def with_sampler(steps, clock, out, warmup=0):
         sampler = ResourceSampler(sinks=(sink,), interval_s=interval_s, environ={env_names.LOCAL_RANK: "0"})
         sampler.start()
         try:
-            bo._block_plain(job, steps, clock, out)
+            block_plain(job, steps, clock, out)
         finally:
             ticks["block_ticks"] += sampler.ticks  # the thread's own ticks, before stop()'s last one
             ticks["thread_cpu_s"] += sampler.tick_cpu_s
@@ -139,14 +147,14 @@ def _tick_attributed(job, interval_s: float, seconds: float) -> dict:
         return now
 
     sampler = _TimedSampler(sinks=(_CountingSink(),), interval_s=interval_s, environ={env_names.LOCAL_RANK: "0"})
-    bo._block_plain(job, 5, time.perf_counter, [])
+    block_plain(job, 5, time.perf_counter, [])
     gc.collect()
     gc.freeze()
     sampler.start()
     try:
         deadline = time.perf_counter() + seconds
         while time.perf_counter() < deadline:
-            bo._block_plain(job, 50, clock, [])
+            block_plain(job, 50, clock, [])
     finally:
         loop_ticks, loop_cpu_s = sampler.ticks, sampler.tick_cpu_s  # before stop()'s last sample
         sampler.stop()
@@ -174,7 +182,7 @@ def _tick_attributed(job, interval_s: float, seconds: float) -> dict:
 def measure(quick: bool, interval_s: float, rounds: int | None, hidden: int,
             tick_seconds: float | None = None) -> dict:
     results: dict = {"cpu_count": os.cpu_count(), "load_avg_start": round(os.getloadavg()[0], 2),
-                     "interval_s": interval_s, "steady_allocator": bo._steady_allocator()}
+                     "interval_s": interval_s, "steady_allocator": steady_allocator()}
     # A tick's cost, measured directly first (a warm sampler, nothing else running).
     ticks_direct = 50 if quick else 200
     for label, local_rank in (("local_rank0", "0"), ("other_rank", "1")):
@@ -183,9 +191,9 @@ def measure(quick: bool, interval_s: float, rounds: int | None, hidden: int,
         results[f"tick_cpu_us_{label}"] = cpu
     results["encode_snapshot_us"] = _encode_us(ticks_direct)
 
-    job = bo._Job(hidden, 128, 32)
+    job = Job(hidden, 128, 32)
     calibration: list = []
-    bo._block_plain(job, 5, time.perf_counter, calibration)
+    block_plain(job, 5, time.perf_counter, calibration)
     step_s = statistics.median(calibration)
     steps_per_block = max(10, round(3 * interval_s / step_s))  # about three intervals per block
     if rounds is None:
@@ -197,14 +205,14 @@ def measure(quick: bool, interval_s: float, rounds: int | None, hidden: int,
     gc.collect()
     gc.freeze()
     try:
-        per_round = bo._rounds(rounds, steps_per_block, time.perf_counter, variants)
+        per_round = run_rounds(rounds, steps_per_block, time.perf_counter, variants)
     finally:
         gc.unfreeze()
     blocks = {name: [sum(steps) for steps in per] for name, per in per_round.items()}
     results.update(rounds=rounds, steps_per_block=steps_per_block, step_ms=step_s * 1e3,
                    on_block_ticks=ticks["block_ticks"])
     for name in ("on", "control"):
-        ratio, lo, hi = bo._ratio_interval(blocks["off"], blocks[name])
+        ratio, lo, hi = ratio_interval(blocks["off"], blocks[name])
         results[f"throughput_ratio_{name}"] = ratio
         results[f"throughput_ratio_{name}_ci95"] = (lo, hi)
         added = [(b - o) / steps_per_block * 1e6 for b, o in zip(blocks[name], blocks["off"])]

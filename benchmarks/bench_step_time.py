@@ -29,38 +29,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.json_output import add_json_flag, print_json, table_output
+from benchmarks.lib.json_output import add_json_flag, print_json, table_output
+from benchmarks.lib.step_time_rows import RUN, records, write
 from traceml.processor.sqlite_writer import StepTimeStore
-from traceml.processor.step_time.model import RankIdentity, RawEventValue, StepTimeIngestRecord
 from traceml.processor.step_time.pipeline import (
     PROFILE_SUMMARY,
     LiveStepTimeSession,
     StepTimePipeline,
     StepTimeRequest,
 )
-from traceml.schema import vocabulary as v
-
-RUN = "bench"
-BASE = {v.RAW_DATALOADER_NEXT: 5.0, v.RAW_H2D: 5.0, v.RAW_FORWARD: 30.0,
-        v.RAW_BACKWARD: 45.0, v.RAW_OPTIMIZER_STEP: 10.0, v.RAW_STEP_TIME: 95.0}
-
-
-def _records(ranks: int, steps: range, strategy: str = "ddp") -> list[StepTimeIngestRecord]:
-    out = []
-    for step in steps:
-        for rank in range(ranks):
-            skew = 1.0 + 0.01 * (rank % 7) + 0.001 * (step % 13)
-            events = {name: RawEventValue(2 * value * skew, value * skew, 1) for name, value in BASE.items()}
-            out.append(StepTimeIngestRecord(
-                RUN, RankIdentity(rank, rank % 8, rank // 8, ranks, min(ranks, 8), f"node{rank // 8}"),
-                step, 1_700_000_000.0 + step, 1_700_000_000.1 + step, events, strategy))
-    return out
-
-
-def _write(store: StepTimeStore, ranks: int, steps: range, batch_rows: int = 20_000) -> None:
-    per_batch = max(1, batch_rows // ranks)
-    for start in range(steps.start, steps.stop, per_batch):
-        store.write(_records(ranks, range(start, min(start + per_batch, steps.stop))))
 
 
 def _ms(seconds: float) -> str:
@@ -71,7 +48,7 @@ def bench_live(folder: Path, ranks: int, steps: int = 400, repeats: int = 15) ->
     db = folder / f"live_{ranks}.db"
     store = StepTimeStore(db)
     t0 = time.perf_counter()
-    _write(store, ranks, range(1, steps + 1))
+    write(store, ranks, range(1, steps + 1))
     build_s = time.perf_counter() - t0
 
     session = LiveStepTimeSession(db, RUN)
@@ -83,7 +60,7 @@ def bench_live(folder: Path, ranks: int, steps: int = 400, repeats: int = 15) ->
     live, live_cpu = [], []
     next_step = steps + 1
     for _ in range(repeats):
-        store.write(_records(ranks, range(next_step, next_step + 1)))
+        store.write(records(ranks, range(next_step, next_step + 1)))
         next_step += 1
         t0, c0 = time.perf_counter(), time.process_time()
         result = session.refresh()
@@ -124,7 +101,7 @@ def bench_summary(folder: Path, ranks: int, steps: int) -> dict[str, float]:
     db = folder / f"summary_{ranks}x{steps}.db"
     with StepTimeStore(db) as store:
         t0 = time.perf_counter()
-        _write(store, ranks, range(1, steps + 1))
+        write(store, ranks, range(1, steps + 1))
         build_s = time.perf_counter() - t0
     pipeline = StepTimePipeline()
     times, cpu = [], []

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from benchmarks.json_output import add_json_flag, print_json, table_output
+from benchmarks.lib.json_output import add_json_flag, print_json, table_output
 from traceml.processor.diagnosis import diagnose
 from traceml.processor.presenters import render_live
 from traceml.processor.reporting import RunMetadata, project_final_summary, summary_metric_points

@@ -25,7 +25,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks.json_output import add_json_flag, print_json, table_output
+from benchmarks.lib.json_output import add_json_flag, print_json, table_output
 from traceml.processor.sqlite_writer import StepTimeStore
 from traceml.processor.step_time.model import RankIdentity, RawEventValue, StepTimeIngestRecord
 from traceml.processor.step_time.pipeline import LiveStepTimeSession

@@ -3,12 +3,13 @@
 Before/after figures need the old code and the new one measured on the same machine
 in one session. TREE is a plain checkout of the older revision (`git worktree add
 --detach /tmp/before REV`); this drops the editable install's finders and paths, maps
-`traceml` onto TREE's folders exactly as setup.py does (`benchmarks.traceml_checkout`
-of TREE), and runs `python -m MODULE ARGS` from TREE, so every import of `traceml`,
+`traceml` onto TREE's folders exactly as setup.py does (TREE's `benchmarks.lib.checkout`,
+or `benchmarks.traceml_checkout` in trees older than the benchmark library), and runs `python -m MODULE ARGS` from TREE, so every import of `traceml`,
 the benchmark's own included, is TREE's.
 """
 from __future__ import annotations
 
+import importlib
 import runpy
 import sys
 from pathlib import Path
@@ -25,7 +26,10 @@ def main(argv: list[str]) -> None:
     for name in list(sys.modules):
         if name.split(".")[0] in ("traceml", "benchmarks"):
             del sys.modules[name]
-    import benchmarks.traceml_checkout  # noqa: F401  (TREE's: maps traceml onto TREE's folders)
+    try:  # TREE's own: maps traceml onto TREE's folders
+        importlib.import_module("benchmarks.lib.checkout")
+    except ModuleNotFoundError:
+        importlib.import_module("benchmarks.traceml_checkout")
     import traceml
 
     if not str(Path(traceml.__file__).resolve()).startswith(tree):

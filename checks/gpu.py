@@ -37,7 +37,7 @@ import statistics
 import sys
 import time
 
-from benchmarks import traceml_checkout  # noqa: F401  (imports the checkout when not installed)
+from benchmarks.lib import checkout  # noqa: F401  (imports the checkout when not installed)
 import traceml  # noqa: E402
 from traceml.schema.vocabulary import (  # noqa: E402
     RAW_BACKWARD,

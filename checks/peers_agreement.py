@@ -4,13 +4,13 @@
 
 Two sets of scenarios, each a real multi-rank CPU job on gloo, run once under this
 project's `traceml run` and once under the original's `traceml run` (the peer
-environment of benchmarks/bench_peers.py, built there once); the order of the two
+environment of benchmarks/lib/peers.py, built once and shared with bench_peers); the order of the two
 tools alternates between scenarios.
 
 - The four of `traceml demo` (launcher/demo_workload.py: balanced, input-bound,
   input-straggler, compute-straggler; 2 ranks, the delays calibrated on the machine,
   the last rank the straggler). The workload's `import traceml` is served, for the
-  original, by bench_peers' shim, which calls the original's `init(mode="auto")` and
+  original, by benchmarks/lib/peers.py's shim, which calls the original's `init(mode="auto")` and
   `trace_step`, as its own demos do. Judged against launcher/demo.py's EXPECTED (the
   one owner of what each demo scenario should produce).
 - The collective-wait ones of tests/launcher/scripts/collective_ddp.py, a DDP script
@@ -55,8 +55,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.bench_peers import PEER_PYTHON, ROOT, _peer_env, build_peers, run_job
-from benchmarks.json_output import add_json_flag, print_json, table_output
+from benchmarks.lib.peers import PEER_PYTHON, ROOT, build_peers, peer_env, run_job
+from benchmarks.lib.json_output import add_json_flag, print_json, table_output
 from traceml.launcher.demo import EXPECTED
 from traceml.launcher.demo_workload import SCENARIOS
 from traceml.schema.diagnosis import (COLLECTIVE_BOUND, COMPUTE_STRAGGLER, STEP_TIME_DRIFT,
@@ -185,7 +185,7 @@ print(json.dumps({"kind": primary.kind, "note": primary.note}))
 def original_note(run_folder: Path) -> str | None:
     """The `Trend:` note of the original's summary diagnosis of this run, if it has one."""
     out = subprocess.run([str(PEER_PYTHON), "-c", _ORIGINAL_NOTE, str(run_folder / "aggregator" / "telemetry")],
-                         env=_peer_env(), capture_output=True, text=True, timeout=300)
+                         env=peer_env(), capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
         return None
     note = json.loads(out.stdout.strip().splitlines()[-1]).get("note") or ""
@@ -199,7 +199,7 @@ def original_vocabulary() -> list[str]:
         "import json, typing\n"
         "from traceml_ai.diagnostics.step_time import api\n"
         "print(json.dumps(list(typing.get_args(api.DiagnosisKind))))")],
-        env=_peer_env(), capture_output=True, text=True, timeout=300)
+        env=peer_env(), capture_output=True, text=True, timeout=300)
     return json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else []
 
 

@@ -1,11 +1,11 @@
-"""benchmarks/attribution.py: background work's cost read from the steps it lands in."""
+"""benchmarks/lib/attribution.py: background work's cost read from the steps it lands in."""
 from __future__ import annotations
 
 import random
 
 import pytest
 
-from benchmarks.attribution import attributed, overlapping
+from benchmarks.lib.attribution import attributed, overlapping
 
 
 def _steps(n: int, every: int, hit: float, after: float, seed: int = 0):

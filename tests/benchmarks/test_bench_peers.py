@@ -1,5 +1,6 @@
 """bench_peers' wiring that runs without the peer environment: its worker protocol over a real
-subprocess of this project's venv, the shim it hands the original's launcher, its interval.
+subprocess of this project's venv, the shim benchmarks/lib/peers.py hands the original's launcher,
+its interval.
 
 The peer environment itself (a pip install from the registry) and the peers' figures are
 not built or judged here: `python -m benchmarks.bench_peers --quick` does that.
@@ -13,13 +14,14 @@ from pathlib import Path
 import pytest
 
 from benchmarks import bench_peers
+from benchmarks.lib import peers
 
 
 def test_the_shim_for_the_original_is_python_and_serves_what_the_workload_calls():
-    tree = ast.parse(bench_peers.ORIGINAL_SHIM)
+    tree = ast.parse(peers.ORIGINAL_SHIM)
     names = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
     names |= {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets}
-    workload = ast.parse(bench_peers.WORKLOAD.read_text())
+    workload = ast.parse(peers.WORKLOAD.read_text())
     called = {node.func.attr for node in ast.walk(workload)
               if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
               and isinstance(node.func.value, ast.Name) and node.func.value.id == "traceml"}
@@ -28,14 +30,14 @@ def test_the_shim_for_the_original_is_python_and_serves_what_the_workload_calls(
 
 def test_bootstrap_interval_brackets_the_median():
     diffs = [float(i % 11) for i in range(200)]
-    lo, hi = bench_peers._bootstrap_median(diffs)
+    lo, hi = bench_peers.bootstrap_median(diffs)
     assert lo <= sorted(diffs)[100] <= hi
     assert hi - lo < 5
 
 
 @pytest.mark.slow
 def test_our_analysis_worker_answers_over_its_pipe():
-    worker = bench_peers.Worker(Path(sys.executable), ["--analysis", "ours"], bench_peers._our_env())
+    worker = bench_peers.Worker(Path(sys.executable), ["--analysis", "ours"], peers.our_env())
     try:
         built = worker.ask("build", ranks=2, steps=120)
         assert built["rows_per_s"] > 0 and built["cold_s"] > 0
@@ -52,7 +54,7 @@ def test_our_analysis_worker_answers_over_its_pipe():
 @pytest.mark.slow
 def test_torch_profiler_training_worker_times_each_variant():
     worker = bench_peers.Worker(Path(sys.executable), ["--worker", "torch-profiler", "--shape", "small"],
-                                bench_peers._our_env())
+                                peers.our_env())
     try:
         variants = worker.ask("variants")
         assert variants == ["plain", "control", "torch.profiler", "torch.profiler, schedule"]

@@ -1,4 +1,4 @@
-"""Benchmarks' `--json`: one JSON object on stdout, of the shape `benchmarks/json_output.py` promises.
+"""Benchmarks' `--json`: one JSON object on stdout, of the shape `benchmarks/lib/json_output.py` promises.
 
 Runs the cheapest benchmarks in tiny configurations; the figures themselves are not
 judged here (a shared CI machine says nothing about them), only that they are there.

@@ -13,16 +13,16 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /src
-COPY pyproject.toml setup.py README.md deploy/processor-constraints.txt ./
+COPY pyproject.toml setup.py README.md LICENSE deploy/processor-constraints.txt ./
 COPY instrumentation ./instrumentation
 COPY exporter ./exporter
 COPY processor ./processor
 COPY schema ./schema
 COPY launcher ./launcher
-# The base dependencies only (no [train]/[huggingface]/[lightning] extra): no torch,
-# transformers or lightning end up in the image. Their versions, and those of what they
-# require, are fixed by the constraints file (the versions the tests ran with).
-RUN pip install --no-compile -c processor-constraints.txt . \
+# The core and the processor extra (the service side; no [train]/[huggingface]/[lightning]
+# extra): no torch, transformers or lightning end up in the image. Their versions, and
+# those of what they require, are fixed by the constraints file (the versions the tests ran with).
+RUN pip install --no-compile -c processor-constraints.txt ".[processor]" \
     && rm -rf /src \
     && groupadd --system --gid 10001 traceml \
     && useradd --system --uid 10001 --gid 10001 --home-dir /data --no-create-home \

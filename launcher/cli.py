@@ -66,6 +66,10 @@ COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "top": _top,
 }
 
+NEEDS_PROCESSOR_SIDE = frozenset({"demo", "summary", "compare", "top"})
+"""Subcommands that always run processor code (`run` needs it only for its embedded processor,
+and checks that itself): refused with the install line when the `processor` extra is missing."""
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -82,6 +86,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"traceml: unknown command {argv[0]!r}\n", file=sys.stderr)
         print(USAGE, end="", file=sys.stderr)
         return 2
+    if argv[0] in NEEDS_PROCESSOR_SIDE and not {"-h", "--help"} & set(argv[1:]):
+        from traceml.schema.distribution import processor_side_missing_message
+
+        missing = processor_side_missing_message(f"traceml {argv[0]}")
+        if missing:  # a core-only install (what a rank needs): say so, no ImportError traceback
+            print(f"traceml: {missing}", file=sys.stderr)
+            return 2
     try:
         return int(command(argv[1:]) or 0)
     except KeyboardInterrupt:

@@ -284,6 +284,14 @@ def launch(args: argparse.Namespace, options: RunOptions, *, out: TextIO | None 
         return LaunchResult(2, resolved.run_id, None)
     endpoint = options.endpoint or _environment_endpoint()
     placement = None if endpoint else _placement(args, options, out)
+    if not endpoint and (placement is None or placement.hosts_here):
+        from traceml.schema.distribution import processor_side_missing_message
+
+        missing = processor_side_missing_message("the embedded processor of traceml run")
+        if missing:  # a core-only install: refuse before anything starts, say both ways out
+            _say(out, f"error: {missing}; or send the ranks' telemetry to a running traceml-processor "
+                      f"with --endpoint URL")
+            return LaunchResult(2, resolved.run_id, None)
     if resolved.source == SOURCE_GENERATED and _is_multi_node(args.nnodes):
         _say(out, "warning: multi-node launch without --run-id, --rdzv-id or $TRACEML_RUN_ID: "
                   "each node generates its own run id"

@@ -230,6 +230,12 @@ def config_from_args(argv=None):
 
 
 def main(argv=None) -> int:
+    from traceml.schema.distribution import processor_side_missing_message
+
+    missing = processor_side_missing_message("traceml-processor")
+    if missing:  # a core-only (training side) install: the install line, not an ImportError traceback
+        print(f"traceml-processor: {missing}", file=sys.stderr)
+        return 2
     from traceml.processor.security import TokenFileError
 
     try:

@@ -7,6 +7,7 @@ package. Standard library only.
 """
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 
 DISTRIBUTION = "traceml-otel"
@@ -28,4 +29,51 @@ def package_version() -> str:
         return UNKNOWN_VERSION
 
 
-__all__ = ["DISTRIBUTION", "UNKNOWN_VERSION", "package_version"]
+PROCESSOR_EXTRA = "processor"
+"""The extra that installs the service side: `pip install 'traceml-otel[processor]'`."""
+PROCESSOR_INSTALL = f"pip install '{DISTRIBUTION}[{PROCESSOR_EXTRA}]'"
+
+_NAME = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+_ONLY_IN_EXTRA = r"""extra\s*==\s*["']{}["']"""
+
+
+def missing_requirements(extra: str = PROCESSOR_EXTRA) -> list[str]:
+    """The distributions `extra` requires that are not installed here (sorted); [] when all are, or
+    when this package's own metadata cannot be read (a source tree never installed: then an import
+    says what is missing).
+
+    Read from the installed metadata, so pyproject.toml stays the one list; nothing is imported,
+    so the answer costs milliseconds and comes before anything starts.
+    """
+    from importlib.metadata import PackageNotFoundError, requires, version
+
+    try:
+        declared = requires(DISTRIBUTION) or []
+    except PackageNotFoundError:
+        return []
+    pattern = re.compile(_ONLY_IN_EXTRA.format(re.escape(extra)))
+    missing = set()
+    for line in declared:
+        requirement, _, marker = line.partition(";")
+        if not pattern.search(marker):
+            continue
+        name = _NAME.match(requirement).group(1)
+        try:
+            version(name)
+        except PackageNotFoundError:
+            missing.add(name)
+    return sorted(missing)
+
+
+def processor_side_missing_message(what: str) -> str | None:
+    """One line for a user whose install lacks the processor side, naming `what` needs it; None if
+    it is installed."""
+    missing = missing_requirements(PROCESSOR_EXTRA)
+    if not missing:
+        return None
+    return (f"{what} needs TraceML's processor side, which is not installed here (missing: "
+            f"{', '.join(missing)}). Install it with: {PROCESSOR_INSTALL}")
+
+
+__all__ = ["DISTRIBUTION", "PROCESSOR_EXTRA", "PROCESSOR_INSTALL", "UNKNOWN_VERSION", "missing_requirements",
+           "package_version", "processor_side_missing_message"]

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates ./.venv with everything the project, its tests and its demo need.
+# Creates ./.venv with everything the project, its tests and its demo need: both sides (the
+# core and the processor extra), the training stack and the dev tools.
 # Safe to re-run: it re-links the editable install (so new modules import). torch is pinned to the CPU build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,5 +11,5 @@ fi
 # Strict editable mode: each import name maps exactly onto its folder (setup.py's
 # PACKAGE_ROOTS), which tools can follow; a new module needs this script run again.
 .venv/bin/python -m pip install -q --disable-pip-version-check \
-  "torch==2.13.0" -e ".[dev,huggingface,lightning,gpu]" --config-settings editable_mode=strict 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
+  "torch==2.13.0" -e ".[dev,processor,huggingface,lightning,gpu]" --config-settings editable_mode=strict 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
 .venv/bin/python -c "import torch, traceml, traceml.processor" >/dev/null

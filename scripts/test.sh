@@ -4,4 +4,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-system-deps.sh
 bash scripts/setup.sh
-exec .venv/bin/python -m pytest -q "$@"
+# The suite runs against the built wheel, not the tree: scripts/wheel_venv.sh builds the sdist
+# and, from it, the wheel (dist/), installs the wheel into build/wheel-venv beside the dev
+# environment's packages and prints that venv's python (tests/test_installs.py installs the
+# same wheel into fresh environments: TRACEML_TEST_DIST).
+PYTHON_UNDER_TEST=$(bash scripts/wheel_venv.sh)
+export TRACEML_TEST_DIST="$PWD/dist"
+exec "$PYTHON_UNDER_TEST" -m pytest -q "$@"

@@ -1,10 +1,13 @@
-"""pyproject.toml declares what the package imports and nothing else; the image's versions are fixed.
+"""pyproject.toml declares what each side imports and nothing else; the image's versions are fixed.
 
 The package's third-party imports (any depth, lazy ones inside functions included)
 are read from its source and resolved to the installed distributions that provide
-them; the core dependencies must be exactly those, the training stack only in
-extras. The Dockerfile installs with `deploy/processor-constraints.txt`, which pins
-every core dependency and everything each of them requires.
+them. The core dependencies must be exactly what the training side imports
+(`instrumentation/`, `exporter/`, `schema/`, `launcher/`: what a rank and
+`traceml run --endpoint` need), the `processor` extra exactly what the service side
+adds (`processor/`, and the launcher's views of it), the training stack only in
+extras. The Dockerfile installs `.[processor]` with `deploy/processor-constraints.txt`,
+which pins every one of those dependencies and everything each of them requires.
 """
 from __future__ import annotations
 
@@ -22,6 +25,12 @@ from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_FOLDERS = ("instrumentation", "exporter", "processor", "schema", "launcher")
+RANK_FOLDERS = {"instrumentation", "exporter", "schema"}  # what a training rank imports
+PROCESSOR_EXTRA = "processor"
+RUNTIME_FLOORS = {
+    "protobuf": "the exporter encodes with opentelemetry-proto's generated messages: the protobuf runtime "
+                "they run on is required by opentelemetry-proto, and its floor is stated in the core",
+}
 TRAINING_STACK = {"torch", "transformers", "accelerate", "lightning", "pytorch_lightning"}
 CONSTRAINTS = ROOT / "deploy" / "processor-constraints.txt"
 
@@ -71,26 +80,48 @@ def _distribution_of(module: str, top_levels: dict) -> str:
     raise AssertionError(f"no installed distribution provides {module} (candidates {candidates})")
 
 
+def _names(requirements) -> set[str]:
+    return {_canonical(Requirement(dep).name) for dep in requirements}
+
+
 @pytest.mark.slow
-def test_core_dependencies_are_exactly_what_the_package_imports():
+def test_core_and_processor_dependencies_are_exactly_what_each_side_imports():
     imports = _third_party_imports()
     optional = {name for name in imports if name.split(".")[0] in TRAINING_STACK}
     needed: dict[str, set[str]] = {}
     top_levels = md.packages_distributions()
     for module in sorted(set(imports) - optional):
         needed.setdefault(_distribution_of(module, top_levels), set()).add(module)
-    declared = {_canonical(Requirement(dep).name) for dep in _project()["dependencies"]}
-    in_extras = {_canonical(Requirement(dep).name) for deps in _project()["optional-dependencies"].values()
-                 for dep in deps} - declared
+    folders_of = {dist: set().union(*(imports[module] for module in modules)) for dist, modules in needed.items()}
+    extras = _project()["optional-dependencies"]
+    core = _names(_project()["dependencies"])
+    processor = _names(extras[PROCESSOR_EXTRA])
+    helpers = _names(dep for name, deps in extras.items() if name not in (PROCESSOR_EXTRA, "dev")
+                     for dep in deps) - core - processor
+    assert not core & processor, core & processor
     # The training side's optional helpers (psutil, nvidia-ml-py: the resource sampler) live in
-    # extras, are imported only by the training side, and only inside a guard (tested there).
-    extra_only = {dist for dist in needed if dist in in_extras}
-    for dist in extra_only:
-        folders = set().union(*(imports[module] for module in needed[dist]))
-        assert folders == {"instrumentation"}, (dist, folders)
-    core = set(needed) - extra_only
-    assert not core - declared, {d: sorted(needed[d]) for d in core - declared}
-    assert not declared - core, f"declared but never imported: {sorted(declared - core)}"
+    # training extras, are imported only by the instrumentation, and only inside a guard (tested there).
+    for dist in set(needed) & helpers:
+        assert folders_of[dist] == {"instrumentation"}, (dist, folders_of[dist])
+    def imported_by(*folders: str) -> set[str]:
+        return {dist for dist, found in folders_of.items() if found & set(folders)} - helpers
+
+    rank, launcher, service = imported_by(*RANK_FOLDERS), imported_by("launcher"), imported_by("processor")
+    # A rank imports the core only: nothing of the processor extra, ever.
+    assert not rank - core, {d: sorted(needed[d]) for d in rank - core}
+    # The launcher takes from the processor extra only what the processor side renders with (rich:
+    # the --live view, compare), after checking that the extra is installed (launcher/cli.py, run.py).
+    assert launcher & processor <= service, sorted(launcher & processor - service)
+    # A floor the training side states for what its imports run on (never imported by name there).
+    for dist, why in RUNTIME_FLOORS.items():
+        assert any(_canonical(Requirement(r).name) == dist for carrier in rank for r in md.requires(carrier) or ()), why
+    # Both ways: the core is exactly the training side's imports, the extra exactly what the
+    # service side adds to them.
+    training = rank | (launcher - processor) | set(RUNTIME_FLOORS)
+    assert core == training, {"declared, never imported": sorted(core - training),
+                              "imported, not declared": sorted(training - core)}
+    assert processor == service - core, {"declared, never imported": sorted(processor - service),
+                                         "imported, not declared": sorted(service - core - processor)}
 
 
 def test_the_training_stack_is_only_in_extras():
@@ -113,7 +144,8 @@ def _pins() -> dict[str, str]:
 
 def test_the_image_constraints_pin_every_dependency_and_what_it_requires():
     pins = _pins()
-    todo = [Requirement(dep) for dep in _project()["dependencies"]]
+    project = _project()
+    todo = [Requirement(dep) for dep in [*project["dependencies"], *project["optional-dependencies"][PROCESSOR_EXTRA]]]
     seen = set()
     while todo:
         requirement = todo.pop()
@@ -134,4 +166,5 @@ def test_the_image_constraints_pin_every_dependency_and_what_it_requires():
 def test_the_dockerfile_installs_with_the_constraints():
     text = (ROOT / "Dockerfile").read_text()
     assert "deploy/processor-constraints.txt" in text
-    assert re.search(r"pip install[^&]*-c processor-constraints\.txt \.", text)
+    # The processor extra, not the bare core: the image is the service side.
+    assert re.search(r"pip install[^&]*-c processor-constraints\.txt \"?\.\[processor\]", text)

@@ -39,6 +39,9 @@ if TYPE_CHECKING:
     from traceml.processor.endings import LauncherEnding
 
 BOOTSTRAP_MODULE = "traceml.launcher.bootstrap"
+DESCRIPTION = ("Launch a PyTorch script with torchrun's options and TraceML enabled on every rank. "
+               "Without an OTLP endpoint an embedded traceml-processor collects the telemetry and the "
+               "run ends with final_summary.json and a text card under ./traceml_runs/<run id>/.")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,10 +67,7 @@ def build_parser(prog: str = "traceml run") -> argparse.ArgumentParser:
 
     parser = get_args_parser()
     parser.prog = prog
-    parser.description = (
-        "Launch a PyTorch script with torchrun's options and TraceML enabled on every rank. "
-        "Without an OTLP endpoint an embedded traceml-processor collects the telemetry and the "
-        "run ends with final_summary.json and a text card under ./traceml_runs/<run id>/.")
+    parser.description = DESCRIPTION
     add_traceml_options(parser)
     return parser
 
@@ -559,6 +559,38 @@ def _report_failure(out: TextIO, exc: BaseException, args: argparse.Namespace) -
         _say(out, f"launch failed: {type(exc).__name__}: {exc}")
 
 
+HELP_WITHOUT_TORCH_EPILOG = (
+    "Every torchrun option is accepted as well, before the script (--nproc-per-node, --nnodes, "
+    "--node-rank, --rdzv-backend, --rdzv-endpoint, --rdzv-id, --max-restarts, --standalone, ..., and "
+    "their PET_* environment forms): `torchrun --help` lists them, or `traceml run --nproc-per-node 1 "
+    "--help` shows torch's own parser with the TraceML options. docs/cli.md describes each TraceML option.")
+
+
+def asks_for_help_only(argv: Sequence[str]) -> bool:
+    """`-h`/`--help` among leading flags only (`traceml run --help`, `traceml run --live -h`): the help
+    can then be answered without torch. After a value or the script, `--help` may be the script's own,
+    and torch's parser decides."""
+    for token in argv:
+        if token in ("-h", "--help"):
+            return True
+        if not token.startswith("-") or token == "--":
+            return False
+    return False
+
+
+def print_help_without_torch(out: TextIO, prog: str = "traceml run") -> None:
+    """The TraceML options, parsed by the same `add_traceml_options` as the real parser, and where the
+    torchrun options are: torch costs seconds to import just to print text."""
+    parser = argparse.ArgumentParser(
+        prog=prog, usage=f"{prog} [torchrun options] [TraceML options] script.py [script args]",
+        description=DESCRIPTION, epilog=HELP_WITHOUT_TORCH_EPILOG)
+    add_traceml_options(parser)
+    parser.print_help(out)
+
+
 def main(argv: Sequence[str]) -> int:
+    if asks_for_help_only(argv):
+        print_help_without_torch(sys.stdout)
+        return 0
     args, options = parse(argv)
     return launch(args, options).exit_code

@@ -15,6 +15,11 @@ from typing import Sequence, TextIO
 from traceml.launcher.stored_runs import RunLookupError, find_database
 
 
+LIVE_WAIT_S = 30.0
+"""How long the live view waits for a database a processor is about to create; `--once` asks about
+now, so it does not wait unless `--wait` says so."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="traceml top",
@@ -27,8 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--refresh", type=float, default=1.0, metavar="SECONDS",
                         help="refresh interval (default 1.0)")
     parser.add_argument("--once", action="store_true", help="draw one frame and exit")
-    parser.add_argument("--wait", type=float, default=30.0, metavar="SECONDS",
-                        help="how long to wait for the database to appear (default 30)")
+    parser.add_argument("--wait", type=float, default=None, metavar="SECONDS",
+                        help=f"how long to wait for the database to appear (default {LIVE_WAIT_S:g}; "
+                             "with --once 0: a missing database is reported at once)")
     return parser
 
 
@@ -40,7 +46,8 @@ def main(argv: Sequence[str], out: TextIO | None = None) -> int:
     options = parser.parse_args(list(argv))
     if options.refresh <= 0:
         parser.error("--refresh must be positive")
-    deadline = time.monotonic() + max(0.0, options.wait)
+    wait = options.wait if options.wait is not None else (0.0 if options.once else LIVE_WAIT_S)
+    deadline = time.monotonic() + max(0.0, wait)
     while True:
         try:
             db_path = find_database(options.db)

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 
 from traceml.schema import vocabulary as v
+from traceml.schema.distribution import package_version
 
 from .settings import COMPRESSION_GZIP, PROTOCOL_GRPC, ExporterSettings, SignalSettings
 
@@ -138,6 +139,13 @@ def retry_after_s(value: str | None, now: float | None = None) -> float | None:
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
+def user_agent() -> str:
+    """What both transports send as User-Agent: TraceML's exporter and its version, in the form the
+    OpenTelemetry exporters use (`OTel-OTLP-Exporter-Python/1.45.2`), so a collector's logs and
+    metrics tell TraceML's traffic from a job's own. gRPC appends its own `grpc-python/...` after it."""
+    return f"TraceML-OTLP-Exporter-Python/{package_version()}"
+
+
 class GrpcTransport:
     """Both signals' services on one gRPC channel, built from one signal's settings."""
 
@@ -155,7 +163,8 @@ class GrpcTransport:
         options = [("grpc.max_send_message_length", 64 * 1024 * 1024),
                    ("grpc.initial_reconnect_backoff_ms", 250),
                    ("grpc.min_reconnect_backoff_ms", 250),
-                   ("grpc.max_reconnect_backoff_ms", 2000)]
+                   ("grpc.max_reconnect_backoff_ms", 2000),
+                   ("grpc.primary_user_agent", user_agent())]
         if settings.uses_tls:
             pair = _client_pair(settings)
             key = cert = None
@@ -222,6 +231,8 @@ class HttpTransport:
         self._url = settings.endpoint
         self._timeout_s = settings.timeout_s
         self._headers = {k: val for k, val in settings.headers}
+        if "user-agent" not in self._headers:  # configured headers are lower-cased: one set there wins
+            self._headers["User-Agent"] = user_agent()
         self._headers["Content-Type"] = "application/x-protobuf"
         self._gzip = settings.compression == COMPRESSION_GZIP
         if self._gzip:

@@ -120,6 +120,15 @@ def test_ports_agree_with_the_image_flags(services):
     datasource = load_yaml(DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yml")
     assert datasource["datasources"][0]["url"] == "http://prometheus:9090"
     assert "9090:9090" in services["prometheus"]["ports"]
+    # The processor's live web view: its own --ui address (TRACEML_PROCESSOR_UI, which no CMD flag
+    # overrides), published on the host's loopback only (no token or TLS in the default stack).
+    assert "--ui" not in flags
+    ui = services["traceml-processor"]["environment"]["TRACEML_PROCESSOR_UI"]
+    assert ui.startswith("0.0.0.0:")
+    assert services["traceml-processor"]["ports"] == [f"127.0.0.1:{port_of(ui)}:{port_of(ui)}"]
+    assert services["traceml-processor"]["environment"]["TRACEML_PROCESSOR_IDLE_TIMEOUT"] == \
+        services["traceml-processor-shard"]["environment"]["TRACEML_PROCESSOR_IDLE_TIMEOUT"]
+    assert "TRACEML_PROCESSOR_UI" not in services["traceml-processor-shard"]["environment"]
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in COLLECTOR_DIR.glob("*.yaml")))

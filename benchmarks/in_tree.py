@@ -4,8 +4,9 @@ Before/after figures need the old code and the new one measured on the same mach
 in one session. TREE is a plain checkout of the older revision (`git worktree add
 --detach /tmp/before REV`); this drops the editable install's finders and paths, maps
 `traceml` onto TREE's folders exactly as setup.py does (TREE's `benchmarks.lib.checkout`,
-or `benchmarks.traceml_checkout` in trees older than the benchmark library), and runs `python -m MODULE ARGS` from TREE, so every import of `traceml`,
-the benchmark's own included, is TREE's.
+or `benchmarks.traceml_checkout` in trees older than the benchmark library), and runs
+`python -m MODULE ARGS` from TREE, so every import of `traceml`, the benchmark's own
+included, is TREE's.
 """
 from __future__ import annotations
 
@@ -26,9 +27,11 @@ def main(argv: list[str]) -> None:
     for name in list(sys.modules):
         if name.split(".")[0] in ("traceml", "benchmarks"):
             del sys.modules[name]
-    try:  # TREE's own: maps traceml onto TREE's folders
+    # TREE's own module maps traceml onto TREE's folders. Chosen by what TREE holds: `benchmarks`
+    # is a namespace package, so an import would find this checkout's module where TREE has none.
+    if (Path(tree) / "benchmarks" / "lib" / "checkout.py").exists():
         importlib.import_module("benchmarks.lib.checkout")
-    except ModuleNotFoundError:
+    else:
         importlib.import_module("benchmarks.traceml_checkout")
     import traceml
 

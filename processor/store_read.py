@@ -222,6 +222,17 @@ def read_first_step_stored(conn: sqlite3.Connection, run_id: str) -> int | None:
     return None if row is None or row[0] is None else int(row[0])
 
 
+def read_input_before_forward_ranks(conn: sqlite3.Connection, run_id: str) -> list[int]:
+    """Ranks whose every stored step with an input wait measured it as the time before forward
+    (`input_wait_count` 0: a step inferred from an optimizer update with no DataLoader `next()`
+    timed, `docs/instrumentation.md`); a scan of the run's rows, for the final summary."""
+    rows = conn.execute(
+        f"SELECT global_rank FROM {SAMPLES_TABLE} WHERE run_id = ? GROUP BY global_rank"
+        " HAVING COUNT(input_wait_count) > 0 AND MAX(input_wait_count) = 0 ORDER BY global_rank",
+        (run_id,)).fetchall()
+    return [int(rank) for (rank,) in rows]
+
+
 def read_run_facts(db_path: str | Path, run_id: str, *, latest_memory: bool,
                    count_stored: bool = True) -> tuple[list[RankMemory], RunTelemetry]:
     """The readers above in one short read-only connection; nothing known before the tables exist."""
@@ -230,10 +241,12 @@ def read_run_facts(db_path: str | Path, run_id: str, *, latest_memory: bool,
     conn = connect_readonly(db_path)
     try:
         attempt, attempts = read_attempts(conn, run_id) if count_stored else (None, [])
+        before_forward = read_input_before_forward_ranks(conn, run_id) if count_stored else []
         return (read_rank_memory(conn, run_id, latest=latest_memory),
                 RunTelemetry(ranks=read_rank_telemetry(conn, run_id, count_stored=count_stored),
                              first_step_stored=read_first_step_stored(conn, run_id),
-                             attempt=attempt, attempts=attempts))
+                             attempt=attempt, attempts=attempts,
+                             input_before_forward_ranks=before_forward))
     except sqlite3.OperationalError:
         return [], RunTelemetry()
     finally:

@@ -258,6 +258,8 @@ def _telemetry_section(window: StepTimeWindow, telemetry: RunTelemetry,
         "attempt": telemetry.attempt,
         "attempts": [{"attempt": a.attempt, "steps": {str(r): int(n) for r, n in sorted(a.steps.items())}}
                      for a in telemetry.attempts],
+        # How input wait was measured where no DataLoader was seen (issue 30): the time before forward.
+        "input_wait_before_forward_ranks": sorted(int(r) for r in telemetry.input_before_forward_ranks),
     }
 
 
@@ -339,6 +341,9 @@ def render_card(summary: Mapping) -> str:
     for issue in summary["issues"][1:]:
         lines.append(f"Also: {_issue_line(issue)}")
         lines.append(f"  {issue['summary']}")
+    before_forward = summary["telemetry"]["input_wait_before_forward_ranks"]
+    if before_forward:
+        lines.append(f"Note: {BEFORE_FORWARD_SENTENCE} ({_ranks_text(before_forward)})")
     # The median column is the cross-rank median, the statistic the diagnosis sentences
     # quote; `near` is the representative rank (the real rank nearest it).
     lines += ["", f"{'metric (ms)':<24}{'median':>10}{'near':>6}{'worst':>10}{'rank':>6}{'skew':>8}"]
@@ -392,6 +397,15 @@ def render_card(summary: Mapping) -> str:
 
 
 _RANKS_NAMED = 8
+
+BEFORE_FORWARD_SENTENCE = "input wait measured as the time before forward: no DataLoader in this loop"
+"""What the card says when ranks' input wait is the time before forward (docs/instrumentation.md)."""
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    """`r0, r1`, the first `_RANKS_NAMED` named and the rest counted."""
+    named = ", ".join(f"r{r}" for r in ranks[:_RANKS_NAMED])
+    return named + (f" and {len(ranks) - _RANKS_NAMED} more" if len(ranks) > _RANKS_NAMED else "")
 
 
 def _endings_text(rank_endings: Mapping[str, Mapping]) -> str:

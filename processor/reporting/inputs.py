@@ -92,6 +92,9 @@ class RunTelemetry:
     launcher: LauncherEnding | None = None  # the launcher's exit codes (`traceml run`), when it passed them
     attempt: int | None = None  # the attempt the window analyses (the run's latest); None: not read
     attempts: Sequence[AttemptSteps] = ()  # every attempt stored, oldest first
+    # Ranks whose every stored step measured its input wait as the time before forward (steps
+    # inferred from optimizer updates with no DataLoader `next()` timed: `input_wait_count` 0).
+    input_before_forward_ranks: Sequence[int] = ()
 
     @property
     def started_part_way(self) -> bool | None:

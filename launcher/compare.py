@@ -251,7 +251,7 @@ def render(comparison: Comparison):
     from rich.table import Table
     from rich.text import Text
 
-    from traceml.processor.presenters.terminal_text import printable
+    from traceml.processor.api import printable
 
     title = Text()
     title.append("A ", style="bold")
@@ -307,7 +307,7 @@ def main(argv: Sequence[str], out: TextIO | None = None) -> int:
         path_a, a = load_summary(options.a)
         path_b, b = load_summary(options.b)
     except SummaryLoadError as exc:
-        from traceml.processor.presenters.terminal_text import printable
+        from traceml.processor.api import printable
 
         print(f"traceml compare: {printable(exc)}", file=sys.stderr)
         return 2
@@ -319,7 +319,7 @@ def main(argv: Sequence[str], out: TextIO | None = None) -> int:
 
         Console(file=out, width=max(100, Console(file=out).width)).print(render(comparison))
     if options.html is not None:
-        from traceml.processor.web.report import COMPARE_FILENAME, write_compare_report
+        from traceml.processor.api import COMPARE_FILENAME, write_compare_report
 
         html_path = write_compare_report(comparison.to_json(), a, b, options.html or COMPARE_FILENAME)
         print(f"[traceml] HTML report: {html_path}", file=sys.stderr if options.json else out)

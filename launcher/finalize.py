@@ -38,7 +38,7 @@ def write_report(db_path: Path, run_id: str, folder: Path, launcher=None) -> Fin
 
     `launcher`: the ranks' exit codes as `traceml run` saw them (`endings.LauncherEnding`); kept
     beside the database, so a later rebuild (`traceml summary`, launcher None) reads them back."""
-    from traceml.processor.summary_section import write_final_summary
+    from traceml.processor.api import write_final_summary
 
     launcher = _kept_launcher_ending(Path(db_path), run_id, launcher)
     folder.mkdir(parents=True, exist_ok=True)
@@ -52,7 +52,7 @@ def write_report(db_path: Path, run_id: str, folder: Path, launcher=None) -> Fin
 
 def _kept_launcher_ending(db_path: Path, run_id: str, launcher):
     """Keep `launcher` beside the database for `run_id`, or, when None, read back the one kept."""
-    from traceml.processor.endings import launcher_ending_from_json, launcher_ending_to_json
+    from traceml.processor.api import launcher_ending_from_json, launcher_ending_to_json
 
     path = db_path.parent / rd.LAUNCHER_ENDING_FILENAME
     if launcher is not None:
@@ -78,14 +78,14 @@ def finalize_run(run_path: Path, run_id: str, *, out: TextIO, print_card: bool =
     try:
         report = write_report(db_path, run_id, run_path, launcher)
     except Exception as exc:  # the training outcome matters more than our summary
-        from traceml.processor.presenters.terminal_text import printable
+        from traceml.processor.api import printable
 
         print(printable(f"[traceml] could not write the final summary: {type(exc).__name__}: {exc}"),
               file=out, flush=True)
         return None
     if print_card and report.card:
         print("", file=out)
-        from traceml.processor.presenters.terminal_text import printable
+        from traceml.processor.api import printable
 
         print(printable(report.card.rstrip("\n"), keep_newlines=True), file=out)
     note = "" if exit_code == 0 else f" (the script failed with exit code {exit_code})"

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from traceml.processor.step_time.model import LiveStepTimeResult
+from traceml.processor.api import LiveStepTimeResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +86,8 @@ def format_age(seconds: float) -> str:
 def read_run_status(db_path: Path, run_id: str) -> RunStatus:
     """The run is over when every rank of it sent its end marker (`runs.run_is_over`, the
     processor's own rule); the last step time is the store's. Unknown (not ended) on any error."""
-    from traceml.processor.runs import run_is_over
-    from traceml.processor.store_read import StoreReadError, read_run_progress
+    from traceml.processor.api import run_is_over
+    from traceml.processor.api import StoreReadError, read_run_progress
 
     try:
         progress = read_run_progress(db_path, run_id)
@@ -107,7 +107,7 @@ def latest_step_of(result: LiveStepTimeResult) -> int | None:
 
 def plain_line(result: LiveStepTimeResult, progress: Progress, status: RunStatus | None = None) -> str:
     """One log line: the presenter's line, prefixed with the progress."""
-    from traceml.processor.presenters.live import format_live_line
+    from traceml.processor.api import format_live_line
 
     step = "" if progress.latest_step is None else f" step {progress.latest_step}"
     return f"[traceml]{step} " + format_live_line(
@@ -117,7 +117,7 @@ def plain_line(result: LiveStepTimeResult, progress: Progress, status: RunStatus
 
 def render_frame(result: LiveStepTimeResult, progress: Progress, title: str, status: RunStatus | None = None):
     """The Rich renderable for one frame (the presenter draws; we only pass data)."""
-    from traceml.processor.presenters.live import render_live
+    from traceml.processor.api import render_live
 
     if progress.latest_step is not None:
         title = f"{title} · step {progress.latest_step}"
@@ -222,7 +222,7 @@ class LiveMonitor:
             except RunLookupError:
                 return None
             self.run_id = run_id
-        from traceml.processor.step_time.pipeline import LiveStepTimeSession
+        from traceml.processor.api import LiveStepTimeSession
 
         self._session = LiveStepTimeSession(self.db_path, run_id)
         return self._session
@@ -247,7 +247,7 @@ class LiveMonitor:
         print(self.last_line, file=self.out, flush=True)
 
     def _show_error(self, exc: Exception) -> None:
-        from traceml.processor.presenters.terminal_text import printable
+        from traceml.processor.api import printable
 
         message = printable(f"[traceml] live view: {type(exc).__name__}: {exc}")
         if self._live is not None:

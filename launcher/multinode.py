@@ -132,6 +132,6 @@ def _can_bind(host: str, port: int) -> int | None:
 def bearer_header(token_file: str | Path) -> str:
     """`TRACEML_OTLP_HEADERS` for the ranks (no SDK of the job reads it, so the token goes to the job's
     processor only): the token read with the processor's own reader."""
-    from traceml.processor.security import read_token_file
+    from traceml.processor.api import read_token_file
 
     return "authorization=" + quote("Bearer " + read_token_file(token_file), safe="")

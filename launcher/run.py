@@ -36,7 +36,7 @@ from traceml.schema.run_id import SOURCE_GENERATED
 
 if TYPE_CHECKING:
     from traceml.launcher.finalize import FinalReport
-    from traceml.processor.endings import LauncherEnding
+    from traceml.processor.api import LauncherEnding
 
 BOOTSTRAP_MODULE = "traceml.launcher.bootstrap"
 DESCRIPTION = ("Launch a PyTorch script with torchrun's options and TraceML enabled on every rank. "
@@ -121,7 +121,7 @@ def parse(argv: Sequence[str], prog: str = "traceml run") -> tuple[argparse.Name
         parser.error("--processor-port must be between 1 and 65535")
     ui = None
     if args.traceml_ui or args.traceml_ui_address:
-        from traceml.processor.security import parse_host_port
+        from traceml.processor.api import parse_host_port
 
         try:
             ui = parse_host_port(args.traceml_ui_address) if args.traceml_ui_address else ("127.0.0.1", 0)
@@ -174,7 +174,7 @@ def launcher_ending_of(args: argparse.Namespace, exc: BaseException | None) -> "
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    from traceml.processor.endings import LauncherEnding
+    from traceml.processor.api import LauncherEnding
 
     if _is_multi_node(args.nnodes):
         # Which global ranks ran here is the rendezvous' choice (c10d ignores --node-rank):
@@ -298,7 +298,7 @@ def launch(args: argparse.Namespace, options: RunOptions, *, out: TextIO | None 
                   + (", so the job's processor keeps each node's ranks as a run of its own"
                      if placement is not None else ""))
     if placement is not None and options.processor_token_file:
-        from traceml.processor.security import TokenFileError
+        from traceml.processor.api import TokenFileError
 
         try:
             token_header = multinode.bearer_header(options.processor_token_file)
@@ -416,7 +416,7 @@ def _launcher_ending(args: argparse.Namespace, failure: BaseException | None):
 
 def _write_html_report(run_path: Path, run_id: str, out: TextIO) -> None:
     """`--html-report`: the one-file report beside the summary; a failure is reported, never raised."""
-    from traceml.processor.web.report import REPORT_FILENAME, write_run_report
+    from traceml.processor.api import REPORT_FILENAME, write_run_report
 
     try:
         path = write_run_report(run_path / rd.DB_FILENAME, run_id, run_path / REPORT_FILENAME)
@@ -491,7 +491,7 @@ def _start_embedded(args: argparse.Namespace, options: RunOptions, run_path: Pat
     if placement is not None:
         _say(out, f"every node's ranks export to it ({placement.why}); the summary of all ranks "
                   f"is written here")
-        from traceml.processor.security import is_loopback
+        from traceml.processor.api import is_loopback
 
         if not options.processor_token_file and not is_loopback(endpoints.grpc_host):
             _say(out, f"warning: the job's processor listens on {endpoints.grpc_address} without a "

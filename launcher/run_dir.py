@@ -39,6 +39,6 @@ def resolve_run_id(explicit: str | None, rdzv_id: str | None,
 
 def run_directory(runs_dir: str | os.PathLike[str], run_id: str) -> Path:
     """`<runs_dir>/<run id>`, named exactly as the processor names a run's summary folder."""
-    from traceml.processor.security import summary_folder
+    from traceml.processor.api import summary_folder
 
     return summary_folder(Path(runs_dir), run_id)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from traceml.launcher import run_dir as rd
 
 if TYPE_CHECKING:
-    from traceml.processor.store_read import StoredRun
+    from traceml.processor.api import StoredRun
 
 
 class RunLookupError(ValueError):
@@ -39,7 +39,7 @@ def find_database(path: str | Path) -> Path:
 
 def list_runs(db_path: Path) -> list[StoredRun]:
     """Runs in the database, most recently active last (`store_read.list_runs`, read newest first)."""
-    from traceml.processor.store_read import NotAStore, StoreUnavailable, list_runs as list_stored_runs
+    from traceml.processor.api import NotAStore, StoreUnavailable, list_runs as list_stored_runs
 
     try:
         runs = list_stored_runs(db_path)

@@ -44,7 +44,7 @@ def default_output_folder(db_path: Path, run_id: str) -> Path:
 
 
 def main(argv: Sequence[str], out: TextIO | None = None) -> int:
-    from traceml.processor.presenters.terminal_text import printable
+    from traceml.processor.api import printable
 
     out = out or sys.stdout
     options = build_parser().parse_args(list(argv))
@@ -71,7 +71,7 @@ def main(argv: Sequence[str], out: TextIO | None = None) -> int:
         if report.card_path is not None:
             print(f"[traceml] text card:     {report.card_path}", file=out)
     if options.html is not None:
-        from traceml.processor.web.report import REPORT_FILENAME, write_run_report
+        from traceml.processor.api import REPORT_FILENAME, write_run_report
 
         html_path = write_run_report(db_path, run_id, Path(options.html) if options.html else folder / REPORT_FILENAME)
         print(f"[traceml] HTML report:   {html_path}", file=sys.stderr if options.json else out)

@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str], out: TextIO | None = None) -> int:
-    from traceml.processor.presenters.terminal_text import printable
+    from traceml.processor.api import printable
 
     out = out or sys.stdout
     parser = build_parser()

@@ -360,10 +360,18 @@ def before_forward_wait(ordered: list, gpu_available: bool = True):
     exist. None when the step has no DataLoader-free shape to measure (no inferred interval,
     or no phase after its start).
     """
-    step = next((e for e in ordered if e[0] == INFERRED_STEP), None)
+    step = first = None
+    for event in ordered:  # plain loops: a generator's frame costs more than these few events
+        if event[0] == INFERRED_STEP:
+            step = event
+            break
     if step is None:
         return None
-    first = next((e for e in ordered if e is not step and e[1] >= step[1]), None)
+    start = step[1]
+    for event in ordered:
+        if event[1] >= start and event is not step:
+            first = event
+            break
     if first is None:
         return None
     gpu = None
@@ -388,12 +396,6 @@ def resolve_inferred(totals: dict, phases: tuple) -> tuple:
     inferred = totals.pop(INFERRED_STEP, None)
     if inferred is None:
         return phases
-    before = totals.get(RAW_DATALOADER_NEXT)
-    if before is not None and before[2] == 0:  # measured before forward: its interval for the trace
-        start = next((p[1] for p in phases if p[0] == INFERRED_STEP), None)
-        if start is not None:
-            gap = tuple.__new__(type(phases[0]), (RAW_DATALOADER_NEXT, start, start + int(before[0] * 1e6)))
-            phases = (gap, *phases)
     cpu, gpu = inferred[0], inferred[1]
     wait = totals.get(RAW_DATALOADER_NEXT)
     if wait is not None:
@@ -404,5 +406,12 @@ def resolve_inferred(totals: dict, phases: tuple) -> tuple:
         cpu += traced[0]
         gpu = None if gpu is None or traced[1] is None else gpu + traced[1]
     totals[RAW_STEP_TIME] = tuple.__new__(type(inferred), (cpu, gpu, 1))
-    return tuple([p if p[0] != INFERRED_STEP else tuple.__new__(type(p), (RAW_STEP_TIME, p[1], p[2]))
-                  for p in phases])
+    before_ns = None if wait is None or wait[2] else int(wait[0] * 1e6)  # measured before forward
+    out = []
+    for p in phases:
+        if p[0] == INFERRED_STEP:
+            if before_ns is not None:  # its interval for the trace, at the step's start
+                out.append(tuple.__new__(type(p), (RAW_DATALOADER_NEXT, p[1], p[1] + before_ns)))
+            p = tuple.__new__(type(p), (RAW_STEP_TIME, p[1], p[2]))
+        out.append(p)
+    return tuple(out)

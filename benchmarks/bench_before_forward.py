@@ -15,7 +15,7 @@ the thread's CPU time (what the sampler takes from the training thread under the
 the figure is the median per-step time of each and their difference, with the spread of the
 per-round differences (interquartile range).
 
-    .venv/bin/python -m benchmarks.bench_before_forward [--rounds N] [--per-round K]
+    .venv/bin/python -m benchmarks.bench_before_forward [--rounds N] [--per-round K] [--json]
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import statistics
 import time
 
 from benchmarks.lib import checkout  # noqa: F401  (imports the checkout when not installed)
+from benchmarks.lib.json_output import add_json_flag, print_json, table_output
 from traceml.samplers import resolve_batch
 from traceml.schema.vocabulary import RAW_BACKWARD, RAW_DATALOADER_NEXT, RAW_FORWARD, RAW_OPTIMIZER_STEP
 from traceml.step_boundary import INFERRED_STEP
@@ -58,6 +59,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--per-round", type=int, default=500)
+    add_json_flag(parser)
     args = parser.parse_args()
     before_forward, dataloader, diffs = [], [], []
     for i in range(args.rounds):
@@ -68,11 +70,16 @@ def main() -> None:
         diffs.append(pair[1] - pair[0])
     q = statistics.quantiles(diffs, n=4)
     us = 1e6
-    print(f"resolve one inferred step, with a DataLoader next(): {statistics.median(dataloader) * us:.2f} us")
-    print(f"resolve one inferred step, input wait measured before forward: "
-          f"{statistics.median(before_forward) * us:.2f} us")
-    print(f"added per step: {statistics.median(diffs) * us:+.2f} us (IQR {q[0] * us:+.2f} .. {q[2] * us:+.2f})")
-
+    figures = {"dataloader_us": statistics.median(dataloader) * us,
+               "before_forward_us": statistics.median(before_forward) * us,
+               "added_us": statistics.median(diffs) * us, "added_q1_us": q[0] * us, "added_q3_us": q[2] * us}
+    with table_output(args.json):
+        print(f"resolve one inferred step, with a DataLoader next(): {figures['dataloader_us']:.2f} us")
+        print(f"resolve one inferred step, input wait measured before forward: {figures['before_forward_us']:.2f} us")
+        print(f"added per step: {figures['added_us']:+.2f} us (IQR {figures['added_q1_us']:+.2f} .. "
+              f"{figures['added_q3_us']:+.2f})")
+    if args.json:
+        print_json("bench_before_forward", args, figures)
 
 if __name__ == "__main__":
     main()

@@ -170,7 +170,7 @@ def rank_main(out: str, rounds: int, steps: int, layers: int) -> None:
 
 def ddp_throughput(rounds: int, steps: int, layers: int) -> list[float]:
     """Per round: throughput with collective timing / throughput without (rank 0's clock)."""
-    from tests.harness import free_port
+    from harness import free_port
 
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:

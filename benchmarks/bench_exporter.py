@@ -24,17 +24,17 @@ import subprocess
 import time
 
 from benchmarks.lib.json_output import add_json_flag, print_json, table_output
-from tests.exporter.exporter_records import identity, memory_record, step_record
-from tests.harness.child_python import child_env, module_command
+from harness.exporter_records import identity, memory_record, step_record
+from harness.child_python import child_env, module_command
 from traceml.exporter import OtlpStepExporter, resolve_settings
 from traceml.exporter.encoding import OtlpEncoder
 
 
 class ReceiverProcess:
-    """`tests.harness.otlp_receiver` in its own process (count-only)."""
+    """`harness.otlp_receiver` in its own process (count-only)."""
 
     def __init__(self):
-        self.proc = subprocess.Popen(module_command("tests.harness.otlp_receiver"), env=child_env(),
+        self.proc = subprocess.Popen(module_command("harness.otlp_receiver"), env=child_env(),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         grpc_port, http_port = self.proc.stdout.readline().split()
         self.grpc = f"http://127.0.0.1:{grpc_port}"
@@ -91,7 +91,7 @@ def encode_only(steps: int) -> float:
 def training_loop(steps: int, traced: bool) -> tuple[float, float]:
     """(median wall us per step, training-thread CPU us per step)."""
     import torch
-    from tests.tiny_training import plain_step, traced_step
+    from harness.tiny_training import plain_step, traced_step
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1))

@@ -43,9 +43,9 @@ import grpc
 import psutil
 
 from benchmarks.lib.json_output import add_json_flag, print_json, table_output
-from tests.harness import ProcessorProcess
-from tests.harness.stored_rows import count_rows
-from tests.processor.otlp_payloads import step_span, trace_request
+from harness import ProcessorProcess
+from harness.stored_rows import count_rows
+from harness.otlp_payloads import step_span, trace_request
 
 ROOT = Path(__file__).resolve().parents[1]
 

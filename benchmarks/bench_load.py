@@ -11,7 +11,7 @@ with the run id replaced), which is what makes 6 x 16,384 ranks take a minute
 rather than ten. Every rank takes the same time except one input straggler, so
 each run has a diagnosis and a culprit.
 
-Then the real CLI starts on that database (`tests.harness.ProcessorProcess`),
+Then the real CLI starts on that database (`harness.ProcessorProcess`),
 adopts the runs (they received data within the idle timeout) and analyses them;
 once `/metrics` shows every run's rank count, this reports the processor's RSS
 and the scrape of `/metrics` in the text format and in OpenMetrics (best of 3
@@ -41,7 +41,7 @@ import urllib.request
 from pathlib import Path
 
 from benchmarks.lib.json_output import add_json_flag, print_json, table_output
-from tests.harness import ProcessorProcess, wait_until
+from harness import ProcessorProcess, wait_until
 from traceml.processor.sqlite_writer import StepTimeStore
 from traceml.processor.step_time.model import (
     RankIdentity,

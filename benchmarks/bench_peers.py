@@ -154,7 +154,7 @@ class _Helper:
 def _worker_ours(job, folder: Path) -> tuple[dict, _Helper, callable]:
     """Ours, manual and auto, the exporter sending to a real processor."""
     sys.path.insert(0, str(ROOT))
-    from tests.harness import ProcessorProcess
+    from harness import ProcessorProcess
     from benchmarks.lib.traced_steps import mode_runner, with_timed_loader
     import traceml
 

@@ -25,8 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.harness import ProcessorProcess, free_port, wait_until
-from tests.harness.stored_rows import count_rows, integrity_ok, stored_step_keys
+from harness import ProcessorProcess, free_port, wait_until
+from harness.stored_rows import count_rows, integrity_ok, stored_step_keys
 from tests.reliability.crash_scenario import GROUPS, RUN, acknowledged, finish, start_senders
 from tests.reliability.fault_training import finish as finish_training
 from tests.reliability.fault_training import lost as lost_spans
@@ -77,7 +77,7 @@ def train(env_extra: dict, steps: int, progress: Path | None = None, wait: bool 
 
 
 def training_faults(steps: int, repeats: int) -> bool:
-    from tests.harness.otlp_receiver import OtlpTestReceiver
+    from harness.otlp_receiver import OtlpTestReceiver
 
     folder = Path(tempfile.mkdtemp(prefix="check-train-faults-"))
     results: dict[str, list[dict]] = {}

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import grpc
 
-from tests.harness import ProcessorProcess
-from tests.harness.stored_rows import integrity_ok, stored_memory_keys, stored_step_keys
+from harness import ProcessorProcess
+from harness.stored_rows import integrity_ok, stored_memory_keys, stored_step_keys
 from tests.reliability import fuzz_cases as fc
 from tests.reliability import reliability_helpers as h
 from traceml.schema import vocabulary as v

@@ -49,7 +49,7 @@ from traceml.schema.vocabulary import (  # noqa: E402
     RAW_STEP_TIME,
 )
 
-from tests.harness.sinks import RecordingSink  # noqa: E402  (the one recording sink; stdlib only)
+from harness.sinks import RecordingSink  # noqa: E402  (the one recording sink; stdlib only)
 
 MiB = 1 << 20
 _failures: list[str] = []

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.harness.child_python import python_output
+from harness.child_python import python_output
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.otlp_receiver import OtlpTestReceiver
+from harness.otlp_receiver import OtlpTestReceiver
 from tests.launcher.launcher_helpers import SCRIPTS, clean_env
 
 pytestmark = pytest.mark.slow

@@ -3,7 +3,9 @@
 A benchmark (`benchmarks/bench_*.py`) or a check (`checks/*.py`) imports shared code from
 here and from nowhere else among the benchmarks: never another benchmark's module, never
 a private (`_name`) of this library, never a test module (tests may import this library,
-not the other way round). tests/benchmarks/test_benchmark_library.py holds the rule.
+not the other way round). The plumbing they share with the tests (the processor as a
+subprocess, OTLP payloads, stored rows) is `harness/`, beside the tests.
+tests/benchmarks/test_benchmark_library.py holds the rule.
 Importing this package loads nothing; each module is small and named for what it holds:
 
 - `checkout`: makes `import traceml` work from a plain copy of the tree (import it first);

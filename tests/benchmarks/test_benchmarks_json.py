@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from tests.harness.child_python import ROOT, child_env, module_command
+from harness.child_python import ROOT, child_env, module_command
 
 
 def _run_json(module: str, *args: str) -> dict:

@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 
 from deploy import promql_names  # noqa: F401  (re-exported for the tests)
-from tests.harness import wait_until
+from harness import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -216,7 +216,7 @@ def jobs_own_provider(monkeypatch):
 def traceml_batches(jobs_own_provider):
     """A real step span request (with phase children) and a real metrics request, as TraceML's
     exporter encodes them in a job that runs its own OpenTelemetry."""
-    from tests.exporter.exporter_records import identity, step_record
+    from harness.exporter_records import identity, step_record
 
     from traceml.exporter import resolve_settings
     from traceml.exporter.encoding import OtlpEncoder

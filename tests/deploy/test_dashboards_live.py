@@ -19,10 +19,10 @@ import urllib.request
 
 import pytest
 from tests.deploy.deploy_files import PROMETHEUS_DIR, EntrypointProcessor, dashboards, panel_queries, promql_names, substitute
-from tests.processor.otlp_payloads import memory_request, step_span, trace_request
-from tests.harness import free_port
-from tests.harness.prometheus_server import PrometheusServer, prometheus_available
-from tests.harness.sampler_payloads import sampler_request
+from harness.otlp_payloads import memory_request, step_span, trace_request
+from harness import free_port
+from harness.prometheus_server import PrometheusServer, prometheus_available
+from harness.sampler_payloads import sampler_request
 from tests.processor.test_end_to_end import train_two_ranks
 
 from traceml.schema import vocabulary as v

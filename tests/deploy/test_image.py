@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 from tests.deploy.deploy_files import ROOT, EntrypointProcessor, dockerfile_instructions, flag_values, image_command, instruction
-from tests.harness import free_port
+from harness import free_port
 
 TRAINING_STACK = ("torch", "transformers", "lightning", "accelerate")
 

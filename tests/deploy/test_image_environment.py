@@ -15,8 +15,8 @@ import urllib.request
 import pytest
 
 from tests.deploy.deploy_files import EntrypointProcessor, image_install
-from tests.harness import free_port, wait_until
-from tests.processor.otlp_payloads import run_end_span, step_span, trace_request
+from harness import free_port, wait_until
+from harness.otlp_payloads import run_end_span, step_span, trace_request
 
 pytestmark = pytest.mark.slow
 

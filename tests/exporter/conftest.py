@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.harness.otlp_receiver import OtlpTestReceiver
+from harness.otlp_receiver import OtlpTestReceiver
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from tests.exporter.exporter_records import identity, step_record
+from harness.exporter_records import identity, step_record
 
 import traceml
 from traceml._testing import reset_for_tests

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
-from tests.exporter.exporter_records import identity, memory_record, step_record
-from tests.harness.stored_rows import stored_memory_values, stored_step_keys
+from harness.exporter_records import identity, memory_record, step_record
+from harness.stored_rows import stored_memory_values, stored_step_keys
 
 from traceml.exporter import OtlpStepExporter, resolve_settings
 from traceml.processor.decode import Decoder
@@ -60,7 +60,7 @@ def test_memory_series_count_stays_constant_over_1000_steps(fresh_receiver, tmp_
 
 def test_processor_still_reads_the_step_keyed_gauges_of_older_exporters():
     """Older exporters sent peak memory as gauges with `traceml.step`; their rows still arrive."""
-    from tests.processor.otlp_payloads import memory_request
+    from harness.otlp_payloads import memory_request
 
     batch = Decoder().decode_metrics(memory_request("legacy", 0, [3, 4]))
     assert batch.rejected_count == 0, batch.message()

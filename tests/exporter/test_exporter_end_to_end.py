@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.harness import free_port
+from harness import free_port
 
 from traceml.schema import vocabulary as v
 from traceml.schema.resources import RESOURCE_METRICS

@@ -16,8 +16,8 @@ import threading
 import time
 
 import pytest
-from tests.exporter.exporter_records import identity, memory_record, step_record
-from tests.harness.otlp_receiver import OtlpTestReceiver
+from harness.exporter_records import identity, memory_record, step_record
+from harness.otlp_receiver import OtlpTestReceiver
 
 import traceml
 from traceml.exporter import OtlpStepExporter, resolve_settings
@@ -200,7 +200,7 @@ def test_retry_after_values():
 
 def _loop(steps: int, traced: bool) -> list[float]:
     import torch
-    from tests.tiny_training import plain_step, traced_step
+    from harness.tiny_training import plain_step, traced_step
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

@@ -12,8 +12,8 @@ import shutil
 import subprocess
 
 import pytest
-from tests.exporter.exporter_records import identity, memory_record, step_record
-from tests.harness.otlp_receiver import OtlpTestReceiver
+from harness.exporter_records import identity, memory_record, step_record
+from harness.otlp_receiver import OtlpTestReceiver
 
 from traceml.exporter import OtlpStepExporter, resolve_settings, start_from_settings
 

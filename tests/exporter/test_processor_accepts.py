@@ -1,7 +1,7 @@
 """The processor's own OTLP decoder accepts everything the exporter sends, with nothing rejected."""
 from __future__ import annotations
 
-from tests.exporter.exporter_records import identity, memory_record, step_record
+from harness.exporter_records import identity, memory_record, step_record
 
 from traceml.exporter import OtlpStepExporter, resolve_settings
 from traceml.processor.decode import Decoder

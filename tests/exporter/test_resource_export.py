@@ -13,8 +13,8 @@ import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
-from tests.exporter.exporter_records import BASE_NS, identity
-from tests.harness.otlp_receiver import OtlpTestReceiver, attributes
+from harness.exporter_records import BASE_NS, identity
+from harness.otlp_receiver import OtlpTestReceiver, attributes
 from traceml.exporter import OtlpStepExporter, resolve_settings
 from traceml.exporter.encoding import OtlpEncoder
 from traceml.exporter.step_exporter import QUEUE_METRICS

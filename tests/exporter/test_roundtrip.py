@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from tests.exporter.exporter_records import BASE_NS, identity, memory_record, step_record
+from harness.exporter_records import BASE_NS, identity, memory_record, step_record
 
 from traceml.exporter import OtlpStepExporter, resolve_settings
 from traceml.schema import vocabulary as v

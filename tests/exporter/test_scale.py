@@ -6,7 +6,7 @@ import tracemalloc
 
 import pytest
 
-from tests.exporter.exporter_records import identity, memory_record, step_record
+from harness.exporter_records import identity, memory_record, step_record
 
 import traceml.exporter
 from traceml.exporter import OtlpStepExporter, resolve_settings

@@ -9,7 +9,7 @@ import time
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-from tests.harness.otlp_receiver import OtlpTestReceiver
+from harness.otlp_receiver import OtlpTestReceiver
 from traceml.exporter.settings import SignalSettings
 from traceml.exporter.transport import GrpcTransport, HttpTransport, user_agent
 from traceml.schema.distribution import package_version

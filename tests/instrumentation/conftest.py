@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from tests.harness.sinks import RecordingSink
+from harness.sinks import RecordingSink
 from tests.instrumentation.instr_fakes import FakeGpuClock
 
 import traceml

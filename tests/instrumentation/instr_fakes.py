@@ -1,6 +1,6 @@
 """Test helpers for the instrumentation tests: a sampler flush and fake CUDA events.
 
-The recording sink is shared with the other suites: `tests.harness.sinks.RecordingSink`.
+The recording sink is shared with the other suites: `harness.sinks.RecordingSink`.
 
 Only the GPU is faked: `FakeCudaEvent` has the two methods the timing sampler may
 call on a real `torch.cuda.Event` (`query()`, `elapsed_time()`) plus `record()`.

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from tests.harness import free_port
+from harness import free_port
 
 SCRIPT = pathlib.Path(__file__).with_name("collective_rank_script.py")
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from tests.harness import free_port
+from harness import free_port
 
 RANK_SCRIPT = textwrap.dedent('''
     import json, os, sys

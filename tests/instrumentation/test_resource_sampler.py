@@ -22,8 +22,8 @@ from traceml.schema import env_values
 from traceml.resources import CudaState, NvmlReader, NvmlTarget, ResourceSampler, nvml_target, visible_devices
 from traceml.settings import DEFAULT_RESOURCE_INTERVAL_S, MIN_RESOURCE_INTERVAL_S, read_resource_settings
 
-from tests.harness.sinks import RecordingSink
-from tests.harness.child_python import python_output
+from harness.sinks import RecordingSink
+from harness.child_python import python_output
 
 UUIDS = ("GPU-aaaa1111-0000-0000-0000-000000000000", "GPU-bbbb2222-0000-0000-0000-000000000000",
          "GPU-cccc3333-0000-0000-0000-000000000000", "GPU-dddd4444-0000-0000-0000-000000000000")

@@ -8,7 +8,7 @@ from traceml.samplers import StepMemorySampler, StepTimeSampler
 from traceml.schema.vocabulary import RAW_BACKWARD, RAW_FORWARD, RAW_H2D, RAW_STEP_TIME
 from traceml.timing import CudaEventPool, timed_region
 
-from tests.harness.sinks import RecordingSink
+from harness.sinks import RecordingSink
 from tests.instrumentation.instr_fakes import FakeCudaEvent, FakeGpuClock
 
 

@@ -7,7 +7,7 @@ import weakref
 import pytest
 import torch
 from tests.instrumentation.instr_fakes import flush_samplers
-from tests.harness.child_python import python_output
+from harness.child_python import python_output
 
 import traceml
 from traceml import forward, patches, step_events as se

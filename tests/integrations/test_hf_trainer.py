@@ -35,8 +35,8 @@ from traceml.integrations.huggingface import guard, installation  # noqa: E402
 from traceml.integrations.patching import is_wrapper  # noqa: E402
 from traceml.schema.vocabulary import RAW_H2D, RAW_STEP_TIME  # noqa: E402
 
-from tests.harness.child_python import child_env  # noqa: E402
-from tests.harness.sinks import RecordingSink  # noqa: E402
+from harness.child_python import child_env  # noqa: E402
+from harness.sinks import RecordingSink  # noqa: E402
 from tests.integrations import hf_helpers as h  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -459,7 +459,7 @@ _LAUNCHED_SCRIPT = textwrap.dedent("""
     from tests.integrations import hf_helpers as h
     from transformers import Trainer
     from traceml.integrations import huggingface as hf
-    from tests.harness.sinks import RecordingSink
+    from harness.sinks import RecordingSink
     assert hf.is_installed()
     sink = RecordingSink()
     traceml.register_sink(sink)

@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("lightning")
 pytest.importorskip("pytorch_lightning")
 
-from tests.harness.child_python import child_env  # noqa: E402
+from harness.child_python import child_env  # noqa: E402
 import traceml  # noqa: E402
 from traceml._testing import reset_for_tests  # noqa: E402
 from traceml.integrations import lightning as tl  # noqa: E402

@@ -17,7 +17,7 @@ import time
 import jsonschema
 import pytest
 
-from tests.harness.stored_rows import steps_per_rank
+from harness.stored_rows import steps_per_rank
 from tests.launcher.launcher_helpers import SCRIPTS, TRACEML, clean_env, processors_using, traceml
 from traceml.processor.diagnosis.no_steps import no_steps_issue
 from traceml.processor.endings import LauncherEnding, RankEndFacts, rank_ending, rank_endings
@@ -78,18 +78,16 @@ def test_no_steps_says_why_first_failure_then_interrupt_then_losses_then_unmarke
 
 
 def test_a_version_1_database_is_migrated_by_the_writer_and_read_as_is_by_readers(tmp_path):
-    from traceml.processor.sqlite_layout import DDL, SCHEMA_USER_VERSION
+    from harness.older_layouts import older_database
+    from traceml.processor.sqlite_layout import SCHEMA_USER_VERSION
     from traceml.processor.sqlite_writer import StepTimeStore
     from traceml.processor.store_read import read_rank_telemetry
 
-    old_ddl = DDL.replace("    outcome TEXT,\n    exit_code INTEGER,\n", "")
-    assert old_ddl != DDL
     for name in ("read.sqlite", "write.sqlite"):
-        conn = sqlite3.connect(tmp_path / name)
-        conn.executescript(old_ddl)
+        conn = sqlite3.connect(older_database(tmp_path / name, 1))
+        assert "outcome" not in {row[1] for row in conn.execute("PRAGMA table_info(step_time_ranks)")}
         conn.execute("INSERT INTO step_time_ranks (run_id, global_rank, first_receive_time, finished_time,"
                      " final_counts) VALUES ('r', 0, 1.0, 2.0, '{\"traceml.steps.completed\": 5}')")
-        conn.execute("PRAGMA user_version = 1")
         conn.commit()
         conn.close()
     # A reader of an old file (traceml summary on last year's database) sees no outcome, nothing else lost.

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.harness.otlp_receiver import OtlpTestReceiver
-from tests.harness.stored_rows import steps_per_rank
+from harness.otlp_receiver import OtlpTestReceiver
+from harness.stored_rows import steps_per_rank
 from tests.launcher.launcher_helpers import SCRIPTS, traceml
 
 pytestmark = pytest.mark.slow

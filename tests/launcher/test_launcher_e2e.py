@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.harness.stored_rows import steps_per_rank
+from harness.stored_rows import steps_per_rank
 from tests.launcher.launcher_helpers import SCRIPTS, TRACEML, clean_env, processors_using, traceml
 
 

@@ -5,7 +5,7 @@ after a value or the script still goes to torch's parser (it may be the script's
 """
 from __future__ import annotations
 
-from tests.harness.child_python import python_output
+from harness.child_python import python_output
 from traceml.launcher import run
 
 _NO_TORCH_HELP = """

@@ -14,7 +14,7 @@ import importlib.util
 
 import pytest
 
-from tests.harness.stored_rows import finished_ranks
+from harness.stored_rows import finished_ranks
 from tests.launcher.launcher_helpers import SCRIPTS, traceml
 from traceml.processor.sqlite_layout import connect_readonly
 

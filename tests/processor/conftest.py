@@ -1,9 +1,9 @@
-"""Processor tests: the in-process service per test (`tests.harness.processor_service`)."""
+"""Processor tests: the in-process service per test (`harness.processor_service`)."""
 from __future__ import annotations
 
 import pytest
 
-from tests.harness.processor_service import make_service
+from harness.processor_service import make_service
 
 
 @pytest.fixture

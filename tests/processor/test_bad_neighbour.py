@@ -20,8 +20,8 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metr
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
-from tests.harness.stored_rows import stored_memory_keys, stored_step_keys
-from tests.processor.otlp_payloads import memory_request, step_span, steps_request
+from harness.stored_rows import stored_memory_keys, stored_step_keys
+from harness.otlp_payloads import memory_request, step_span, steps_request
 
 from traceml.schema import vocabulary as v
 

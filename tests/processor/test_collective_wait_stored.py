@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import sqlite3
 
-from tests.processor.otlp_payloads import steps_request
+from harness.older_layouts import downgrade
+from harness.otlp_payloads import steps_request
 from traceml.processor.decode import Decoder
 from traceml.processor.sqlite_layout import LEGACY_PACKED_FIELDS, SCHEMA_USER_VERSION, metric_columns
 from traceml.processor.sqlite_writer import StepTimeStore
@@ -69,14 +70,11 @@ def _make_version2(db) -> None:
     """Turn a current file into what a processor before user_version 3 wrote: no collective
     columns, the shorter `packed` BLOB."""
     with sqlite3.connect(db) as conn:
-        for table in ("step_time_samples", "step_time_attempt_samples"):
-            for column in metric_columns(v.METRIC_COLLECTIVE_WAIT):
-                conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+        downgrade(conn, 2)  # no collective columns (nor what came after)
         legacy_values = 8 * (LEGACY_PACKED_FIELDS - 3)
         for row_id, packed in conn.execute("SELECT id, packed FROM step_time_samples").fetchall():
             old = packed[:legacy_values] + packed[-24:]  # drop the collective cpu/gpu pair
             conn.execute("UPDATE step_time_samples SET packed = ? WHERE id = ?", (old, row_id))
-        conn.execute("PRAGMA user_version = 2")
 
 
 def test_an_old_database_is_read_as_is_and_migrated_by_the_writer(tmp_path):
@@ -90,7 +88,7 @@ def test_an_old_database_is_read_as_is_and_migrated_by_the_writer(tmp_path):
 
     _store(db, "run", {0: 40.0, 1: 1.0}, steps=range(25, 49))  # the writer migrates, then appends
     with sqlite3.connect(db) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_USER_VERSION == 4
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_USER_VERSION
         columns = {r[1] for r in conn.execute("PRAGMA table_info(step_time_samples)")}
         assert set(metric_columns(v.METRIC_COLLECTIVE_WAIT)) <= columns
     after = _summary(db, "run")

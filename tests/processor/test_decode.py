@@ -8,7 +8,7 @@ import pytest
 from google.protobuf import json_format
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metrics_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2 as metric_data
-from tests.processor.otlp_payloads import kv, memory_request, run_end_span, step_span, steps_request, trace_request
+from harness.otlp_payloads import kv, memory_request, run_end_span, step_span, steps_request, trace_request
 
 from traceml.processor.decode import DecodeLimits, Decoder
 from traceml.processor.otlp_read import parse_otlp_json

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import ProcessorProcess, free_port, wait_until
-from tests.harness.prometheus_server import PrometheusServer, prometheus_available
+from harness import ProcessorProcess, free_port, wait_until
+from harness.prometheus_server import PrometheusServer, prometheus_available
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not prometheus_available(), reason="needs the prometheus binary")]

@@ -14,8 +14,8 @@ import json
 import sqlite3
 
 import pytest
-from tests.harness.stored_rows import stored_run
-from tests.processor.otlp_payloads import step_span, trace_request
+from harness.stored_rows import stored_run
+from harness.otlp_payloads import step_span, trace_request
 
 from traceml.processor.decode import Decoder
 from traceml.processor.normalise import normalise_step_record

@@ -13,8 +13,8 @@ import json
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
-from tests.harness import wait_until
-from tests.processor.otlp_payloads import run_end_span, steps_request, trace_request
+from harness import wait_until
+from harness.otlp_payloads import run_end_span, steps_request, trace_request
 from tests.processor.test_runs import scrape, summary_written
 
 

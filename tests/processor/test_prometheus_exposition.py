@@ -17,10 +17,10 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from tests.harness import wait_until
-from tests.harness.processor_service import make_service
-from tests.harness.sampler_payloads import sampler_request
-from tests.processor.otlp_payloads import memory_request, run_end_span, steps_request, trace_request
+from harness import wait_until
+from harness.processor_service import make_service
+from harness.sampler_payloads import sampler_request
+from harness.otlp_payloads import memory_request, run_end_span, steps_request, trace_request
 from tests.processor.test_runs import send_straggler_run, summary_written
 from traceml.processor.prometheus_exposition import BUILD_INFO
 from traceml.schema import vocabulary as v

@@ -6,11 +6,11 @@ import threading
 
 import grpc
 import pytest
-from tests.harness.processor_service import make_service
-from tests.harness.stored_rows import count_rows
+from harness.processor_service import make_service
+from harness.stored_rows import count_rows
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
-from tests.processor.otlp_payloads import (foreign_request, memory_request, run_end_span, step_span, steps_request,
+from harness.otlp_payloads import (foreign_request, memory_request, run_end_span, step_span, steps_request,
                            trace_request)
 
 from traceml.processor.receiver_grpc import MAX_RECEIVE_BYTES
@@ -209,7 +209,7 @@ def test_back_pressure_answers_unavailable_and_loses_nothing(tmp_path):
 
 
 def _wait(predicate, timeout_s=10.0):
-    from tests.harness import wait_until
+    from harness import wait_until
 
     return wait_until(predicate, timeout_s)
 

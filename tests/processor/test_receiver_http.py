@@ -7,13 +7,13 @@ import json
 import sqlite3
 import threading
 
-from tests.harness.processor_service import make_service
-from tests.harness.stored_rows import count_rows
+from harness.processor_service import make_service
+from harness.stored_rows import count_rows
 from google.protobuf import json_format
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metrics_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb2
-from tests.processor.otlp_payloads import foreign_request, memory_request, step_span, steps_request, trace_request
+from harness.otlp_payloads import foreign_request, memory_request, step_span, steps_request, trace_request
 
 from traceml.processor.security import BearerAuth
 from traceml.schema import vocabulary as v
@@ -196,7 +196,7 @@ def test_run_and_rank_caps_reject_with_a_clear_reason(tmp_path):
 
 
 def _wait(predicate, timeout_s=10.0):
-    from tests.harness import wait_until
+    from harness import wait_until
 
     return wait_until(predicate, timeout_s)
 
@@ -210,7 +210,7 @@ def test_requests_over_the_concurrent_limit_answer_429_with_retry_after(tmp_path
         first = threading.Thread(target=lambda: answers.setdefault("first", post(
             svc.http_port, "/v1/traces", steps_request("h-limit", 0, range(3)).SerializeToString())))
         first.start()
-        from tests.harness import wait_until
+        from harness import wait_until
 
         assert wait_until(lambda: svc.ingest.in_flight_records == 3, 10)
         status, ctype, body, response = post(svc.http_port, "/v1/traces",

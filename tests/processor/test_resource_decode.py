@@ -5,7 +5,7 @@ import math
 
 import pytest
 from opentelemetry.proto.metrics.v1 import metrics_pb2 as metric_data
-from tests.harness.resource_payloads import (
+from harness.resource_payloads import (
     counter,
     dcgm_request,
     gauge,

@@ -8,12 +8,12 @@ import subprocess
 import urllib.request
 
 import grpc
-from tests.harness.processor_service import make_service
+from harness.processor_service import make_service
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
-from tests.processor.otlp_payloads import memory_request, run_end_span, steps_request, trace_request
+from harness.otlp_payloads import memory_request, run_end_span, steps_request, trace_request
 
-from tests.harness import wait_until
+from harness import wait_until
 from traceml.processor.security import sanitize_run_id
 from traceml.schema import vocabulary as v
 

@@ -16,9 +16,9 @@ import grpc
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
-from tests.harness import wait_until
-from tests.harness.processor_service import make_service
-from tests.processor.otlp_payloads import memory_request, steps_request
+from harness import wait_until
+from harness.processor_service import make_service
+from harness.otlp_payloads import memory_request, steps_request
 from tests.reliability.reliability_helpers import prometheus_samples
 from traceml.processor.security import BearerAuth
 from traceml.processor.self_telemetry import KEYS, SelfTelemetry

@@ -16,7 +16,7 @@ import time
 import psutil
 import pytest
 
-from tests.harness import ProcessorProcess, wait_until
+from harness import ProcessorProcess, wait_until
 from traceml.processor.signal_stop import SignalStop
 
 _WAITER = """

@@ -13,12 +13,12 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from tests.processor.test_runs import send_straggler_run
 
-from tests.harness import wait_until
-from tests.harness.otlp_receiver import OtlpTestReceiver, attributes
-from tests.harness.certificates import self_signed
-from tests.harness.processor_service import make_service
-from tests.harness.stored_rows import count_rows
-from tests.processor.otlp_payloads import steps_request
+from harness import wait_until
+from harness.otlp_receiver import OtlpTestReceiver, attributes
+from harness.certificates import self_signed
+from harness.processor_service import make_service
+from harness.stored_rows import count_rows
+from harness.otlp_payloads import steps_request
 from traceml.processor.cli import config_from_args
 from traceml.processor.summary_export import SummaryExportConfig
 from traceml.processor.security import TlsConfig
@@ -170,7 +170,7 @@ def test_a_tls_destination_is_trusted_through_otel_exporter_otlp_certificate(tmp
 
 @pytest.mark.slow
 def test_unreachable_export_destination_never_blocks_ingest(tmp_path):
-    from tests.harness import free_port
+    from harness import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"
     svc = make_service(tmp_path, prometheus=None, export=SummaryExportConfig(dead, interval_s=0.1, timeout_s=0.5))

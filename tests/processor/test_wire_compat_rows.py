@@ -16,8 +16,8 @@ import struct
 
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
-from tests.exporter.exporter_records import identity, memory_record, step_record
-from tests.harness.processor_service import make_service
+from harness.exporter_records import identity, memory_record, step_record
+from harness.processor_service import make_service
 
 from traceml.exporter import resolve_settings
 from traceml.exporter.encoding import OtlpEncoder

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from tests.harness.processor_service import make_service
-from tests.harness.stored_rows import count_rows
+from harness.processor_service import make_service
+from harness.stored_rows import count_rows
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
-from tests.processor.otlp_payloads import run_end_span, steps_request, trace_request
+from harness.otlp_payloads import run_end_span, steps_request, trace_request
 
-from tests.harness import wait_until
+from harness import wait_until
 
 
 def _own_connection(port: int):

@@ -5,8 +5,8 @@ import re
 import subprocess
 from pathlib import Path
 
-from tests.harness import ProcessorProcess
-from tests.harness.child_python import child_env, module_command
+from harness import ProcessorProcess
+from harness.child_python import child_env, module_command
 
 SENDER = "tests.reliability.sender"
 RUN = "crash-run"

@@ -13,7 +13,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from tests.harness.child_python import child_env, module_command
+from harness.child_python import child_env, module_command
 
 SCRIPT = "tests.reliability.train_script"
 HANG_BOUND_S = 180

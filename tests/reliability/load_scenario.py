@@ -10,9 +10,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.harness import ProcessorProcess, wait_until
-from tests.harness.stored_rows import count_rows
-from tests.harness.child_python import child_env, module_command
+from harness import ProcessorProcess, wait_until
+from harness.stored_rows import count_rows
+from harness.child_python import child_env, module_command
 from tests.reliability import reliability_helpers as h
 from traceml.schema import vocabulary as v
 

@@ -2,8 +2,8 @@
 
 Deterministic OTLP builders (span and trace ids derive from run/rank/step, so a
 re-sent request is byte-identical, as a client retry is) and a Prometheus text
-parser. The processor subprocess, ports and waiting live in `tests.harness`, the
-SQLite read-backs in `tests.harness.stored_rows`.
+parser. The processor subprocess, ports and waiting live in `harness`, the
+SQLite read-backs in `harness.stored_rows`.
 """
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ import threading
 import grpc
 from tests.reliability.fuzz_cases import TRACES, OtlpClient
 
-from tests.harness import wait_until
-from tests.harness.stored_rows import count_rows, stored_step_keys
+from harness import wait_until
+from harness.stored_rows import count_rows, stored_step_keys
 from tests.reliability import reliability_helpers as h
 from traceml.processor.service import ProcessorConfig, ProcessorService
 

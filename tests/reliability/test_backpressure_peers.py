@@ -15,10 +15,10 @@ import sqlite3
 import pytest
 from opentelemetry.sdk.trace.export import SpanExportResult
 
-from tests.harness import wait_until
-from tests.harness.processor_service import make_service
-from tests.harness.sdk_senders import concurrent_exports
-from tests.harness.stored_rows import count_rows
+from harness import wait_until
+from harness.processor_service import make_service
+from harness.sdk_senders import concurrent_exports
+from harness.stored_rows import count_rows
 
 LIMIT = 2
 SENDERS = 2 * LIMIT

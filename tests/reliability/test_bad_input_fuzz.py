@@ -36,8 +36,8 @@ from tests.reliability.fuzz_cases import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.harness import ProcessorProcess, wait_until
-from tests.harness.stored_rows import count_rows, integrity_ok, stored_memory_keys, stored_step_keys
+from harness import ProcessorProcess, wait_until
+from harness.stored_rows import count_rows, integrity_ok, stored_memory_keys, stored_step_keys
 from tests.reliability import reliability_helpers as h
 from traceml.schema import vocabulary as v
 

@@ -13,8 +13,8 @@ import pytest
 
 from tests.reliability.crash_scenario import GROUPS, RUN, acknowledged, finish, start_senders
 
-from tests.harness import ProcessorProcess, wait_until
-from tests.harness.stored_rows import count_rows, integrity_ok, stored_step_keys
+from harness import ProcessorProcess, wait_until
+from harness.stored_rows import count_rows, integrity_ok, stored_step_keys
 
 
 def _kill_all(children) -> None:

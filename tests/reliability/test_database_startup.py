@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.processor_process import ProcessorProcess
-from tests.harness.waiting import wait_until
+from harness.processor_process import ProcessorProcess
+from harness.waiting import wait_until
 from tests.reliability import reliability_helpers as h
 from tests.step_time.scenarios import build_scenario
 from traceml.processor.sqlite_guard import LOCK_SUFFIX, database_fault

@@ -13,10 +13,10 @@ import pytest
 
 import grpc
 from tests.reliability.fuzz_cases import TRACES, OtlpClient
-from tests.harness.otlp_receiver import OtlpTestReceiver, attributes
+from harness.otlp_receiver import OtlpTestReceiver, attributes
 
-from tests.harness import free_port, wait_until
-from tests.harness.stored_rows import count_rows, stored_step_keys
+from harness import free_port, wait_until
+from harness.stored_rows import count_rows, stored_step_keys
 from tests.reliability import reliability_helpers as h
 from traceml.processor.summary_export import SummaryExportConfig
 from traceml.processor.service import ProcessorConfig, ProcessorService

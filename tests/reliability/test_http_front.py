@@ -21,9 +21,9 @@ import grpc
 import psutil
 import pytest
 
-from tests.harness import ProcessorProcess, wait_until
-from tests.harness.stored_rows import count_rows
-from tests.processor.otlp_payloads import steps_request
+from harness import ProcessorProcess, wait_until
+from harness.stored_rows import count_rows
+from harness.otlp_payloads import steps_request
 
 TRACE_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 TIMEOUT_S = 1.0  # header and body timeout of the shared processor

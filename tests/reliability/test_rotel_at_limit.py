@@ -29,10 +29,10 @@ import sqlite3
 import pytest
 from opentelemetry.sdk.trace.export import SpanExportResult
 
-from tests.harness import ProcessorProcess, wait_until
-from tests.harness.rotel_relay import DROP_MARKERS, RETRY_LINE, RotelRelay, rotel_binary
-from tests.harness.sdk_senders import concurrent_exports
-from tests.harness.stored_rows import count_rows
+from harness import ProcessorProcess, wait_until
+from harness.rotel_relay import DROP_MARKERS, RETRY_LINE, RotelRelay, rotel_binary
+from harness.sdk_senders import concurrent_exports
+from harness.stored_rows import count_rows
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(rotel_binary() is None, reason="needs rotel-agent (pip install rotel)")]

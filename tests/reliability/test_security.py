@@ -15,9 +15,9 @@ import pytest
 from tests.reliability.fuzz_cases import TRACES, OtlpClient, reasons_in
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
-from tests.harness import ProcessorProcess, wait_until
-from tests.harness.certificates import self_signed
-from tests.harness.stored_rows import count_rows, stored_step_keys
+from harness import ProcessorProcess, wait_until
+from harness.certificates import self_signed
+from harness.stored_rows import count_rows, stored_step_keys
 from tests.reliability import reliability_helpers as h
 from traceml.processor.cli import config_from_args
 from traceml.processor.service import ProcessorConfig

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.resource_rows import rank_resource_records
+from harness.resource_rows import rank_resource_records
 from tests.step_time.scenarios import START_TIME, STEP_SECONDS, scenario_records
 from traceml.processor.presenters.terminal_text import printable
 from traceml.processor.sqlite_writer import StepTimeStore

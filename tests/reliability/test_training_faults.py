@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from tests.reliability.fault_training import HANG_BOUND_S, finish, lost, progress_steps
 from tests.reliability.fault_training import train as run_training
-from tests.harness.otlp_receiver import OtlpTestReceiver
+from harness.otlp_receiver import OtlpTestReceiver
 
-from tests.harness import ProcessorProcess, free_port, wait_until
-from tests.harness.stored_rows import stored_step_keys
+from harness import ProcessorProcess, free_port, wait_until
+from harness.stored_rows import stored_step_keys
 
 
 def train(run_id: str, endpoint: str, protocol: str, *, steps: int, progress: Path | None = None,

@@ -17,7 +17,7 @@ import grpc
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
-from tests.harness import ProcessorProcess
+from harness import ProcessorProcess
 from tests.reliability import reliability_helpers as h
 from traceml.schema import vocabulary as v
 

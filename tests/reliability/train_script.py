@@ -18,7 +18,7 @@ def main() -> None:
     import torch
 
     import traceml
-    from tests.tiny_training import plain_step, traced_step
+    from harness.tiny_training import plain_step, traced_step
 
     steps = int(os.environ.get("FAULT_STEPS", "200"))
     pause = float(os.environ.get("FAULT_SLEEP_S", "0.01"))

@@ -175,7 +175,7 @@ def test_forward_missing_everywhere_has_zero_coverage(scenario_db):
 
 
 def test_several_runs_in_one_database_never_mix(tmp_path):
-    from tests.harness.stored_rows import stored_run_ids
+    from harness.stored_rows import stored_run_ids
     from tests.step_time.scenarios import scenario_records
     from traceml.processor.sqlite_writer import StepTimeStore
 

@@ -18,7 +18,7 @@ import sqlite3
 import struct
 
 import pytest
-from tests.harness.stored_rows import insert_foreign_row, pack_values
+from harness.stored_rows import insert_foreign_row, pack_values
 
 from traceml.processor.step_time.model import RankIdentity, RawEventValue, StepTimeIngestRecord
 from traceml.processor.step_time.pipeline import LiveStepTimeSession, StepTimePipeline, StepTimeRequest

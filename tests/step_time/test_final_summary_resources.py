@@ -7,7 +7,7 @@ import json
 import jsonschema
 import pytest
 
-from tests.harness.resource_windows import GiB, MiB, busy_gpu_run, resource_window
+from harness.resource_windows import GiB, MiB, busy_gpu_run, resource_window
 from tests.step_time.test_final_summary import SCHEMA, straggler_analysis
 from tests.step_time.test_public_schema_golden import key_set, leaf_patterns
 from traceml.processor.reporting import RunMetadata, project_final_summary

@@ -4,7 +4,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from tests.step_time.handbuilt_windows import rank_values, window
-from tests.harness.child_python import python_output
+from harness.child_python import python_output
 from traceml.processor.diagnosis import diagnose
 from traceml.processor.presenters import format_live_line, issue_rows, render_live
 from traceml.processor.step_time.model import LiveStepTimeResult, StepTimeAnalysis

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tests.harness.resource_windows import busy_gpu_run
+from harness.resource_windows import busy_gpu_run
 from tests.step_time.test_live_presenter import result_of, straggler_window, text_of
 from traceml.processor.presenters import format_live_line, render_live
 from traceml.processor.reporting import RunMetadata, project_final_summary

@@ -25,7 +25,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from tests.harness.resource_windows import busy_gpu_run
+from harness.resource_windows import busy_gpu_run
 from tests.step_time.scenarios import SCENARIOS
 from traceml.processor.reporting import RunMetadata, project_final_summary
 from traceml.processor.step_time.pipeline import PROFILE_SUMMARY, StepTimePipeline, StepTimeRequest

@@ -7,7 +7,7 @@ import json
 import sqlite3
 import threading
 
-from tests.harness.stored_rows import finished_ranks, reported_drops, stored_run, stored_run_ids
+from harness.stored_rows import finished_ranks, reported_drops, stored_run, stored_run_ids
 
 from traceml.processor.sqlite_writer import StepTimeStore
 from traceml.processor.step_time.model import (

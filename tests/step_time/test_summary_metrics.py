@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from tests.harness.resource_windows import busy_gpu_run
+from harness.resource_windows import busy_gpu_run
 from tests.step_time.handbuilt_windows import rank_values, window
 from traceml.processor.diagnosis import diagnose
 from traceml.processor.metric_point import make_point

@@ -11,7 +11,7 @@ from prometheus_client import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 
-from tests.harness.resource_windows import GiB, busy_gpu_run, resource_window
+from harness.resource_windows import GiB, busy_gpu_run, resource_window
 from tests.step_time.handbuilt_windows import rank_values, window
 from traceml.processor.diagnosis import diagnose
 from traceml.processor.prometheus_exposition import make_registry

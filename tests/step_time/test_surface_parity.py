@@ -205,7 +205,7 @@ def test_straggler_evidence_survives_projection(surfaces):
 def resource_surfaces(tmp_path_factory):
     """complete_gpu's store with both ranks' resource samples (rank 1's GPU idles, rank 0 sends its
     host's CPU), one summary analysis of it, and every surface made from that one analysis."""
-    from tests.harness.resource_rows import rank_resource_records
+    from harness.resource_rows import rank_resource_records
     from tests.step_time.scenarios import START_TIME, STEP_SECONDS, build_scenario
     from traceml.processor.sqlite_writer import StepTimeStore
     from traceml.processor.step_time.model import LiveStepTimeResult

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from tests.harness.child_python import ROOT, child_env, module_command
+from harness.child_python import ROOT, child_env, module_command
 
 
 @pytest.mark.slow

@@ -11,10 +11,10 @@ import ssl
 
 import pytest
 
-from tests.harness.certificates import self_signed
-from tests.harness.processor_service import make_service
-from tests.harness.waiting import wait_until
-from tests.processor.otlp_payloads import steps_request
+from harness.certificates import self_signed
+from harness.processor_service import make_service
+from harness.waiting import wait_until
+from harness.otlp_payloads import steps_request
 from traceml.processor.cli import config_from_args
 from traceml.processor.security import BearerAuth, TlsConfig
 from traceml.schema import vocabulary as v

@@ -6,8 +6,8 @@ import json
 import re
 from urllib.parse import quote
 
-from tests.harness.resource_rows import rank_resource_records
-from tests.harness.resource_windows import busy_gpu_run
+from harness.resource_rows import rank_resource_records
+from harness.resource_windows import busy_gpu_run
 from tests.web.test_web_app import get, write_run
 from traceml.processor.sqlite_writer import StepTimeStore
 from traceml.processor.web.app import WebApp
@@ -96,7 +96,7 @@ def _analysis_with(resources):
 
 
 def test_a_cpu_only_run_has_no_gpu_columns():
-    from tests.harness.resource_windows import GiB, resource_window
+    from harness.resource_windows import GiB, resource_window
 
     w = resource_window("r1", {r: {"cpu_utilization": 0.5, "rss_bytes": GiB} for r in range(3)})
     html = resources_section(build_run_view(_analysis_with(w)))

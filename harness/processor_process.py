@@ -3,7 +3,7 @@
 One class for the tests and the benchmarks that need the processor in its own
 process (to kill it with SIGKILL, restart it on the same address and database,
 measure its RSS and CPU, or let a real Prometheus scrape it). Tests that only need
-a processor use the in-process service instead (`tests.harness.processor_service`).
+a processor use the in-process service instead (`harness.processor_service`).
 
 Ports left at 0 are chosen by the processor and read from its ready line; a
 restart reuses the ports of the first start, so senders keep their address.
@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from tests.harness.waiting import wait_until
+from harness.waiting import wait_until
 
 READY_LINE = re.compile(r"traceml-processor ready grpc=(\d+) http=(\d+) prometheus=(\S+)")
 

@@ -1,7 +1,7 @@
 """Senders we did not write: TraceML step spans exported by the official OpenTelemetry Python exporter.
 
 The spans carry the same resource, scope and attributes the receiver tests send as
-raw OTLP (`tests.processor.otlp_payloads.steps_request`), rebuilt as SDK
+raw OTLP (`harness.otlp_payloads.steps_request`), rebuilt as SDK
 `ReadableSpan`s, so the SDK's own encoder, transport and retry policy deliver them.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 
-from tests.processor.otlp_payloads import steps_request
+from harness.otlp_payloads import steps_request
 
 
 def _value(any_value):

@@ -16,8 +16,8 @@ import subprocess
 from pathlib import Path
 from typing import Iterable
 
-from tests.harness.ports import free_port
-from tests.harness.waiting import wait_until
+from harness.ports import free_port
+from harness.waiting import wait_until
 
 # rotel's own log lines (rotel 0.0.1a15): a retry it schedules (src/exporters/retry.rs), and
 # each way it gives data up ("Exporting failed, dropping data.", "Too many batch items split,

@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 from typing import Callable, Sequence
 
-from tests.harness.ports import free_port
+from harness.ports import free_port
 
 PROMETHEUS_BIN = "prometheus"
 

@@ -12,7 +12,7 @@ from typing import Mapping
 
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metrics_pb2
 
-from tests.harness.resource_payloads import gauge, metrics_request, point, rank_resource, updown
+from harness.resource_payloads import gauge, metrics_request, point, rank_resource, updown
 from traceml.schema import resources as sr
 from traceml.schema import vocabulary as v
 

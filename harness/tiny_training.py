@@ -2,8 +2,8 @@
 
 Traced means TraceML's manual wrappers: `trace_step` around forward, backward and
 optimizer regions. Used by subprocess scripts (tests/reliability/train_script.py),
-exporter tests and benchmarks (bench_exporter), so a
-comparison of the two always compares the same work.
+exporter tests and bench_exporter, so a comparison of the two always compares the
+same work.
 """
 from __future__ import annotations
 

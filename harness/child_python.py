@@ -1,7 +1,7 @@
-"""Child Python processes that import the test helpers by their full names (`tests.…`).
+"""Child Python processes that import the helpers by their full names (`tests.…`, `harness.…`).
 
 A helper script (a sender, a training loop, the OTLP receiver) runs as
-`python -m tests.<folder>.<module>`; that needs the repository root on the child's
+`python -m tests.<folder>.<module>` or `python -m harness.<module>`; that needs the repository root on the child's
 module path, whatever its working directory. The root goes on PYTHONPATH rather
 than into `sys.path` by the script itself, so no helper edits its own import path.
 """
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def module_command(module: str, *args: str) -> list[str]:

@@ -15,7 +15,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metr
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2 as metric_data
 from opentelemetry.proto.resource.v1 import resource_pb2
-from tests.processor.otlp_payloads import kv
+from harness.otlp_payloads import kv
 
 from traceml.schema import resources as sr
 from traceml.schema import vocabulary as v

@@ -329,7 +329,7 @@ def _http_handler(receiver: OtlpTestReceiver):
 
 
 def main() -> None:
-    """`python -m tests.harness.otlp_receiver`: serve (count only) until stdin closes; prints the ports,
+    """`python -m harness.otlp_receiver`: serve (count only) until stdin closes; prints the ports,
     and on exit the span and point counts. Lets benchmarks keep the receiver's CPU out of the
     measured process."""
     import sys

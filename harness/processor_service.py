@@ -2,7 +2,7 @@
 
 Faster than `ProcessorProcess` and inspectable (its receivers, workers and store are
 attributes); a test that must kill or restart the processor uses the subprocess instead.
-What it stored is read back with `tests.harness.stored_rows`.
+What it stored is read back with `harness.stored_rows`.
 """
 from __future__ import annotations
 

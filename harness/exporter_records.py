@@ -1,4 +1,4 @@
-"""Record builders shared by the exporter tests (plain module: `conftest` names collide across folders)."""
+"""Record builders shared by the exporter tests and bench_exporter (plain module: `conftest` names collide across folders)."""
 from __future__ import annotations
 
 from traceml.exporter.identity import RunIdentity

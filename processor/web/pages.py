@@ -135,8 +135,9 @@ def phases_section(view: Mapping) -> str:
     return ("<section><h2>Phases per rank</h2>"
             + phase_bars(view["phases"], view["phase_order"], culprit=culprit)
             + phase_legend(view["phase_order"])
-            + '<p class="note">The model measures no separate collective wait: under DDP it shows in backward '
-              "(the all-reduce), otherwise in residual (unattributed time).</p>"
+            + '<p class="note">Collective wait (measured, in the statistics table) is no segment of its own: '
+              "under DDP it lies inside backward (the gradient all-reduce); a collective between phases is "
+              "taken out of residual, so such a bar is shorter than its step by that wait.</p>"
             + _not_drawn(view) + "</section>")
 
 
@@ -248,7 +249,7 @@ def stats_section(view: Mapping) -> str:
                     f'<td>{esc(_rank(s["worst_rank"]))}</td><td>{skew}</td><td>{share}</td>'
                     f'<td>{cov["measured_ranks"]}/{cov["expected_ranks"]}</td></tr>')
     return ('<section><h2>Window statistics (ms)</h2><table class="stats"><thead><tr><th>metric</th>'
-            "<th>median</th><th>rank</th><th>worst</th><th>rank</th><th>skew</th><th>share</th><th>ranks</th>"
+            "<th>median</th><th>near</th><th>worst</th><th>rank</th><th>skew</th><th>share</th><th>ranks</th>"
             f'</tr></thead><tbody>{"".join(rows)}</tbody></table></section>')
 
 

@@ -43,8 +43,9 @@ MAX_LIST_ITEMS = 16
 
 # (window metric, label) of the stacked phase bar, bottom to top. Together they add up
 # to Step Time (residual = traced - h2d - forward - backward - optimizer, floored at 0).
-# The model measures no collective wait: it is inside residual (unattributed) or, for
-# DDP, inside the backward that waits for the all-reduce.
+# Collective wait is measured but is no segment here: it lies inside the phase that holds it
+# (DDP's all-reduce, in backward) or, between phases, is taken out of the residual
+# (docs/DIAGNOSIS.md); the statistics table shows it.
 PHASES: tuple[tuple[str, str], ...] = (
     ("input_wait", "Input wait"),
     ("h2d", "H2D"),
@@ -65,6 +66,7 @@ TABLE_METRICS: tuple[tuple[str, str, str], ...] = (
     ("compute_ms", "compute", "Compute"),
     ("residual_ms", "residual", "Residual"),
     ("traced_step_time_ms", "traced_step_time", "Traced Step Time"),
+    ("collective_wait_ms", "collective_wait", "Collective wait"),
 )
 
 
@@ -225,7 +227,9 @@ def build_run_view(analysis: StepTimeAnalysis, inputs: ViewInputs = ViewInputs()
         share = window.shares.get(metric)
         stats.append({
             "key": key, "label": label,
-            "median": glob["median"][key]["value"], "median_rank": glob["median"][key]["rank"],
+            # The cross-rank median, as the card and the diagnosis sentences quote it; its rank is the
+            # representative rank (the real rank nearest it), the card's `near` column.
+            "median": glob["cross_rank_median"][key], "median_rank": glob["median"][key]["rank"],
             "worst": glob["worst"][key]["value"], "worst_rank": glob["worst"][key]["rank"],
             "skew": glob["skew"][key],
             "share": None if share is None or metric == "step_time" else _round(share, 4),

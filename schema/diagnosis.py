@@ -96,7 +96,11 @@ def severity_rank(severity: str) -> int:
 
 # --- The host's CPUs beside an input finding (INPUT_BOUND / INPUT_STRAGGLER evidence `host_cpu.state`) --
 HOST_CPU_SATURATED = "saturated"
-"""The input-bound ranks' hosts had their CPUs busy: more DataLoader workers will not help."""
+"""The input-bound ranks' hosts had their CPUs busy with work other than the ranks' own processes
+(or the ranks' CPU was not measured): more DataLoader workers will not help."""
 HOST_CPU_SPARE = "spare"
 """The hosts had idle CPUs: more DataLoader workers (or a faster transform) can use them."""
-HOST_CPU_STATES: tuple[str, ...] = (HOST_CPU_SATURATED, HOST_CPU_SPARE)
+HOST_CPU_RANKS_BUSY = "ranks_busy"
+"""The hosts were busy, but mostly with the training ranks' own processes (whose CPU includes
+their waits: gloo spins in a collective): the figures support no advice about workers."""
+HOST_CPU_STATES: tuple[str, ...] = (HOST_CPU_SATURATED, HOST_CPU_SPARE, HOST_CPU_RANKS_BUSY)

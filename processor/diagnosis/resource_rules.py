@@ -10,6 +10,7 @@ from typing import Iterable
 
 from traceml.processor.diagnosis.context import RuleContext
 from traceml.processor.resources.model import (
+    CPU_UTILIZATION,
     GPU_UTILIZATION,
     HOST_CPU_COUNT,
     HOST_CPU_UTILIZATION,
@@ -19,6 +20,7 @@ from traceml.processor.resources.model import (
 )
 from traceml.processor.step_time.model import DiagnosisIssue
 from traceml.schema.diagnosis import (
+    HOST_CPU_RANKS_BUSY,
     HOST_CPU_SATURATED,
     HOST_CPU_SPARE,
     LOW_GPU_UTILIZATION,
@@ -142,20 +144,51 @@ def host_cpu_evidence(ctx: RuleContext, ranks: Iterable[int]) -> dict | None:
         return None
     utilization, median_host = measured[(len(measured) - 1) // 2]
     busiest = measured[-1][1]
-    cpus = resources.nodes[median_host].figures.get(HOST_CPU_COUNT)
-    state = HOST_CPU_SATURATED if ctx.policy.at_least(utilization, ctx.policy.host_cpu_saturated) else HOST_CPU_SPARE
+    node = resources.nodes[median_host]
+    cpus = node.figures.get(HOST_CPU_COUNT)
+    ranks_cpu = _ranks_cpu(resources, node.ranks)
+    other_cpu = None if ranks_cpu is None else max(0.0, utilization - ranks_cpu)
+    threshold = ctx.policy.host_cpu_saturated
+    if not ctx.policy.at_least(utilization, threshold):
+        state = HOST_CPU_SPARE
+    elif other_cpu is not None and not ctx.policy.at_least(other_cpu, threshold):
+        # Busy, but mostly with the training ranks' own processes, whose CPU holds their waits
+        # (gloo spins in a collective): no evidence that loader workers would lack CPU.
+        state = HOST_CPU_RANKS_BUSY
+    else:
+        state = HOST_CPU_SATURATED
     return {
         "state": state,
         "utilization": utilization,
         "host": busiest,
         "hosts": len(measured),
         "idle_cpus": None if cpus is None else round((1.0 - utilization) * cpus, 1),
-        "threshold": ctx.policy.host_cpu_saturated,
+        "ranks_cpu": ranks_cpu,
+        "other_cpu": other_cpu,
+        "threshold": threshold,
     }
+
+
+def _ranks_cpu(resources: ResourceWindow, ranks: Iterable[int]) -> float | None:
+    """The host's share taken by its training ranks' own processes (their process CPU, each a
+    fraction of the CPUs available to it, summed), or None unless every one of them measured it."""
+    total = 0.0
+    ranks = tuple(ranks)
+    for rank in ranks:
+        rr = resources.ranks.get(rank)
+        value = None if rr is None else rr.figures.get(CPU_UTILIZATION)
+        if value is None:
+            return None
+        total += float(value)
+    return min(1.0, total) if ranks else None
 
 
 def host_cpu_sentence(host_cpu: dict) -> str:
     """What an input finding adds about its hosts' CPUs (the advice follows the state)."""
+    if host_cpu["state"] == HOST_CPU_RANKS_BUSY:
+        return (f"; the host CPUs were {host_cpu['utilization']:.0%} busy, {host_cpu['ranks_cpu']:.0%} of them "
+                "the training ranks' own processes (a rank waiting in a collective can spin there), so "
+                "the CPU figures say nothing about more DataLoader workers")
     if host_cpu["state"] == HOST_CPU_SATURATED:
         return (f"; the host CPUs were {host_cpu['utilization']:.0%} busy, so more DataLoader workers will not "
                 "help: make the input pipeline cheaper or move work off the host")

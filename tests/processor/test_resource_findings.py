@@ -223,6 +223,31 @@ def test_input_findings_say_whether_the_host_cpus_had_room(tmp_path, busy, state
             assert host_cpu["idle_cpus"] == pytest.approx(1.4) and "can help" in issues[kind].summary
 
 
+def _process_cpu_rows(run, rank, busy, host="node0"):
+    return [(run, rank, host, "", r.PROCESS_CPU_UTILIZATION, _step_time(s), busy, r.SOURCE_TRACEML, None)
+            for s in range(1, 25, 2)]
+
+
+@pytest.mark.parametrize("rank_cpu, state", [(0.45, d.HOST_CPU_RANKS_BUSY), (0.05, d.HOST_CPU_SATURATED)])
+def test_a_host_busy_with_the_ranks_own_processes_gives_no_worker_advice(tmp_path, rank_cpu, state):
+    # Issue 30 item 4: a host 97 % busy, 90 % of it the two ranks themselves (a rank waiting in a
+    # gloo collective spins on its CPU), says nothing about whether loader workers lack CPU; when
+    # the ranks take 10 %, the rest of the host is busy with other work and workers will not help.
+    run = "ddp_rank_straggler"
+    db = build_scenario(run, tmp_path / "s.db")
+    _rows(db, _host_cpu_rows(run, 0.97) + _process_cpu_rows(run, 0, rank_cpu) + _process_cpu_rows(run, 1, rank_cpu))
+    issue = {i.kind: i for i in _summary(db, run).diagnosis.issues}[d.INPUT_STRAGGLER]
+    host_cpu = issue.evidence["host_cpu"]
+    assert host_cpu["state"] == state
+    assert host_cpu["ranks_cpu"] == pytest.approx(2 * rank_cpu)
+    assert host_cpu["other_cpu"] == pytest.approx(0.97 - 2 * rank_cpu)
+    if state == d.HOST_CPU_RANKS_BUSY:
+        assert "will not help" not in issue.summary and "can help" not in issue.summary
+        assert "the training ranks' own processes" in issue.summary
+    else:
+        assert "will not help" in issue.summary
+
+
 def test_an_input_finding_without_host_figures_gives_no_advice(tmp_path):
     run = "input_bound"
     db = _input_bound_run(tmp_path / "s.db")

@@ -4,11 +4,19 @@ A processor is pointed at a path by an operator, a Helm value or a typo. Before
 anything writes there:
 
 - `check_database` reads the file without changing it (its header as bytes, then
-  its schema through `connect_readonly`) and refuses, with one line saying what is
-  wrong and what to do, a directory, a file that is not SQLite, a truncated one,
-  another application's database, one of a newer schema, and one this user may
-  not read or write. Only a file that passes is opened for writing (WAL and the
-  tables come after, in `sqlite_writer`), so a foreign file is never touched.
+  its catalog through a read-only connection that leaves no file beside it) and
+  refuses, with one line saying what is wrong and what to do, a directory, a file
+  that is not SQLite, a truncated one, one that is not ours, one of ours at a
+  version this release does not know (newer included), and one this user may not
+  read or write. Ours means: `sqlite_layout.APPLICATION_ID` and exactly the current
+  tables, columns and indexes at the current `user_version`, or exactly the layout
+  one of the older versions wrote (`LAYOUT_CHANGES`; those files carry no
+  application id). A table name alone proves nothing: another program may have a
+  `step_time_samples` of its own. Only a file that passes is opened for writing (WAL
+  and the tables come after, in `sqlite_writer`), so a foreign file is never touched.
+- `keep_copy` copies an older layout of ours beside it (`<db>.v<N>.bak`, through
+  SQLite's online backup, so a `-wal` left by a killed processor is in the copy)
+  before the writer brings it up to date.
 - `WriterLock` makes a second processor on the same database refuse to start
   (the docs say never to share one: two writers' run monitors would both end and
   summarise the same runs). It is a `flock` on `<db>-processor.lock`, which the
@@ -22,7 +30,9 @@ anything writes there:
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import functools
 import logging
 import os
 import sqlite3
@@ -34,7 +44,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-from traceml.processor.sqlite_layout import SCHEMA_OBJECTS, SCHEMA_USER_VERSION, connect_readonly
+from traceml.processor.sqlite_layout import (
+    APPLICATION_ID,
+    DDL,
+    FIRST_USER_VERSION,
+    LAYOUT_CHANGES,
+    SCHEMA_OBJECTS,
+    SCHEMA_USER_VERSION,
+    connect_readonly,
+)
 
 LOG = logging.getLogger(__name__)
 
@@ -57,10 +75,63 @@ class DatabaseUnusable(RuntimeError):
 
 @dataclass(frozen=True)
 class DatabaseCheck:
-    """What `check_database` found: `new` when nothing (or an empty file) is there yet."""
+    """What `check_database` found: `new` when nothing (or an empty file) is there yet,
+    else ours at `version` (older than `SCHEMA_USER_VERSION` when `older`)."""
 
     path: Path
     new: bool
+    version: int = SCHEMA_USER_VERSION
+
+    @property
+    def older(self) -> bool:
+        return not self.new and self.version < SCHEMA_USER_VERSION
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a database holds, as its catalog says: table -> column names, and index -> table."""
+
+    tables: dict[str, frozenset[str]]
+    indexes: dict[str, str]
+
+    def without(self, tables: tuple[str, ...], columns: tuple[tuple[str, str, str], ...]) -> "Layout":
+        kept = {name: cols for name, cols in self.tables.items() if name not in tables}
+        for table, column, _ in columns:
+            if table in kept:
+                kept[table] = kept[table] - {column}
+        return Layout(kept, {name: table for name, table in self.indexes.items() if table in kept})
+
+
+@functools.cache
+def known_layouts() -> tuple[tuple[int, Layout], ...]:
+    """(user_version, layout) of every layout a release of ours wrote, oldest first; the last
+    is the current one. Read from `DDL` built in memory, less the changes made after each."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        conn.executescript(DDL)
+        current = _read_layout(conn, _catalog(conn))
+    finally:
+        conn.close()
+    found = []
+    for i in range(len(LAYOUT_CHANGES) + 1):
+        later = LAYOUT_CHANGES[i:]
+        version = LAYOUT_CHANGES[i - 1].version if i else FIRST_USER_VERSION
+        found.append((version, current.without(tuple(t for c in later for t in c.tables),
+                                               tuple(col for c in later for col in c.columns))))
+    return tuple(found)
+
+
+def _catalog(conn: sqlite3.Connection) -> list[tuple[str, str, str]]:
+    """(type, name, table) of every schema object bar SQLite's own."""
+    return [row for row in conn.execute("SELECT type, name, tbl_name FROM sqlite_master")
+            if not row[1].startswith("sqlite_")]
+
+
+def _read_layout(conn: sqlite3.Connection, catalog: list[tuple[str, str, str]]) -> Layout:
+    """The layout of a catalog whose every name is one of ours (so safe to quote as is)."""
+    tables = {name: frozenset(row[1] for row in conn.execute(f'PRAGMA table_info("{name}")'))
+              for kind, name, _ in catalog if kind == "table"}
+    return Layout(tables, {name: table for kind, name, table in catalog if kind == "index"})
 
 
 def lock_path(db_path: str | Path) -> Path:
@@ -108,25 +179,111 @@ def check_database(path: str | Path) -> DatabaseCheck:
     try:
         conn = _connect_leaving_no_trace(path)
         try:
-            names = {name for (name,) in conn.execute("SELECT name FROM sqlite_master")}
+            app_id = conn.execute("PRAGMA application_id").fetchone()[0]
             version = conn.execute("PRAGMA user_version").fetchone()[0]
+            catalog = _catalog(conn)
+            foreign = sorted(name for _, name, _ in catalog if name not in SCHEMA_OBJECTS)
+            layout = None if foreign or app_id not in (0, APPLICATION_ID) else _read_layout(conn, catalog)
         finally:
             conn.close()
     except sqlite3.DatabaseError as exc:
         raise DatabaseUnusable(f"{path} cannot be read as a SQLite database ({exc}); {_DO_RESTORE}") from None
     except sqlite3.Error as exc:
         raise DatabaseUnusable(f"cannot open {path} ({exc}); check that no other program holds it") from None
-    ours = names & SCHEMA_OBJECTS
-    foreign = sorted(n for n in names - SCHEMA_OBJECTS if not n.startswith("sqlite_"))
-    if foreign or (version not in (0, SCHEMA_USER_VERSION) and not ours):
-        shown = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
-        what = f"its tables {shown}" if foreign else f"user_version {version}"
-        raise DatabaseUnusable(f"{path} belongs to another application ({what}: not a traceml-processor"
-                               f" database), so it is left untouched; {_DO_NEW}")
-    if version > SCHEMA_USER_VERSION:
+    return _judge(path, app_id, version, foreign, layout)
+
+
+def _judge(path: Path, app_id: int, version: int, foreign: list[str], layout: Layout | None) -> DatabaseCheck:
+    """Ours (and at which version), new, or refused: from what `check_database` read."""
+    if app_id == APPLICATION_ID and version > SCHEMA_USER_VERSION:
         raise DatabaseUnusable(f"{path} has schema version {version}, newer than this traceml-processor's"
                                f" {SCHEMA_USER_VERSION}; run the release that wrote it, or {_DO_NEW}")
-    return DatabaseCheck(path, new=not ours)
+    if layout is not None:
+        if app_id == 0 and version == 0 and not layout.tables and not layout.indexes:
+            return DatabaseCheck(path, new=True)  # a SQLite file with nothing in it yet
+        for known_version, known in known_layouts():
+            if known_version == version and known == layout and (
+                    app_id == APPLICATION_ID or known_version < SCHEMA_USER_VERSION):
+                return DatabaseCheck(path, new=False, version=version)
+    shown = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
+    if app_id == APPLICATION_ID:
+        other = f"; its tables {shown}" if foreign else _difference(layout, version)
+        raise DatabaseUnusable(
+            f"{path} carries traceml-processor's application id but not a layout this release knows"
+            f" (user_version {version}{other}), so it is left untouched; {_DO_RESTORE}")
+    if foreign:
+        what = f"its tables {shown}"
+    elif app_id:
+        what = f"application_id {app_id:#010x}"
+    elif layout is not None and layout.tables:
+        what = f"user_version {version}{_difference(layout, version)}"
+    else:
+        what = f"user_version {version}"
+    raise DatabaseUnusable(f"{path} belongs to another application ({what}: not a traceml-processor"
+                           f" database of a layout this release knows), so it is left untouched; {_DO_NEW}")
+
+
+def _difference(layout: Layout | None, version: int) -> str:
+    """", <first table that differs from every layout of `version>: its columns>" for a message."""
+    if layout is None:
+        return ""
+    candidates = [known for v, known in known_layouts() if v == version] or [known_layouts()[-1][1]]
+    for name in sorted(layout.tables):
+        if all(known.tables.get(name) != layout.tables[name] for known in candidates):
+            columns = sorted(layout.tables[name])
+            shown = ", ".join(columns[:5]) + (", ..." if len(columns) > 5 else "")
+            return f"; its {name} has columns {shown}"
+    missing = sorted(set(candidates[-1].tables) - set(layout.tables))
+    if missing:
+        return f"; no {missing[0]} table"
+    return "; its indexes differ"
+
+
+def keep_copy(check: DatabaseCheck) -> Path:
+    """Copy an older layout of ours to `<db>.v<version>.bak` beside it (a new name if taken)
+    before the writer migrates it; returns the copy's path.
+
+    SQLite's online backup from a read-only connection (so the copy holds what a `-wal`
+    left by a killed processor holds), into a temporary name that is synced and then
+    renamed: a crash leaves either no copy or a whole one, never the original changed.
+    """
+    path = check.path
+    target = path.with_name(f"{path.name}.v{check.version}.bak")
+    n = 1
+    while target.exists():
+        target = path.with_name(f"{path.name}.v{check.version}.{n}.bak")
+        n += 1
+    partial = target.with_name(target.name + ".partial")
+    try:
+        source = _connect_leaving_no_trace(path)
+        try:
+            copy = sqlite3.connect(partial)
+            try:
+                source.backup(copy)
+                copy.execute("PRAGMA journal_mode = DELETE")  # the copy is one file
+            finally:
+                copy.close()
+        finally:
+            source.close()
+        with open(partial, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(partial, target)
+        _fsync_folder(target.parent)
+    except (OSError, sqlite3.Error) as exc:
+        with contextlib.suppress(OSError):
+            partial.unlink()
+        raise DatabaseUnusable(f"{path} is an older traceml-processor database (version {check.version}); its copy"
+                               f" {target} could not be written ({exc}), so it was not migrated; free space in"
+                               f" {path.parent} or copy it elsewhere first") from None
+    return target
+
+
+def _fsync_folder(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _connect_leaving_no_trace(path: Path) -> sqlite3.Connection:
@@ -278,7 +435,7 @@ def database_fault(path: str | Path) -> str | None:
 
 
 __all__ = [
-    "DatabaseCheck", "DatabaseUnusable", "LOCK_SUFFIX", "QUICK_CHECK_BUDGET_S", "WriterLock",
-    "check_database", "database_fault", "integrity_check", "is_corruption", "lock_path",
-    "note_database_error",
+    "DatabaseCheck", "DatabaseUnusable", "LOCK_SUFFIX", "Layout", "QUICK_CHECK_BUDGET_S", "WriterLock",
+    "check_database", "database_fault", "integrity_check", "is_corruption", "keep_copy", "known_layouts",
+    "lock_path", "note_database_error",
 ]

@@ -16,13 +16,19 @@ from __future__ import annotations
 import re
 import sqlite3
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
 from traceml.schema.vocabulary import CANONICAL_METRICS, METRIC_COLLECTIVE_WAIT
 
-SCHEMA_USER_VERSION = 4
-"""`PRAGMA user_version` of a database laid out as below.
+SCHEMA_USER_VERSION = 5
+"""`PRAGMA user_version` of a database laid out as below (`LAYOUT_CHANGES` lists what each
+version added, so `sqlite_guard` can recognise every older layout exactly).
+
+5: the file carries `APPLICATION_ID` (the tables are version 4's). A file of an older
+version has none: it is recognised as ours by its exact tables and columns, and the
+writer keeps a copy of it before bringing it up to date.
 
 4: the `resource_samples` table (process, host and GPU metrics; a new table, so a
 version-3 file is brought up to date by creating it).
@@ -35,6 +41,12 @@ their shorter BLOB, which every reader widens with a missing collective wait).
 `step_time_runs.attempt` and the `*_attempt_samples` tables (elastic restarts). A
 version-1 file is brought up to date by the writer (`ADDED_COLUMNS`, new tables);
 readers of an older file find those absent and treat them as unknown / attempt 0."""
+
+APPLICATION_ID = int.from_bytes(b"TrML", "big")
+"""`PRAGMA application_id` (the 32-bit field at offset 68 of the SQLite header) of every
+database this processor creates, set in the same transaction as its tables: what says
+"traceml-processor's" before any table is looked at. Other programs set their own (or
+leave 0); a file carrying another one is never written."""
 
 BUSY_TIMEOUT_S = 5.0
 """How long any connection, reader or writer, waits on another's lock before SQLITE_BUSY."""
@@ -228,16 +240,40 @@ CREATE TABLE IF NOT EXISTS {DROPS_TABLE} (
 );
 """
 
-ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
-    (RANKS_TABLE, "outcome", "TEXT"),
-    (RANKS_TABLE, "exit_code", "INTEGER"),
-    (RUNS_TABLE, "attempt", "INTEGER NOT NULL DEFAULT 0"),
-    *((table, column, "INTEGER" if column.endswith("_count") else "REAL")
-      for table in (SAMPLES_TABLE, ATTEMPT_SAMPLES_TABLE)
-      for column in metric_columns(METRIC_COLLECTIVE_WAIT)),
+@dataclass(frozen=True)
+class LayoutChange:
+    """What one step of the layout's history added to the version-1 tables: columns (table,
+    column, type) and whole tables (with their indexes, as `DDL` creates them)."""
+
+    version: int
+    """The `user_version` written with this change."""
+    columns: tuple[tuple[str, str, str], ...] = ()
+    tables: tuple[str, ...] = ()
+
+
+LAYOUT_CHANGES: tuple[LayoutChange, ...] = (
+    LayoutChange(2, columns=((RANKS_TABLE, "outcome", "TEXT"), (RANKS_TABLE, "exit_code", "INTEGER"))),
+    # Still version 2: the attempts came in a later release that kept the number.
+    LayoutChange(2, columns=((RUNS_TABLE, "attempt", "INTEGER NOT NULL DEFAULT 0"),),
+                 tables=(ATTEMPT_SAMPLES_TABLE, ATTEMPT_MEMORY_TABLE)),
+    LayoutChange(3, columns=tuple((table, column, "INTEGER" if column.endswith("_count") else "REAL")
+                                  for table in (SAMPLES_TABLE, ATTEMPT_SAMPLES_TABLE)
+                                  for column in metric_columns(METRIC_COLLECTIVE_WAIT))),
+    LayoutChange(4, tables=(RESOURCES_TABLE,)),
+    LayoutChange(5),  # APPLICATION_ID: no table changed
 )
-"""(table, column, type) added to `DDL` after version 1 (the collective-wait columns in
-version 3): a database written before has none of them, and the writer adds them (`ALTER TABLE ... ADD COLUMN`, no rewrite)."""
+"""The layout's history, oldest first: `DDL` less every change from one on is the layout
+that version wrote (version 1: `DDL` less all of them). The last entry's version is
+`SCHEMA_USER_VERSION`. A table added later is in `DDL` with its columns of today, so a
+change that adds columns to a table also added later lists them for that table too."""
+
+FIRST_USER_VERSION = 1
+"""The `user_version` of the first layout (every release wrote one)."""
+
+ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = tuple(
+    column for change in LAYOUT_CHANGES for column in change.columns)
+"""(table, column, type) added to `DDL` after version 1: a database written before has none of
+them, and the writer adds them (`ALTER TABLE ... ADD COLUMN`, no rewrite)."""
 
 SCHEMA_OBJECTS: frozenset[str] = frozenset(re.findall(r"CREATE (?:TABLE|INDEX) IF NOT EXISTS (\w+)", DDL))
 """Names of the tables and indexes `DDL` creates: a file holding any other (bar SQLite's own
@@ -264,8 +300,8 @@ def connect_readonly(path: str | Path) -> sqlite3.Connection:
 
 
 __all__ = [
-    "ADDED_COLUMNS", "ATTEMPT_MEMORY_TABLE", "ATTEMPT_SAMPLES_TABLE", "BUSY_TIMEOUT_S", "DDL",
-    "DROPS_TABLE", "MEMORY_TABLE", "RANKS_TABLE", "RESOURCES_TABLE", "RUNS_TABLE", "SAMPLES_TABLE", "RESOURCE_COLUMNS", "LEGACY_PACKED_FIELDS", "LEGACY_PACKED_METRICS", "MEMORY_COLUMNS", "METRIC_VALUE_COLUMNS", "PACKED_FIELDS",
+    "ADDED_COLUMNS", "APPLICATION_ID", "ATTEMPT_MEMORY_TABLE", "ATTEMPT_SAMPLES_TABLE", "BUSY_TIMEOUT_S", "DDL",
+    "DROPS_TABLE", "FIRST_USER_VERSION", "LAYOUT_CHANGES", "LayoutChange", "MEMORY_TABLE", "RANKS_TABLE", "RESOURCES_TABLE", "RUNS_TABLE", "SAMPLES_TABLE", "RESOURCE_COLUMNS", "LEGACY_PACKED_FIELDS", "LEGACY_PACKED_METRICS", "MEMORY_COLUMNS", "METRIC_VALUE_COLUMNS", "PACKED_FIELDS",
     "PACKED_FORMAT", "PACKED_METRICS", "PACKED_RANK", "PACKED_SAMPLE_TIME", "PACKED_STEP",
     "PACKED_VALUES", "SAMPLE_COLUMNS", "SCHEMA_OBJECTS", "SCHEMA_USER_VERSION", "connect_readonly", "metric_columns",
 ]

@@ -32,7 +32,10 @@ and the packed row format are `sqlite_layout`'s; reading is the read side's.
 One writer connection behind a lock (WAL, so readers never wait for it). The
 file is opened only after `sqlite_guard.check_database` found it to be ours (or
 new), so a foreign or damaged file is refused before WAL or a table touches it;
-a damaged page met while writing is noted there for `/readyz`.
+an older layout of ours is copied beside it (`sqlite_guard.keep_copy`) before it
+is brought up to date, and a new one is created, in one transaction each, so a
+killed start leaves the old layout or the new one, never half of one. A damaged
+page met while writing is noted in `sqlite_guard` for `/readyz`.
 """
 from __future__ import annotations
 
@@ -47,9 +50,16 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from traceml.processor.normalise import normalise_memory_record, normalise_resource_record, normalise_step_record
-from traceml.processor.sqlite_guard import DatabaseUnusable, check_database, note_database_error
+from traceml.processor.sqlite_guard import (
+    DatabaseCheck,
+    DatabaseUnusable,
+    check_database,
+    keep_copy,
+    note_database_error,
+)
 from traceml.processor.sqlite_layout import (
     ADDED_COLUMNS,
+    APPLICATION_ID,
     BUSY_TIMEOUT_S,
     DDL,
     MEMORY_COLUMNS,
@@ -115,16 +125,26 @@ class WriteResult:
     unjoined_resources: tuple[int, ...] = ()
 
 
-def ensure_schema(conn: sqlite3.Connection) -> None:
-    """Create tables and indexes (idempotent), add the columns an older file lacks, switch to WAL."""
+def ensure_schema(conn: sqlite3.Connection, check: DatabaseCheck) -> None:
+    """Switch to WAL; then, for a new file or an older layout of ours (as `check` found it),
+    create the tables and indexes it lacks, add the columns it lacks and stamp the
+    application id and version, all in one transaction. A current file is left as it is."""
     conn.execute("PRAGMA journal_mode = WAL")
-    conn.executescript(DDL)
+    if not (check.new or check.older):
+        return
+    alters = []
     for table, column, kind in ADDED_COLUMNS:
         present = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
-        if column not in present:
-            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
-    conn.execute(f"PRAGMA user_version = {SCHEMA_USER_VERSION}")
-    conn.commit()
+        if present and column not in present:  # an absent table is created whole by DDL
+            alters.append(f"ALTER TABLE {table} ADD COLUMN {column} {kind};")
+    try:
+        conn.executescript("BEGIN IMMEDIATE;\n" + DDL + "\n".join(alters)
+                           + f"\nPRAGMA application_id = {APPLICATION_ID};"
+                           + f"\nPRAGMA user_version = {SCHEMA_USER_VERSION};\nCOMMIT;")
+    except BaseException:
+        if conn.in_transaction:
+            conn.rollback()
+        raise
 
 
 class StepTimeStore:
@@ -137,7 +157,12 @@ class StepTimeStore:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self._lock = threading.Lock()
-        check_database(self.path)
+        check = check_database(self.path)
+        if check.older:
+            copy = keep_copy(check)
+            LOG.warning("%s was written by an older traceml-processor (layout version %d): a copy is kept at %s,"
+                        " and the file is brought up to version %d", self.path, check.version, copy,
+                        SCHEMA_USER_VERSION)
         try:
             self._conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S, check_same_thread=False)
         except sqlite3.Error as exc:
@@ -151,7 +176,7 @@ class StepTimeStore:
             self._conn.execute("PRAGMA synchronous = NORMAL")
             self._conn.execute("PRAGMA cache_size = -16384")  # KiB
             self._conn.execute("PRAGMA wal_autocheckpoint = 4000")  # pages
-            ensure_schema(self._conn)
+            ensure_schema(self._conn, check)
         except sqlite3.Error as exc:
             self._conn.close()
             raise DatabaseUnusable(f"cannot prepare {self.path} for writing ({exc}); check its permissions and"

@@ -14,6 +14,7 @@ import numbers
 from typing import Mapping, Sequence
 from urllib.parse import quote
 
+from traceml.processor.reporting.final_summary import BEFORE_FORWARD_SENTENCE
 from traceml.processor.reporting.resources import fmt_figure, trend_text
 from traceml.processor.web.assets import STYLE_CSS
 from traceml.processor.web.svg import bar_scale_max, esc, line_chart, phase_bars, phase_legend, trend_chart
@@ -138,7 +139,15 @@ def phases_section(view: Mapping) -> str:
             + '<p class="note">Collective wait (measured, in the statistics table) is no segment of its own: '
               "under DDP it lies inside backward (the gradient all-reduce); a collective between phases is "
               "taken out of residual, so such a bar is shorter than its step by that wait.</p>"
-            + _not_drawn(view) + "</section>")
+            + _before_forward(view) + _not_drawn(view) + "</section>")
+
+
+def _before_forward(view: Mapping) -> str:
+    """The card's note on input wait measured before forward (no DataLoader), beside the bars."""
+    ranks = (view.get("telemetry") or {}).get("input_wait_before_forward_ranks")
+    if not ranks:
+        return ""
+    return f'<p class="note" data-note="input-before-forward">{esc(BEFORE_FORWARD_SENTENCE)} ({esc(_fmt(ranks))})</p>'
 
 
 def steps_section(view: Mapping) -> str:

@@ -71,6 +71,9 @@ def _surfaces_agree(run, summary: dict) -> None:
     for kind, _, _, sentence in final:
         assert sentence in card and html.escape(sentence, quote=True) in report_html, sentence
         assert sentence[:60] in " ".join(terminal.split()), sentence  # the terminal wraps long lines
+    # How input wait was measured, said on the card and beside the report's phase bars.
+    assert (BEFORE_FORWARD in card) == (BEFORE_FORWARD in report_html) == bool(
+        summary["telemetry"]["input_wait_before_forward_ranks"])
     # The statistics: the card's median column, the JSON's cross-rank median, the drawn report table.
     rows = {line.split()[0]: line.split()[1] for line in card.splitlines()
             if line[:1].islower() and len(line.split()) >= 6 and not line.startswith("metric")}

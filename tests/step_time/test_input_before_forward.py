@@ -63,3 +63,14 @@ def test_a_dataloader_run_says_nothing_of_it():
     summary = _summary(())
     assert summary["telemetry"]["input_wait_before_forward_ranks"] == []
     assert SENTENCE not in summary["card"]
+
+
+def test_the_report_page_says_it_beside_the_phase_bars():
+    from traceml.processor.web.pages import phases_section
+    from traceml.processor.web.view import ViewInputs, build_run_view
+
+    w = window({0: rank_values(), 1: rank_values()})
+    analysis = StepTimeAnalysis(window=w, diagnosis=diagnose(w))
+    with_note = phases_section(build_run_view(analysis, ViewInputs(telemetry=RunTelemetry(input_before_forward_ranks=(0, 1)))))
+    assert with_note.count(SENTENCE) == 1 and "0, 1" in with_note
+    assert SENTENCE not in phases_section(build_run_view(analysis, ViewInputs(telemetry=RunTelemetry())))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from traceml.processor import settings
 from traceml.processor.admission import RunAdmission
 from traceml.processor.decode_metrics import MetricDecoder
 from traceml.processor.decode_spans import SpanDecoder
@@ -29,8 +30,8 @@ from traceml.processor.store_records import MAX_EVENT_MS, DecodedBatch
 class DecodeLimits:
     """Caps that keep one client from exhausting the processor."""
 
-    max_runs: int = 1_000
-    max_ranks_per_run: int = 16_384
+    max_runs: int = settings.MAX_RUNS.default
+    max_ranks_per_run: int = settings.MAX_RANKS_PER_RUN.default
     max_attribute_bytes: int = 4_096  # per string value
     max_run_id_chars: int = 256
     max_attributes: int = 512  # per span / data point

@@ -43,15 +43,12 @@ from typing import Callable, Union
 
 import h11
 
+from traceml.processor import settings
 from traceml.processor.listener import BACKLOG, SHUTDOWN_POLL_S, bind, connection_cap
 from traceml.schema import vocabulary as v
 
 LOG = logging.getLogger(__name__)
 
-DEFAULT_HEADER_TIMEOUT_S = 10.0
-DEFAULT_BODY_TIMEOUT_S = 30.0
-DEFAULT_KEEPALIVE_TIMEOUT_S = 60.0
-DEFAULT_MAX_CONNECTIONS = 1024
 MAX_HEADER_BYTES = 64 * 1024
 """A request head larger than this is answered 431 and the connection closed."""
 LINGER_S = 1.0
@@ -108,19 +105,20 @@ Application = Callable[[RequestHead], Union[Reply, Accept]]
 
 @dataclass(frozen=True)
 class HttpLimits:
-    """The front's timeouts and connection cap (CLI flags and environment fill it)."""
+    """The front's timeouts and connection cap (declared, with their ranges, in `settings`)."""
 
-    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
-    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
-    keepalive_timeout_s: float = DEFAULT_KEEPALIVE_TIMEOUT_S
-    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    header_timeout_s: float = settings.HTTP_HEADER_TIMEOUT.default
+    body_timeout_s: float = settings.HTTP_BODY_TIMEOUT.default
+    keepalive_timeout_s: float = settings.HTTP_KEEPALIVE_TIMEOUT.default
+    max_connections: int = settings.HTTP_MAX_CONNECTIONS.default
 
     def validate(self) -> None:
-        for name in ("header_timeout_s", "body_timeout_s", "keepalive_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"HTTP {name.removesuffix('_s').replace('_', ' ')} must be positive")
-        if self.max_connections < 1:
-            raise ValueError("the HTTP connection cap must be at least 1")
+        """Raises `settings.SettingError` for a value outside its declared range."""
+        for setting, value in ((settings.HTTP_HEADER_TIMEOUT, self.header_timeout_s),
+                               (settings.HTTP_BODY_TIMEOUT, self.body_timeout_s),
+                               (settings.HTTP_KEEPALIVE_TIMEOUT, self.keepalive_timeout_s),
+                               (settings.HTTP_MAX_CONNECTIONS, self.max_connections)):
+            setting.check(value, f"HttpLimits.{setting.name.removeprefix('http_')}")
 
 
 EVENTS = v.HTTP_CONNECTION_EVENTS

@@ -15,6 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
+from traceml.processor import settings
 from traceml.processor.store_records import IGNORED_UNKNOWN_HOST, DecodedBatch
 from traceml.processor.self_telemetry import SelfTelemetry
 from traceml.schema import vocabulary as v
@@ -26,9 +27,9 @@ RETRY_AFTER_S = 1
 """How long a refused client is told to wait before it retries (HTTP `Retry-After`,
 gRPC `RetryInfo`): about one commit of the writer, so the queue has drained by then."""
 
-DEFAULT_MAX_CONCURRENT_REQUESTS = 128
+DEFAULT_MAX_CONCURRENT_REQUESTS = settings.MAX_CONCURRENT_REQUESTS.default
 """Export requests each receiver (gRPC, HTTP) admits at once; beyond it a request is
-refused at once and told to retry after `RETRY_AFTER_S`."""
+refused at once and told to retry after `RETRY_AFTER_S` (`--max-concurrent-requests`)."""
 
 
 class Backpressure(Exception):
@@ -67,7 +68,7 @@ class IngestQueue:
         self,
         store,
         *,
-        max_pending_records: int = 200_000,
+        max_pending_records: int = settings.MAX_PENDING_RECORDS,
         max_commit_records: int = 50_000,
         stats: SelfTelemetry | None = None,
         on_committed: Callable[[list[DecodedBatch]], None] | None = None,

@@ -34,7 +34,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from traceml.processor.metric_point import SPECS
 from traceml.processor.listener import ServerThread
-from traceml.processor.summary_export import DEFAULT_MAX_SERIES, SeriesLimit
+from traceml.processor.settings import MAX_SERIES
+from traceml.processor.summary_export import SeriesLimit
 from traceml.schema import vocabulary as v
 from traceml.schema.distribution import package_version
 
@@ -145,7 +146,7 @@ class PrometheusEndpoint(ServerThread):
     """`GET /metrics` on its own HOST:PORT (`--prometheus`), served from the main process only."""
 
     def __init__(self, host: str, port: int, collect: Callable[[], Sequence], *,
-                 max_series: int = DEFAULT_MAX_SERIES):
+                 max_series: int = MAX_SERIES.default):
         self.limit = SeriesLimit(max_series, "/metrics")
         self.registry = make_registry(collect, self.limit)
         server = _MetricsServer((host, port), _QuietHandler)

@@ -26,6 +26,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb
 
 from traceml.processor.ingest import DEFAULT_MAX_CONCURRENT_REQUESTS, RETRY_AFTER_S, Backpressure, IngestUnavailable
 from traceml.processor.otlp_intake import OtlpIntake
+from traceml.processor.settings import GRPC_THREADS
 from traceml.processor.otlp_read import read_otlp_protobuf
 from traceml.processor.security import BearerAuth, TlsConfig
 from traceml.processor.self_telemetry import SelfTelemetry
@@ -225,7 +226,7 @@ class GrpcReceiver:
     """
 
     def __init__(self, handler: OtlpIntake, host: str, port: int, *,
-                 auth: BearerAuth = BearerAuth(), tls: TlsConfig = TlsConfig(), workers: int = 8,
+                 auth: BearerAuth = BearerAuth(), tls: TlsConfig = TlsConfig(), workers: int = GRPC_THREADS,
                  max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS, reuse_port: bool = False):
         self.pool = AdmissionPool(workers, max_concurrent_requests)
         # Unauthenticated calls are refused on a lane of their own (BearerTokenInterceptor).

@@ -20,6 +20,7 @@ from typing import AbstractSet, Callable, Protocol, Sequence
 
 from traceml.processor.store_records import DecodedBatch
 from traceml.processor.metric_point import MetricPoint
+from traceml.processor import settings
 from traceml.processor.security import summary_folder
 from traceml.processor.sqlite_layout import connect_readonly
 from traceml.processor.store_read import read_rank_ends, read_run_activity
@@ -81,7 +82,8 @@ class RunState:
 
 class RunMonitor:
     def __init__(self, db_path: Path, backend: RunBackend, *, summary_dir: Path | None,
-                 refresh_interval_s: float = 0.5, idle_timeout_s: float = 300.0,
+                 refresh_interval_s: float = settings.REFRESH_INTERVAL.default,
+                 idle_timeout_s: float = settings.IDLE_TIMEOUT.default,
                  retain_ended_s: float = 600.0, clock: Callable[[], float] = time.monotonic,
                  on_ended: Callable[[str], None] | None = None, poll_store: bool = False,
                  on_forgotten: Callable[[str], None] | None = None):

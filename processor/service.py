@@ -14,15 +14,15 @@ from pathlib import Path
 
 from traceml.processor.admission import RunAdmission
 from traceml.processor.decode import DecodeLimits, Decoder
-from traceml.processor.ingest import DEFAULT_MAX_CONCURRENT_REQUESTS, IngestQueue
+from traceml.processor.ingest import IngestQueue
 from traceml.processor.metric_point import MetricPoint
 from traceml.processor.otlp_intake import OtlpIntake
 from traceml.processor.runs import RunMonitor, stored_run_is_over
 from traceml.processor.security import BearerAuth, TlsConfig, warn_if_exposed
 from traceml.processor.http_front import HttpLimits
 from traceml.processor.self_telemetry import SelfTelemetry
-from traceml.processor.reporting.summary_metrics import DEFAULT_RANK_SERIES_TOP_K
-from traceml.processor.summary_export import DEFAULT_MAX_SERIES, SummaryExportConfig, SummaryPusher
+from traceml.processor import settings as s
+from traceml.processor.summary_export import SummaryExportConfig, SummaryPusher
 from traceml.schema import vocabulary as v
 
 LOG = logging.getLogger(__name__)
@@ -30,33 +30,80 @@ LOG = logging.getLogger(__name__)
 
 @dataclass
 class ProcessorConfig:
-    """Every setting of one processor (the CLI fills it from flags and environment)."""
+    """Every setting of one processor, composed into the parts that use them.
+
+    The defaults, ranges and meanings are `traceml.processor.settings`' declarations;
+    the CLI builds one with `from_settings`, code and tests construct one directly,
+    and either way a value out of its range is refused here (`SettingError`).
+    """
 
     db: Path
-    otlp_grpc: tuple[str, int] | None = ("127.0.0.1", 4317)
-    otlp_http: tuple[str, int] | None = ("127.0.0.1", 4318)
-    prometheus: tuple[str, int] | None = None
-    ui: tuple[str, int] | None = None  # the web view (--ui), off by default
+    otlp_grpc: tuple[str, int] | None = s.OTLP_GRPC.default
+    otlp_http: tuple[str, int] | None = s.OTLP_HTTP.default
+    prometheus: tuple[str, int] | None = s.PROMETHEUS.default
+    ui: tuple[str, int] | None = s.UI.default  # the web view (--ui)
     export: SummaryExportConfig | None = None
-    summary_dir: Path | None = None
+    summary_dir: Path | None = s.SUMMARY_DIR.default
     auth: BearerAuth = field(default_factory=BearerAuth)
     tls: TlsConfig = field(default_factory=TlsConfig)
-    idle_timeout_s: float = 300.0
-    refresh_interval_s: float = 0.5
-    limits: DecodeLimits = field(default_factory=DecodeLimits)
-    max_pending_records: int = 200_000
-    grpc_workers: int = 8  # threads per gRPC server
-    max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS  # per receiver; beyond: "retry later"
-    workers: int = 1  # ingest processes sharing the receiver ports (SO_REUSEPORT)
+    idle_timeout_s: float = s.IDLE_TIMEOUT.default
+    refresh_interval_s: float = s.REFRESH_INTERVAL.default
+    limits: DecodeLimits = field(default_factory=DecodeLimits)  # max runs, max ranks per run
+    max_pending_records: int = s.MAX_PENDING_RECORDS
+    grpc_workers: int = s.GRPC_THREADS  # threads per gRPC server
+    max_concurrent_requests: int = s.MAX_CONCURRENT_REQUESTS.default  # per receiver; beyond: "retry later"
+    workers: int = s.WORKERS.default  # ingest processes sharing the receiver ports (SO_REUSEPORT)
     http_limits: HttpLimits = field(default_factory=HttpLimits)  # OTLP/HTTP timeouts and connection cap
-    rank_series_top_k: int = DEFAULT_RANK_SERIES_TOP_K  # per-rank series: ranks by score beyond the culprits
-    max_series: int = DEFAULT_MAX_SERIES  # per scrape / push; whole runs beyond it are left out, counted
+    rank_series_top_k: int = s.RANK_SERIES_TOP_K.default  # per-rank series: ranks by score beyond the culprits
+    max_series: int = s.MAX_SERIES.default  # per scrape / push; whole runs beyond it are left out, counted
+
+    def __post_init__(self) -> None:
+        for setting in (s.IDLE_TIMEOUT, s.REFRESH_INTERVAL, s.MAX_CONCURRENT_REQUESTS, s.WORKERS,
+                        s.RANK_SERIES_TOP_K, s.MAX_SERIES):
+            setting.check(getattr(self, setting.name), f"ProcessorConfig.{setting.name}")
+        for setting, value in ((s.MAX_RUNS, self.limits.max_runs),
+                               (s.MAX_RANKS_PER_RUN, self.limits.max_ranks_per_run)):
+            setting.check(value, f"DecodeLimits.{setting.name}")
+        if self.export is not None:
+            s.EXPORT_INTERVAL.check(self.export.interval_s, "SummaryExportConfig.interval_s")
+
+    @classmethod
+    def from_settings(cls, settings: s.ProcessorSettings, environ=None) -> "ProcessorConfig":
+        """The config `settings` describe (`settings.resolve`). Raises TokenFileError for an
+        unusable `--auth-token-file`."""
+        from traceml.processor.security import read_token_file
+
+        token_file = settings[s.AUTH_TOKEN_FILE]
+        token = read_token_file(token_file) if token_file is not None else settings[s.AUTH_TOKEN]
+        cert, key = settings[s.TLS_CERT], settings[s.TLS_KEY]
+        return cls(
+            db=settings[s.DB],
+            otlp_grpc=settings[s.OTLP_GRPC],
+            otlp_http=settings[s.OTLP_HTTP],
+            prometheus=settings[s.PROMETHEUS],
+            ui=settings[s.UI],
+            export=s.summary_export_config(settings, environ),
+            summary_dir=settings[s.SUMMARY_DIR],
+            auth=BearerAuth(token or None),
+            tls=TlsConfig(None if cert is None else str(cert), None if key is None else str(key)),
+            idle_timeout_s=settings[s.IDLE_TIMEOUT],
+            refresh_interval_s=settings[s.REFRESH_INTERVAL],
+            limits=DecodeLimits(max_runs=settings[s.MAX_RUNS], max_ranks_per_run=settings[s.MAX_RANKS_PER_RUN]),
+            max_concurrent_requests=settings[s.MAX_CONCURRENT_REQUESTS],
+            workers=settings[s.WORKERS],
+            http_limits=HttpLimits(header_timeout_s=settings[s.HTTP_HEADER_TIMEOUT],
+                                   body_timeout_s=settings[s.HTTP_BODY_TIMEOUT],
+                                   keepalive_timeout_s=settings[s.HTTP_KEEPALIVE_TIMEOUT],
+                                   max_connections=settings[s.HTTP_MAX_CONNECTIONS]),
+            rank_series_top_k=settings[s.RANK_SERIES_TOP_K],
+            max_series=settings[s.MAX_SERIES],
+        )
 
 
 class StepTimeBackend:
     """The Step Time read side, diagnosis and reporting as the RunMonitor uses them."""
 
-    def __init__(self, rank_series_top_k: int = DEFAULT_RANK_SERIES_TOP_K):
+    def __init__(self, rank_series_top_k: int = s.RANK_SERIES_TOP_K.default):
         self.rank_series_top_k = rank_series_top_k
 
     def open_session(self, db_path: Path, run_id: str):
@@ -80,8 +127,6 @@ class ProcessorService:
         from traceml.processor.sqlite_writer import StepTimeStore
 
         config.tls.validate()
-        if config.workers < 1:
-            raise ValueError("--workers must be at least 1")
         self.config = config
         self.pool = None
         shared = None

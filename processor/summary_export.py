@@ -27,13 +27,14 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Sequence
 
+from traceml.processor import settings
 from traceml.processor.metric_point import SPECS, MetricPoint
 from traceml.schema import vocabulary as v
 from traceml.schema.distribution import package_version
 
 LOG = logging.getLogger(__name__)
 
-DEFAULT_MAX_SERIES = 100_000
+DEFAULT_MAX_SERIES = settings.MAX_SERIES.default
 """Series one scrape or push carries at most (`--max-series`, `TRACEML_PROCESSOR_MAX_SERIES`).
 
 Per-rank series are bounded per run (reporting/summary_metrics.py) and runs by
@@ -126,6 +127,10 @@ under the 4 MiB a Collector's OTLP receiver accepts by default."""
 FINAL_PUSH_BOUND_S = 3.0
 """At shutdown the last push may retry this long at most, then it is abandoned (counted as failed)."""
 
+IN_FLIGHT_PUSH_BOUND_S = 10.0
+"""At shutdown a push still in flight is waited for this long at most (plus 2 s), since its timeout
+may be "no limit" (`OTEL_EXPORTER_OTLP_TIMEOUT=0`); the exporter's shutdown then ends its retries."""
+
 _HTTP_PATH = "/v1/metrics"
 
 
@@ -150,8 +155,8 @@ class SummaryExportConfig:
     endpoint: str | None
     protocol: str = "grpc"  # grpc | http/protobuf
     headers: Mapping[str, str] | None = None  # None: the exporter reads the headers variables
-    timeout_s: float = 10.0  # one push, its retries included
-    interval_s: float = 5.0
+    timeout_s: float = settings.EXPORT_TIMEOUT.default  # one push, its retries included
+    interval_s: float = settings.EXPORT_INTERVAL.default
 
     def exporter_endpoint(self) -> str | None:
         """What the exporter gets as `endpoint` (None: it resolves the OTEL_* variables)."""
@@ -222,23 +227,55 @@ def make_metric_exporter(config: SummaryExportConfig):
     gRPC RetryInfo and HTTP Retry-After), TLS from `OTEL_EXPORTER_OTLP_CERTIFICATE`
     and the client key/certificate variables, compression, `insecure`.
     """
-    common = {"endpoint": config.exporter_endpoint(), "timeout": config.timeout_s,
-              "max_export_batch_size": MAX_POINTS_PER_REQUEST}
+    common = {"endpoint": config.exporter_endpoint(), "timeout": config.timeout_s}
     if config.headers is not None:
         common["headers"] = dict(config.headers)
-    if config.protocol.startswith("http"):
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-
+    http = config.protocol.startswith("http")
+    package = "opentelemetry-exporter-otlp-proto-" + ("http" if http else "grpc")
+    try:
+        if http:
+            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        else:
+            from opentelemetry.exporter.otlp.proto.grpc.exporter import InvalidCompressionValueException
+            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+            from grpc import Compression
+    except ImportError as exc:  # a missing library is a start-up error with its remedy, not a traceback
+        raise RuntimeError(f"the summary push over {config.protocol} needs {package} ({exc}); "
+                           f"install it, or choose the other --export-protocol") from None
+    if _accepts(OTLPMetricExporter, "max_export_batch_size"):
+        common["max_export_batch_size"] = MAX_POINTS_PER_REQUEST
+    else:
+        LOG.warning("summary metrics export: %s %s cannot split a push into requests of at most %d data "
+                    "points (its exporter takes no max_export_batch_size; newer releases do), so each push goes "
+                    "as one request, which a receiver's size limit (4 MiB by default) may refuse when many runs "
+                    "are open", package, _version(package), MAX_POINTS_PER_REQUEST)
+    if http:
         return OTLPMetricExporter(**common)
-    from opentelemetry.exporter.otlp.proto.grpc.exporter import InvalidCompressionValueException
-    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-    from grpc import Compression
-
     try:
         return OTLPMetricExporter(**common)
     except InvalidCompressionValueException as exc:  # an invalid value is warned about, not fatal
         LOG.warning("summary metrics export: %s; exporting uncompressed", exc)
         return OTLPMetricExporter(**common, compression=Compression.NoCompression)
+
+
+def _version(distribution: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "(version unknown)"
+
+
+def _accepts(cls, argument: str) -> bool:
+    """Whether `cls(...)` takes the keyword `argument`: the installed SDK's capability, not its version."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return False
+    return argument in parameters
 
 
 class SummaryPusher:
@@ -270,7 +307,7 @@ class SummaryPusher:
     def stop(self, flush: bool = True) -> None:
         """Stop the thread, push the final snapshot (bounded), shut the exporter down."""
         self._stop.set()
-        self._thread.join(self.config.timeout_s + 2)
+        self._thread.join(min(self.config.timeout_s, IN_FLIGHT_PUSH_BOUND_S) + 2)
         final = None
         if flush:
             final = threading.Thread(target=self.push_once, name="traceml-summary-final-push", daemon=True)

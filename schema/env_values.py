@@ -87,12 +87,36 @@ def positive_int(name: str, raw: str | None) -> int | None:
     return _int_at_least(name, raw, 1)
 
 
-def timeout_ms(name: str, raw: str | None) -> int | None:
-    """A Timeout in milliseconds; 0 (no limit) becomes `NO_LIMIT_MS`; invalid -> None."""
-    number = non_negative_int(name, raw)
-    if number is None:
-        return None
+TIMEOUT_EXPECTED = "a whole number >= 0"
+"""What a Timeout variable accepts (milliseconds)."""
+
+
+def timeout_ms_value(text: str) -> int:
+    """A Timeout in milliseconds, strictly: 0 (no limit) becomes `NO_LIMIT_MS`.
+
+    Raises ValueError (saying what is accepted) for anything but a whole number
+    >= 0. For readers that stop on a bad value (the processor's start-up);
+    `timeout_ms` is the same reading for those that warn and go on.
+    """
+    try:
+        number = int(text.strip())
+    except ValueError:
+        raise ValueError(TIMEOUT_EXPECTED) from None
+    if number < 0:
+        raise ValueError(TIMEOUT_EXPECTED)
     return NO_LIMIT_MS if number == 0 else number
+
+
+def timeout_ms(name: str, raw: str | None) -> int | None:
+    """A Timeout in milliseconds; 0 (no limit) becomes `NO_LIMIT_MS`; invalid -> None (warned about)."""
+    value = _present(raw)
+    if value is None:
+        return None
+    try:
+        return timeout_ms_value(value)
+    except ValueError as exc:
+        warn_ignored(name, raw, str(exc))
+        return None
 
 
 def otel_enum(name: str, raw: str | None, known: Mapping[str, str]) -> str | None:
@@ -106,5 +130,5 @@ def otel_enum(name: str, raw: str | None, known: Mapping[str, str]) -> str | Non
     return meaning
 
 
-__all__ = ["NO_LIMIT_MS", "non_negative_int", "otel_boolean", "otel_enum", "positive_int", "timeout_ms",
-           "warn_ignored"]
+__all__ = ["NO_LIMIT_MS", "TIMEOUT_EXPECTED", "non_negative_int", "otel_boolean", "otel_enum", "positive_int",
+           "timeout_ms", "timeout_ms_value", "warn_ignored"]

@@ -182,6 +182,7 @@ TRACEML_RESOURCE_INTERVAL = "TRACEML_RESOURCE_INTERVAL"
 """Seconds between two resource samples (default 5; a positive number, below 0.1 raised to 0.1)."""
 
 # --- TraceML processor ----------------------------------------------------------
+# Their flags, defaults and accepted values are declared once, in `traceml.processor.settings`.
 TRACEML_PROCESSOR_DB = "TRACEML_PROCESSOR_DB"
 TRACEML_PROCESSOR_OTLP_GRPC = "TRACEML_PROCESSOR_OTLP_GRPC"
 TRACEML_PROCESSOR_OTLP_HTTP = "TRACEML_PROCESSOR_OTLP_HTTP"
@@ -193,37 +194,37 @@ TRACEML_PROCESSOR_AUTH_TOKEN = "TRACEML_PROCESSOR_AUTH_TOKEN"
 TRACEML_PROCESSOR_TLS_CERT = "TRACEML_PROCESSOR_TLS_CERT"
 TRACEML_PROCESSOR_TLS_KEY = "TRACEML_PROCESSOR_TLS_KEY"
 TRACEML_PROCESSOR_IDLE_TIMEOUT = "TRACEML_PROCESSOR_IDLE_TIMEOUT"
-"""Seconds without data after which a run is ended and summarised (default 300)."""
+"""Seconds without data after which a run is ended and summarised."""
 TRACEML_PROCESSOR_REFRESH_INTERVAL = "TRACEML_PROCESSOR_REFRESH_INTERVAL"
-"""Seconds between live analysis refreshes of each active run (default 0.5)."""
+"""Seconds between live analysis refreshes of each active run."""
 TRACEML_PROCESSOR_EXPORT_INTERVAL = "TRACEML_PROCESSOR_EXPORT_INTERVAL"
-"""Seconds between OTLP pushes of the summary metrics (default 5)."""
+"""Seconds between OTLP pushes of the summary metrics."""
 TRACEML_PROCESSOR_MAX_RUNS = "TRACEML_PROCESSOR_MAX_RUNS"
-"""Runs the processor tracks at once; data of further runs is rejected (default 1000)."""
+"""Runs the processor tracks at once; data of further runs is rejected."""
 TRACEML_PROCESSOR_MAX_RANKS_PER_RUN = "TRACEML_PROCESSOR_MAX_RANKS_PER_RUN"
-"""Ranks accepted per run; further ranks are rejected (default 16384)."""
+"""Ranks accepted per run; further ranks are rejected."""
 TRACEML_PROCESSOR_WORKERS = "TRACEML_PROCESSOR_WORKERS"
-"""Ingest processes sharing the receiver ports (default 1)."""
+"""Ingest processes sharing the receiver ports."""
 TRACEML_PROCESSOR_RANK_SERIES_TOP_K = "TRACEML_PROCESSOR_RANK_SERIES_TOP_K"
 """Ranks per run with per-rank series by deviation score, beyond the culprits, victims, worst and
-representative rank, which always have them (default 8)."""
+representative rank, which always have them."""
 TRACEML_PROCESSOR_MAX_SERIES = "TRACEML_PROCESSOR_MAX_SERIES"
 """Series one /metrics scrape or summary push carries at most; whole runs beyond it are left out and
-counted (default 100000)."""
+counted."""
 TRACEML_PROCESSOR_MAX_CONCURRENT_REQUESTS = "TRACEML_PROCESSOR_MAX_CONCURRENT_REQUESTS"
 """Export requests each receiver handles at once; beyond it gRPC UNAVAILABLE with RetryInfo, HTTP 429
-with Retry-After (default 128)."""
+with Retry-After."""
 TRACEML_PROCESSOR_HTTP_HEADER_TIMEOUT = "TRACEML_PROCESSOR_HTTP_HEADER_TIMEOUT"
 """Seconds an OTLP/HTTP request head may take, from connect (TLS handshake included) or its first byte
-on a kept-alive connection; then 408 and closed (default 10)."""
+on a kept-alive connection; then 408 and closed."""
 TRACEML_PROCESSOR_HTTP_BODY_TIMEOUT = "TRACEML_PROCESSOR_HTTP_BODY_TIMEOUT"
 """Seconds an OTLP/HTTP request body may take after its head, and an answer may wait to be read;
-then 408 and closed (default 30)."""
+then 408 and closed."""
 TRACEML_PROCESSOR_HTTP_KEEPALIVE_TIMEOUT = "TRACEML_PROCESSOR_HTTP_KEEPALIVE_TIMEOUT"
-"""Seconds a kept-alive OTLP/HTTP connection may wait for its next request (default 60)."""
+"""Seconds a kept-alive OTLP/HTTP connection may wait for its next request."""
 TRACEML_PROCESSOR_HTTP_MAX_CONNECTIONS = "TRACEML_PROCESSOR_HTTP_MAX_CONNECTIONS"
 """OTLP/HTTP connections open at once per process, lowered to leave a quarter of RLIMIT_NOFILE free;
-at the cap the longest-idle one is closed, or the newcomer answered 503 + Retry-After (default 1024)."""
+at the cap the longest-idle one is closed, or the newcomer answered 503 + Retry-After."""
 
 TRUE_VALUES = frozenset({"1", "true", "yes", "on"})
 FALSE_VALUES = frozenset({"0", "false", "no", "off"})

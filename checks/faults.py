@@ -10,7 +10,7 @@
    batch adds no rows. Reported: steps acknowledged, stored, lost (must be 0),
    replay rows added (must be 0).
 2. Training under faults: the tiny CPU training loop of tests/reliability
-   (`tests/reliability/train_script.py`, real `traceml.init` + exporter) with no TraceML (baseline),
+   (`harness/reliability/train_script.py`, real `traceml.init` + exporter) with no TraceML (baseline),
    a healthy processor, a dead endpoint, a stalling endpoint, and the processor
    killed and restarted mid-run. Reported: median step time and its ratio to the
    baseline measured in the same run, steps completed, and the exporter's
@@ -27,11 +27,11 @@ from pathlib import Path
 
 from harness import ProcessorProcess, free_port, wait_until
 from harness.stored_rows import count_rows, integrity_ok, stored_step_keys
-from tests.reliability.crash_scenario import GROUPS, RUN, acknowledged, finish, start_senders
-from tests.reliability.fault_training import finish as finish_training
-from tests.reliability.fault_training import lost as lost_spans
-from tests.reliability.fault_training import progress_steps
-from tests.reliability.fault_training import train as run_training
+from harness.reliability.crash_scenario import GROUPS, RUN, acknowledged, finish, start_senders
+from harness.reliability.fault_training import finish as finish_training
+from harness.reliability.fault_training import lost as lost_spans
+from harness.reliability.fault_training import progress_steps
+from harness.reliability.fault_training import train as run_training
 
 
 def crash_cycles(cycles: int) -> bool:

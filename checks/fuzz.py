@@ -30,8 +30,8 @@ import grpc
 
 from harness import ProcessorProcess
 from harness.stored_rows import integrity_ok, stored_memory_keys, stored_step_keys
-from tests.reliability import fuzz_cases as fc
-from tests.reliability import reliability_helpers as h
+from harness.reliability import fuzz_cases as fc
+from harness.reliability import reliability_helpers as h
 from traceml.schema import vocabulary as v
 
 

@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.reliability.load_scenario import run_load
+from harness.reliability.load_scenario import run_load
 
 
 def main() -> int:

@@ -17,7 +17,8 @@ needs are re-exported here:
 - `stored_rows`: what a processor's store holds, read back for assertions;
 - `sinks.RecordingSink`: a sink that keeps every record the samplers deliver;
 - `otlp_payloads`, `exporter_records`: OTLP requests and TraceML records, built by hand;
-- `tiny_training`: the small training step, plain or traced.
+- `tiny_training`: the small training step, plain or traced;
+- `reliability`: the reliability scenarios tests/reliability runs and checks/ runs longer.
 """
 from harness.ports import free_port
 from harness.processor_process import ProcessorProcess

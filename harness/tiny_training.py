@@ -1,7 +1,7 @@
 """The small training step that tests and benchmarks time, plain or traced.
 
 Traced means TraceML's manual wrappers: `trace_step` around forward, backward and
-optimizer regions. Used by subprocess scripts (tests/reliability/train_script.py),
+optimizer regions. Used by subprocess scripts (harness/reliability/train_script.py),
 exporter tests and bench_exporter, so a comparison of the two always compares the
 same work.
 """

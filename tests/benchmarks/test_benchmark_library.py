@@ -3,7 +3,8 @@
 Read from the sources (nothing is imported): a benchmark or a check that imports another
 benchmark's module, or any `_private` name of a benchmark module, re-creates the
 undeclared library issue 29 removed; a library module importing a benchmark, a check or a
-test module turns the dependency around.
+test module turns the dependency around. What benchmarks and checks share with the tests
+is `harness/`, beside the tests: no benchmark or check imports a test module.
 """
 from __future__ import annotations
 
@@ -12,17 +13,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = "benchmarks.lib"
-
-# What checks still import from the tests (issue 29 item 5): the reliability scenarios the
-# checks run for longer than the tests do. The list may only shrink: a new import of a test
-# module fails below. Shared plumbing lives in `harness/`, beside the tests.
-STILL_FROM_TESTS = {
-    ("checks/faults.py", "tests.reliability.crash_scenario"),
-    ("checks/faults.py", "tests.reliability.fault_training"),
-    ("checks/fuzz.py", "tests.reliability"),
-    ("checks/load.py", "tests.reliability.load_scenario"),
-}
-
 
 def _sources(*folders: str) -> list[Path]:
     return [path for folder in folders for path in sorted((ROOT / folder).rglob("*.py"))
@@ -100,9 +90,7 @@ def test_the_shared_harness_imports_no_test_module():
     assert wrong == [], wrong
 
 
-def test_no_new_import_of_a_test_module_from_benchmarks_or_checks():
-    found = {(_rel(path), module) for path in _sources("benchmarks", "checks")
-             for module, _ in _imports(path) if module.split(".")[0] == "tests"}
-    assert found <= STILL_FROM_TESTS, f"benchmarks or checks importing test modules: {sorted(found - STILL_FROM_TESTS)}"
-    gone = STILL_FROM_TESTS - found
-    assert not gone, f"no longer imported, take them off STILL_FROM_TESTS: {sorted(gone)}"
+def test_no_benchmark_or_check_imports_a_test_module():
+    found = sorted(f"{_rel(path)}: {module}" for path in _sources("benchmarks", "checks")
+                   for module, _ in _imports(path) if module.split(".")[0] == "tests")
+    assert found == [], f"benchmarks or checks importing test modules (shared code goes to harness/): {found}"

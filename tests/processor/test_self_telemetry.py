@@ -19,7 +19,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from harness import wait_until
 from harness.processor_service import make_service
 from harness.otlp_payloads import memory_request, steps_request
-from tests.reliability.reliability_helpers import prometheus_samples
+from harness.reliability.reliability_helpers import prometheus_samples
 from traceml.processor.security import BearerAuth
 from traceml.processor.self_telemetry import KEYS, SelfTelemetry
 from traceml.schema import vocabulary as v

@@ -1,5 +1,5 @@
 """Reliability tests: real processors on loopback, real SQLite files, real sender processes.
 
-Helpers are imported by their full names (`tests.reliability.…`, `harness`);
-the sender and training scripts run as `python -m tests.reliability.<script>`.
+The scenarios and their scripts are `harness.reliability` (shared with checks/, which
+runs them for longer); the scripts run as `python -m harness.reliability.<script>`.
 """

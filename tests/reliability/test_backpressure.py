@@ -11,11 +11,11 @@ import sqlite3
 import threading
 
 import grpc
-from tests.reliability.fuzz_cases import TRACES, OtlpClient
+from harness.reliability.fuzz_cases import TRACES, OtlpClient
 
 from harness import wait_until
 from harness.stored_rows import count_rows, stored_step_keys
-from tests.reliability import reliability_helpers as h
+from harness.reliability import reliability_helpers as h
 from traceml.processor.service import ProcessorConfig, ProcessorService
 
 RUN = "overload"

@@ -13,7 +13,7 @@ import json
 
 import grpc
 import pytest
-from tests.reliability.fuzz_cases import (
+from harness.reliability.fuzz_cases import (
     HTTP_VARIANTS,
     METRICS,
     RESOURCE_MUTATIONS,
@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 
 from harness import ProcessorProcess, wait_until
 from harness.stored_rows import count_rows, integrity_ok, stored_memory_keys, stored_step_keys
-from tests.reliability import reliability_helpers as h
+from harness.reliability import reliability_helpers as h
 from traceml.schema import vocabulary as v
 
 # Requests per property (each example sends over gRPC and over HTTP).
@@ -333,7 +333,7 @@ def test_grpc_undecodable_is_counted_and_answered_invalid_argument(processor, cl
 
 
 def test_refusal_before_reading_the_body_keeps_the_connection_in_step(processor):
-    from tests.reliability.fuzz_cases import Ledger
+    from harness.reliability.fuzz_cases import Ledger
 
     c = OtlpClient(processor.grpc, processor.http, Ledger())
     try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import psutil
 import pytest
 
-from tests.reliability.crash_scenario import GROUPS, RUN, acknowledged, finish, start_senders
+from harness.reliability.crash_scenario import GROUPS, RUN, acknowledged, finish, start_senders
 
 from harness import ProcessorProcess, wait_until
 from harness.stored_rows import count_rows, integrity_ok, stored_step_keys

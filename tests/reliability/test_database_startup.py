@@ -25,7 +25,7 @@ import pytest
 
 from harness.processor_process import ProcessorProcess
 from harness.waiting import wait_until
-from tests.reliability import reliability_helpers as h
+from harness.reliability import reliability_helpers as h
 from tests.step_time.scenarios import build_scenario
 from traceml.processor.sqlite_guard import LOCK_SUFFIX, database_fault
 from traceml.processor.sqlite_layout import SCHEMA_USER_VERSION, connect_readonly

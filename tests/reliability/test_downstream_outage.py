@@ -12,12 +12,12 @@ import logging
 import pytest
 
 import grpc
-from tests.reliability.fuzz_cases import TRACES, OtlpClient
+from harness.reliability.fuzz_cases import TRACES, OtlpClient
 from harness.otlp_receiver import OtlpTestReceiver, attributes
 
 from harness import free_port, wait_until
 from harness.stored_rows import count_rows, stored_step_keys
-from tests.reliability import reliability_helpers as h
+from harness.reliability import reliability_helpers as h
 from traceml.processor.summary_export import SummaryExportConfig
 from traceml.processor.service import ProcessorConfig, ProcessorService
 from traceml.schema import vocabulary as v

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.reliability.load_scenario import run_load
+from harness.reliability.load_scenario import run_load
 
 RSS_BOUND_MIB = 500  # issue 5: under 500 MiB with 1,024 ranks
 LAG_BOUND_S = 30.0  # "did not fall behind without bound" on a shared 2-core machine

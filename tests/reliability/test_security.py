@@ -12,13 +12,13 @@ from pathlib import Path
 
 import grpc
 import pytest
-from tests.reliability.fuzz_cases import TRACES, OtlpClient, reasons_in
+from harness.reliability.fuzz_cases import TRACES, OtlpClient, reasons_in
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
 from harness import ProcessorProcess, wait_until
 from harness.certificates import self_signed
 from harness.stored_rows import count_rows, stored_step_keys
-from tests.reliability import reliability_helpers as h
+from harness.reliability import reliability_helpers as h
 from traceml.processor.cli import config_from_args
 from traceml.processor.service import ProcessorConfig
 from traceml.schema import vocabulary as v

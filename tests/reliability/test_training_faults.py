@@ -14,8 +14,8 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from tests.reliability.fault_training import HANG_BOUND_S, finish, lost, progress_steps
-from tests.reliability.fault_training import train as run_training
+from harness.reliability.fault_training import HANG_BOUND_S, finish, lost, progress_steps
+from harness.reliability.fault_training import train as run_training
 from harness.otlp_receiver import OtlpTestReceiver
 
 from harness import ProcessorProcess, free_port, wait_until

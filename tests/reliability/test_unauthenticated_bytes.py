@@ -18,7 +18,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
 from harness import ProcessorProcess
-from tests.reliability import reliability_helpers as h
+from harness.reliability import reliability_helpers as h
 from traceml.schema import vocabulary as v
 
 TOKEN = "the-right-token"

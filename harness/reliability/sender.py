@@ -1,6 +1,6 @@
 """A rank-like sender process: sends step batches, records what was acknowledged.
 
-    python -m tests.reliability.sender --grpc PORT --http PORT --transport grpc --run RUN --ranks 0,1 \
+    python -m harness.reliability.sender --grpc PORT --http PORT --transport grpc --run RUN --ranks 0,1 \
         --ack-log FILE --stop-file FILE [--batch 5] [--replay-to STEP]
 
 Each request holds `--batch` consecutive steps of one rank, built
@@ -21,7 +21,7 @@ from pathlib import Path
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from tests.reliability import reliability_helpers as h
+from harness.reliability import reliability_helpers as h
 
 
 def _send_grpc(stub, body: bytes) -> bool:

@@ -1,6 +1,6 @@
 """Simulated ranks at a steady step rate, each exporting once per interval over OTLP/gRPC.
 
-    python -m tests.reliability.load_sender --grpc PORT --run RUN --ranks 0-127 --steps-per-s 2 \
+    python -m harness.reliability.load_sender --grpc PORT --run RUN --ranks 0-127 --steps-per-s 2 \
         --duration 20 [--straggler 37] [--interval 1]
 
 Like the real exporter, each rank sends one request per interval holding the
@@ -18,7 +18,7 @@ import time
 
 import grpc
 
-from tests.reliability import reliability_helpers as h
+from harness.reliability import reliability_helpers as h
 from traceml.schema import vocabulary as v
 
 STRAGGLER_EVENTS = {**h.EVENTS_MS, v.RAW_DATALOADER_NEXT: h.EVENTS_MS[v.RAW_DATALOADER_NEXT] + 40.0,

@@ -8,7 +8,7 @@ from pathlib import Path
 from harness import ProcessorProcess
 from harness.child_python import child_env, module_command
 
-SENDER = "tests.reliability.sender"
+SENDER = "harness.reliability.sender"
 RUN = "crash-run"
 GROUPS = (("0,1", "grpc"), ("2,3", "grpc"), ("4,5", "http"))
 

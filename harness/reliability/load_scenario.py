@@ -13,10 +13,10 @@ from pathlib import Path
 from harness import ProcessorProcess, wait_until
 from harness.stored_rows import count_rows
 from harness.child_python import child_env, module_command
-from tests.reliability import reliability_helpers as h
+from harness.reliability import reliability_helpers as h
 from traceml.schema import vocabulary as v
 
-LOAD_SENDER = "tests.reliability.load_sender"
+LOAD_SENDER = "harness.reliability.load_sender"
 
 
 @dataclass

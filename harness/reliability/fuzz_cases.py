@@ -32,7 +32,7 @@ from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2 as metric_data
 from opentelemetry.proto.trace.v1 import trace_pb2 as span_data
 
-from tests.reliability import reliability_helpers as h
+from harness.reliability import reliability_helpers as h
 from traceml.schema import vocabulary as v
 
 # Reasons as documented in docs/processor.md ("Behaviour on bad input").

@@ -1,7 +1,7 @@
 """The tiny training run under endpoint faults, shared by tests/reliability/test_training_faults.py
 and checks/faults.py.
 
-`train` runs `tests.reliability.train_script` (tiny CPU model, real `traceml.init` + exporter) in a subprocess with a
+`train` runs `harness.reliability.train_script` (tiny CPU model, real `traceml.init` + exporter) in a subprocess with a
 clean OTEL_/TRACEML_ environment; `finish` waits for it and parses the JSON result it prints last;
 `progress_steps` reads how many steps it has completed so far; `lost` is what its exporter counts as
 not delivered.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from harness.child_python import child_env, module_command
 
-SCRIPT = "tests.reliability.train_script"
+SCRIPT = "harness.reliability.train_script"
 HANG_BOUND_S = 180
 
 

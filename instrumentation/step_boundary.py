@@ -29,6 +29,9 @@ The step's own event is `INFERRED_STEP` (training side only, never on the wire):
 the timing sampler turns it into the traced step time (`traced_totals`): the
 whole interval minus the step's input wait, so that Step Time = Input Wait +
 Traced Step Time holds as for a `trace_step` around everything after `next()`.
+A step in which no DataLoader `next()` was timed (a generator, a memory-mapped
+`get_batch`, tensors the loop makes) gets as its input wait the time from its start
+to its first timed phase (`before_forward_wait`, on the sampler thread).
 
 Forward timing (auto mode times only the outermost module, which `trace_step(model)`
 names): when an optimizer is built (`Optimizer.__init__`, patched while armed), the

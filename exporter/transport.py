@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 
 from traceml.schema import vocabulary as v
-from traceml.schema.distribution import package_version
+from traceml.schema import distribution
 
 from .settings import COMPRESSION_GZIP, PROTOCOL_GRPC, ExporterSettings, SignalSettings
 
@@ -140,10 +140,9 @@ def retry_after_s(value: str | None, now: float | None = None) -> float | None:
 
 
 def user_agent() -> str:
-    """What both transports send as User-Agent: TraceML's exporter and its version, in the form the
-    OpenTelemetry exporters use (`OTel-OTLP-Exporter-Python/1.45.2`), so a collector's logs and
-    metrics tell TraceML's traffic from a job's own. gRPC appends its own `grpc-python/...` after it."""
-    return f"TraceML-OTLP-Exporter-Python/{package_version()}"
+    """What both transports send as User-Agent (`distribution.user_agent`): TraceML's exporter and its
+    version. gRPC appends its own `grpc-python/...` after it."""
+    return distribution.user_agent("OTLP-Exporter")
 
 
 class GrpcTransport:

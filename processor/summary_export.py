@@ -30,7 +30,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 from traceml.processor import settings
 from traceml.processor.metric_point import SPECS, MetricPoint
 from traceml.schema import vocabulary as v
-from traceml.schema.distribution import package_version
+from traceml.schema.distribution import package_version, user_agent
 
 LOG = logging.getLogger(__name__)
 
@@ -249,8 +249,17 @@ def make_metric_exporter(config: SummaryExportConfig):
                     "points (its exporter takes no max_export_batch_size; newer releases do), so each push goes "
                     "as one request, which a receiver's size limit (4 MiB by default) may refuse when many runs "
                     "are open", package, _version(package), MAX_POINTS_PER_REQUEST)
+    # Name the sender (distribution.user_agent): over HTTP as a header among the headers passed (unless
+    # one was configured; SDKs that put their own after the configured headers keep theirs); over gRPC
+    # as the channel's primary user agent, where the installed exporter takes channel options.
+    agent = user_agent("Processor")
     if http:
+        headers = common.get("headers")
+        if headers is not None and not any(name.lower() == "user-agent" for name in headers):
+            headers["user-agent"] = agent
         return OTLPMetricExporter(**common)
+    if _accepts(OTLPMetricExporter, "channel_options"):
+        common["channel_options"] = (("grpc.primary_user_agent", agent),)
     try:
         return OTLPMetricExporter(**common)
     except InvalidCompressionValueException as exc:  # an invalid value is warned about, not fatal

@@ -29,6 +29,13 @@ def package_version() -> str:
         return UNKNOWN_VERSION
 
 
+def user_agent(sender: str) -> str:
+    """The User-Agent TraceML's OTLP senders put on every request, `TraceML-<sender>-Python/<version>`
+    (the form of the OpenTelemetry exporters' `OTel-OTLP-Exporter-Python/1.45.2`), so a collector's
+    logs and metrics tell TraceML's traffic from a job's own SDK and say which version sent it."""
+    return f"TraceML-{sender}-Python/{package_version()}"
+
+
 PROCESSOR_EXTRA = "processor"
 """The extra that installs the service side: `pip install 'traceml-otel[processor]'`."""
 PROCESSOR_INSTALL = f"pip install '{DISTRIBUTION}[{PROCESSOR_EXTRA}]'"
@@ -76,4 +83,4 @@ def processor_side_missing_message(what: str) -> str | None:
 
 
 __all__ = ["DISTRIBUTION", "PROCESSOR_EXTRA", "PROCESSOR_INSTALL", "UNKNOWN_VERSION", "missing_requirements",
-           "package_version", "processor_side_missing_message"]
+           "package_version", "processor_side_missing_message", "user_agent"]

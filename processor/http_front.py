@@ -12,12 +12,19 @@ deadline:
 - the request head must be complete `header_timeout_s` after the connection
   opens (TLS handshake included) or after its first byte on a kept-alive
   connection; a kept-alive connection may wait `keepalive_timeout_s` for that byte;
-- the whole body must arrive within `body_timeout_s` of the head, and an answer
-  the client does not read is dropped after the same time;
+- the whole body must arrive within `body_timeout_s` of the head, with no gap
+  between its bytes longer than `body_chunk_timeout_s`, and an answer the client
+  does not read is dropped after `body_timeout_s`;
 - at most `max_connections` are open (clamped below the process's descriptor
-  limit, so the gRPC port, SQLite and the logs always have descriptors left); at
-  the cap the connection idle longest is closed to make room, and when none is
-  idle the newcomer is answered 503 with `Retry-After` and closed;
+  limit, so the gRPC port, SQLite and the logs always have descriptors left). At
+  the cap, room is made for the newcomer by closing the connection that made the
+  least progress: first one with no complete request head (none at all, or one
+  still arriving: a real client sends its head at once), the one waiting longest;
+  else the body arriving slowest (bytes per second). Each is counted
+  (`evicted_idle`, `evicted_slow_head`, `evicted_slow_body`). So a flood of slow
+  or silent connections, however many, costs a real sender at most the time to
+  be accepted. Only when every open connection is being answered is the
+  newcomer answered 503 with `Retry-After` and closed;
 - a framing error (malformed chunk, conflicting lengths, oversized head) is
   answered and the connection closed: nothing after it is read as a request;
 - at EMFILE the loop pauses accepting for a second (asyncio's own back-off)
@@ -55,6 +62,13 @@ LINGER_S = 1.0
 """After an answer that closes the connection, how long what the client still sends is dropped."""
 READ_AHEAD_BYTES = 1 << 20
 """Bytes a connection may buffer while its request is being handled before reading pauses."""
+ACCEPT_BATCH = 16
+"""Connections accepted per turn of the loop (asyncio accepts up to its `backlog` argument at a
+time). Each holds a descriptor before the front has counted it, and one evicted to make room
+holds its own until the next turn, so with `listener.BACKLOG` (128) at a time a flood reached
+EMFILE (asyncio then stops accepting for a second) at a 1,024-file limit; a small batch keeps a
+flood within the descriptors `connection_cap` leaves spare, and lets the heads already
+received be read between batches."""
 SHUTDOWN_GRACE_S = 2.0
 """How long `shutdown()` lets requests in progress finish before their connections are cut."""
 _EMFILE_LOG_EVERY_S = 10.0
@@ -109,6 +123,7 @@ class HttpLimits:
 
     header_timeout_s: float = settings.HTTP_HEADER_TIMEOUT.default
     body_timeout_s: float = settings.HTTP_BODY_TIMEOUT.default
+    body_chunk_timeout_s: float = settings.HTTP_BODY_CHUNK_TIMEOUT.default
     keepalive_timeout_s: float = settings.HTTP_KEEPALIVE_TIMEOUT.default
     max_connections: int = settings.HTTP_MAX_CONNECTIONS.default
 
@@ -116,6 +131,7 @@ class HttpLimits:
         """Raises `settings.SettingError` for a value outside its declared range."""
         for setting, value in ((settings.HTTP_HEADER_TIMEOUT, self.header_timeout_s),
                                (settings.HTTP_BODY_TIMEOUT, self.body_timeout_s),
+                               (settings.HTTP_BODY_CHUNK_TIMEOUT, self.body_chunk_timeout_s),
                                (settings.HTTP_KEEPALIVE_TIMEOUT, self.keepalive_timeout_s),
                                (settings.HTTP_MAX_CONNECTIONS, self.max_connections)):
             setting.check(value, f"HttpLimits.{setting.name.removeprefix('http_')}")
@@ -182,6 +198,9 @@ class _Connection(asyncio.Protocol):
         self._eof = False
         self._lost = False
         self._got_bytes = False  # bytes of the next request have arrived (it is not idle)
+        self._evicted = False  # closed to make room at the cap (counted there, not again)
+        self._body_since: float | None = None  # reading a body since (loop time), for eviction
+        self._body_bytes = 0
         self._served = False  # answered a request before: a kept-alive connection
         self._discarding = False  # answered and closing: further bytes are dropped
         self._linger = False
@@ -196,6 +215,7 @@ class _Connection(asyncio.Protocol):
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         if not self.front._admit(self):
             return
+        self.front._waiting[self] = self.loop.time()  # no request head yet (TLS handshake included)
         if self._tls:
             transport.pause_reading()  # start_tls resumes it; raw bytes must not reach h11
         self.task = self.loop.create_task(self._run())
@@ -205,7 +225,11 @@ class _Connection(asyncio.Protocol):
             return
         if not self._got_bytes:
             self._got_bytes = True
-            self.front._idle.pop(self, None)
+            waiting = self.front._waiting
+            if waiting.pop(self, None) is not None:  # a head begins: it waits from now, behind older ones
+                waiting[self] = self.loop.time()
+        if self._body_since is not None:
+            self._body_bytes += len(data)
         self.h11.receive_data(data)
         self._since_wait += len(data)
         if self._waiter is None and self._since_wait > READ_AHEAD_BYTES and not self._read_paused:
@@ -234,7 +258,7 @@ class _Connection(asyncio.Protocol):
     def _end_of_input(self) -> None:
         if not self._eof:
             self._eof = True
-            self.front._idle.pop(self, None)
+            self.front._waiting.pop(self, None)
             self.h11.receive_data(b"")
         self._wake()
 
@@ -263,7 +287,9 @@ class _Connection(asyncio.Protocol):
             else:
                 self._write_waiter = None
 
-    async def _next_event(self, deadline: float):
+    async def _next_event(self, deadline: float, gap_s: float | None = None):
+        """The next h11 event, waiting for bytes until `deadline`, and no longer than `gap_s`
+        after the latest bytes arrived (the per-chunk deadline of a body) when given."""
         while True:
             try:
                 event = self.h11.next_event()
@@ -275,7 +301,7 @@ class _Connection(asyncio.Protocol):
                 return event
             if self._eof:  # h11 has seen the end: next_event raises or says ConnectionClosed
                 raise _HungUp()
-            await self._wait(deadline)
+            await self._wait(deadline if gap_s is None else min(deadline, self.loop.time() + gap_s))
 
     async def _write(self, data: bytes) -> None:
         if self.transport.is_closing():
@@ -296,14 +322,16 @@ class _Connection(asyncio.Protocol):
             status = exc.error_status_hint if exc.error_status_hint >= 400 else 400
             await self._answer_and_close(_plain(status, f"bad request: {exc}"))
         except _Timeout:
-            if self._phase == "header":
+            if self._evicted:
+                pass
+            elif self._phase == "header":
                 front._count("header_timeout", self, f"request head not complete within {limits.header_timeout_s} s")
                 if self._got_bytes:
                     await self._answer_and_close(_plain(408, "request head not received in time"))
             else:
                 front._count("write_timeout", self, "answer not read in time")
         except (_HungUp, ConnectionError, ssl.SSLError, h11.LocalProtocolError) as exc:
-            if self._got_bytes or self._phase == "body":
+            if not self._evicted and (self._got_bytes or self._phase == "body"):
                 front._count("hung_up", self, f"client closed the connection mid-request ({type(exc).__name__})")
         except _TlsFailed:
             pass
@@ -325,8 +353,9 @@ class _Connection(asyncio.Protocol):
         if self._tls:
             await self._start_tls(deadline)
         while True:
-            if not self._got_bytes:  # nothing of the next request yet: idle, may be evicted
-                self.front._idle[self] = None
+            # Waiting for a request head (none yet, or one arriving): may be evicted at the cap.
+            self.front._waiting.setdefault(self, self.loop.time())
+            if not self._got_bytes:  # nothing of the next request yet: idle
                 if self._served:
                     idle_until = self.loop.time() + limits.keepalive_timeout_s
                     try:
@@ -337,6 +366,7 @@ class _Connection(asyncio.Protocol):
                     deadline = self.loop.time() + limits.header_timeout_s
             self._phase = "header"
             event = await self._next_event(deadline)
+            self.front._waiting.pop(self, None)
             if type(event) is h11.ConnectionClosed:
                 return
             self._phase = "body"
@@ -376,7 +406,7 @@ class _Connection(asyncio.Protocol):
         decision = self.front.app(head)
         body_deadline = self.loop.time() + limits.body_timeout_s
         if isinstance(decision, Reply):
-            keep = await self._skip_body(body_deadline, declared)
+            keep = await self._reading_body(self._skip_body(body_deadline, declared))
             await self._send(decision, request.method, close=not keep)
             return keep
         released = [False]
@@ -390,12 +420,12 @@ class _Connection(asyncio.Protocol):
         try:
             if declared > self.front.max_body_bytes:
                 release()
-                keep = await self._skip_body(body_deadline, declared)
+                keep = await self._reading_body(self._skip_body(body_deadline, declared))
                 reply = decision.error(413, f"body of {declared} bytes exceeds {self.front.max_body_bytes}")
                 await self._send(reply, request.method, close=not keep)
                 return keep
             try:
-                body = await self._read_body(body_deadline)
+                body = await self._reading_body(self._read_body(body_deadline))
             except _TooLarge:
                 release()
                 await self._send(decision.error(413, f"body exceeds {self.front.max_body_bytes} bytes"),
@@ -403,9 +433,12 @@ class _Connection(asyncio.Protocol):
                 return False
             except _Timeout:
                 release()
-                self.front._count("body_timeout", self, f"request body not complete within {limits.body_timeout_s} s")
-                await self._send(decision.error(408, f"request body not received within {limits.body_timeout_s} s"),
-                                 request.method, close=True)
+                if self.loop.time() >= body_deadline:
+                    why = f"request body not received within {limits.body_timeout_s} s"
+                else:
+                    why = f"no byte of the request body for {limits.body_chunk_timeout_s} s"
+                self.front._count("body_timeout", self, why)
+                await self._send(decision.error(408, why), request.method, close=True)
                 return False
             except h11.RemoteProtocolError as exc:
                 release()
@@ -422,12 +455,24 @@ class _Connection(asyncio.Protocol):
         await self._send(reply, request.method)
         return True
 
+    async def _reading_body(self, reading):
+        """Await `reading` (a body being read or skipped) while counting its bytes, so the
+        front can tell, at the cap, which body arrives slowest."""
+        self._body_since, self._body_bytes = self.loop.time(), 0
+        self.front._bodies.add(self)
+        try:
+            return await reading
+        finally:
+            self._body_since = None
+            self.front._bodies.discard(self)
+
     async def _read_body(self, deadline: float) -> bytes:
         if self.h11.they_are_waiting_for_100_continue:
             await self._write(self.h11.send(h11.InformationalResponse(status_code=100, headers=[])))
         chunks, total, cap = [], 0, self.front.max_body_bytes
+        gap_s = self.front.limits.body_chunk_timeout_s
         while True:
-            event = await self._next_event(deadline)
+            event = await self._next_event(deadline, gap_s)
             if type(event) is h11.Data:
                 total += len(event.data)
                 if total > cap:
@@ -452,7 +497,7 @@ class _Connection(asyncio.Protocol):
             return False
         try:
             while True:
-                event = await self._next_event(deadline)
+                event = await self._next_event(deadline, self.front.limits.body_chunk_timeout_s)
                 if type(event) is h11.EndOfMessage:
                     return True
                 seen += len(event.data)
@@ -508,7 +553,7 @@ def _expire(future: asyncio.Future) -> None:
 
 
 class _Refused(asyncio.Protocol):
-    """Past the cap with nothing idle to close: one 503 with Retry-After, then closed."""
+    """Past the cap with every connection being answered: one 503 with Retry-After, then closed."""
 
     def __init__(self, tls: bool, retry_after_s: int):
         self._tls = tls
@@ -561,7 +606,10 @@ class HttpFront:
         self.server_address = self.socket.getsockname()
         self.loop: asyncio.AbstractEventLoop | None = None
         self._open: set[_Connection] = set()
-        self._idle: dict[_Connection, None] = {}  # insertion order: longest idle first
+        # Connections waiting for a request head (none yet, or one still arriving) -> since when
+        # (loop time); insertion order is that order, so the first has waited longest.
+        self._waiting: dict[_Connection, float] = {}
+        self._bodies: set[_Connection] = set()  # connections whose request body is being read
         self._events: Counter = Counter()
         self._stop_requested: asyncio.Event | None = None
         self._started = threading.Event()
@@ -608,14 +656,16 @@ class HttpFront:
     async def _serve(self) -> None:
         self._stop_requested = asyncio.Event()
         try:
-            server = await self.loop.create_server(lambda: _Connection(self), sock=self.socket, backlog=BACKLOG)
+            server = await self.loop.create_server(lambda: _Connection(self), sock=self.socket,
+                                                   backlog=ACCEPT_BATCH)
+            self.socket.listen(BACKLOG)  # asyncio listened with the batch size: the kernel queue stays as bound
         finally:
             self._started.set()
         if self._shutdown_called:
             self._stop_requested.set()
         await self._stop_requested.wait()
         server.close()
-        for conn in list(self._idle):
+        for conn in [c for c in self._waiting if not c._got_bytes]:  # idle: nothing to finish
             conn.transport.abort()
         busy = [c.task for c in self._open if c.task is not None and not c.task.done()]
         if busy:
@@ -631,22 +681,44 @@ class HttpFront:
 
     def _admit(self, conn: _Connection) -> bool:
         if len(self._open) >= self.max_connections:
-            if self._idle:
-                oldest = next(iter(self._idle))
-                self._idle.pop(oldest)
-                self._count("evicted_idle", oldest, "closed idle to make room at the connection cap")
-                oldest.transport.abort()
-                self._open.discard(oldest)
-            else:
-                self._count("refused_at_cap", conn, f"refused: {self.max_connections} connections open")
+            victim = self._least_progress()
+            if victim is None:
+                self._count("refused_at_cap", conn, f"refused: {self.max_connections} connections open,"
+                                                    " every one being answered")
                 _Refused(conn._tls, self.retry_after_s).connection_made(conn.transport)
                 return False
+            self._evict(victim)
         self._open.add(conn)
         return True
 
+    def _least_progress(self) -> _Connection | None:
+        """The open connection that made the least progress (module docstring), or None when
+        every one is being answered. O(1) while any waits for a head, as in a flood."""
+        if self._waiting:
+            return next(iter(self._waiting))
+        if not self._bodies:
+            return None
+        now = self.loop.time()
+        return min(self._bodies, key=lambda c: c._body_bytes / max(now - (c._body_since or now), 1e-3))
+
+    def _evict(self, victim: _Connection) -> None:
+        now = self.loop.time()
+        if victim in self._bodies:
+            since = victim._body_since if victim._body_since is not None else now
+            event, detail = "evicted_slow_body", f"{victim._body_bytes} body bytes in {now - since:.1f} s"
+        elif victim._got_bytes:
+            event, detail = "evicted_slow_head", f"request head incomplete after {now - self._waiting[victim]:.1f} s"
+        else:
+            event, detail = "evicted_idle", f"no request for {now - self._waiting[victim]:.1f} s"
+        victim._evicted = True
+        self._count(event, victim, f"closed to make room at the connection cap: {detail}")
+        self._release(victim)
+        victim.transport.abort()
+
     def _release(self, conn: _Connection) -> None:
         self._open.discard(conn)
-        self._idle.pop(conn, None)
+        self._waiting.pop(conn, None)
+        self._bodies.discard(conn)
 
     def _count(self, event: str, conn, detail: str) -> None:
         self._events[event] += 1

@@ -16,6 +16,16 @@ unit is a Prometheus base unit (`_seconds`, `_bytes`, `_ratio`) declare it as
 the OpenMetrics `# UNIT`. No `_created` samples: the processor does not know when
 a training rank's counter started, and each would be one more series.
 
+The endpoint runs on the processor's bounded HTTP front (`http_front.HttpFront`, as
+the OTLP/HTTP port and the web view do): h11 on one asyncio loop, at most
+`METRICS_MAX_CONNECTIONS` connections (at the cap the one that made the least
+progress is closed), the same header, body and keep-alive deadlines, `METRICS_POOL_THREADS`
+threads rendering, and the processor's TLS and bearer token when they are
+configured (`/metrics` answers 401 without the token; `/healthz` and `/` stay open,
+as the receiver's health checks do). Its connection events are counted with the
+other ports' (`traceml_processor_http_connection_events_total`). The WSGI app still
+makes every answer, so what a scraper sees is exactly what `prometheus_client` makes.
+
 With `--workers N` only the main process serves `/metrics` (workers bind the
 OTLP ports only): the record counters of every process are summed in shared
 memory and the analysis runs in the main process alone, so one process
@@ -24,16 +34,17 @@ metric, merged on scrape) is not needed; `process_*` describe that main process.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
-import socketserver
 from typing import Callable, Iterable, Mapping, Sequence
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from traceml.processor.metric_point import SPECS
+from traceml.processor.http_front import Accept, HttpFront, HttpLimits, Reply, RequestHead
 from traceml.processor.listener import ServerThread
+from traceml.processor.metric_point import SPECS
+from traceml.processor.security import BearerAuth, TlsConfig
 from traceml.processor.settings import MAX_SERIES
 from traceml.processor.summary_export import SeriesLimit
 from traceml.schema import vocabulary as v
@@ -46,9 +57,12 @@ BUILD_INFO = "traceml_processor_build_info"
 convention, as `prometheus_build_info`). A gauge rather than an OpenMetrics info family
 so that both formats name it the same and `promtool check metrics` reads both."""
 
-REQUEST_TIMEOUT_S = 10.0
-"""A scrape connection that sends nothing for this long is closed (a stalled client holds
-one thread for at most this long)."""
+METRICS_POOL_THREADS = 2
+"""Scrapes rendered at once: a Prometheus server scrapes a target once per interval, so two
+let a second scraper (or a person's curl) in beside it; more wait their turn."""
+METRICS_MAX_CONNECTIONS = 64
+"""Connections `/metrics` keeps open at most (a scraper keeps one): below the other ports'
+cap, so a flood here takes few of the process's descriptors."""
 
 
 def metric_families(families: Mapping[str, Mapping[tuple, object]],
@@ -130,30 +144,56 @@ def metrics_app(registry: CollectorRegistry):
     return app
 
 
-class _QuietHandler(WSGIRequestHandler):
-    timeout = REQUEST_TIMEOUT_S
+def front_route(app, auth: BearerAuth, scheme: str = "http") -> Callable[[RequestHead], Accept | Reply]:
+    """The WSGI `app` as an HTTP-front route: the token is checked on the head (before any
+    rendering), then the app runs on a pool thread (collecting reads the run monitor)."""
 
-    def log_message(self, fmt, *args):
-        LOG.debug("prometheus %s " + fmt, self.address_string(), *args)
+    def route(head: RequestHead) -> Accept | Reply:
+        if head.path == "/metrics" and not auth.allows(head.headers.get("authorization")):
+            return Reply(401, b"unauthenticated: send Authorization: Bearer <token>\n",
+                         headers=(("WWW-Authenticate", 'Bearer realm="traceml-processor"'),))
 
+        def answer(_body: bytes) -> Reply:
+            environ = {"REQUEST_METHOD": "GET" if head.method == "HEAD" else head.method,
+                       "PATH_INFO": head.path, "QUERY_STRING": head.query, "wsgi.url_scheme": scheme}
+            for name in ("accept", "accept-encoding"):
+                if name in head.headers:
+                    environ["HTTP_" + name.upper().replace("-", "_")] = head.headers[name]
+            started: list = []
+            body = b"".join(app(environ, lambda status, headers, exc_info=None: started.append((status, headers))))
+            status, headers = started[0]
+            content_type, rest = "text/plain; charset=utf-8", []
+            for name, value in headers:
+                if name.lower() == "content-type":
+                    content_type = value
+                elif name.lower() != "content-length":  # the front sets it
+                    rest.append((name, value))
+            return Reply(int(status.split()[0]), body, content_type, tuple(rest))
 
-class _MetricsServer(socketserver.ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-    allow_reuse_address = True
+        return Accept(handle=answer, error=lambda code, message: Reply(code, (message + "\n").encode()))
+
+    return route
 
 
 class PrometheusEndpoint(ServerThread):
-    """`GET /metrics` on its own HOST:PORT (`--prometheus`), served from the main process only."""
+    """`GET /metrics` on its own HOST:PORT (`--prometheus`), served from the main process only,
+    on the bounded HTTP front with the processor's TLS and bearer token when configured."""
 
     def __init__(self, host: str, port: int, collect: Callable[[], Sequence], *,
-                 max_series: int = MAX_SERIES.default):
+                 max_series: int = MAX_SERIES.default, auth: BearerAuth = BearerAuth(),
+                 tls: TlsConfig = TlsConfig(), limits: HttpLimits = HttpLimits(),
+                 on_event: Callable[[str], None] | None = None):
         self.limit = SeriesLimit(max_series, "/metrics")
         self.registry = make_registry(collect, self.limit)
-        server = _MetricsServer((host, port), _QuietHandler)
-        server.set_app(metrics_app(self.registry))
-        super().__init__(server, host, "traceml-prometheus")
+        self.scheme = "https" if tls.enabled else "http"
+        capped = dataclasses.replace(limits, max_connections=min(limits.max_connections, METRICS_MAX_CONNECTIONS))
+        front = HttpFront((host, port), front_route(metrics_app(self.registry), auth, self.scheme), limits=capped,
+                          pool_size=METRICS_POOL_THREADS, max_body_bytes=64 * 1024,
+                          tls_context=tls.server_context() if tls.enabled else None, name="traceml-prometheus",
+                          on_event=on_event)
+        super().__init__(front, host, "traceml-prometheus")
 
 
-__all__ = ["BUILD_INFO", "PrometheusEndpoint", "SummaryCollector", "make_registry", "metric_families",
-           "metrics_app"]
+__all__ = ["BUILD_INFO", "METRICS_MAX_CONNECTIONS", "METRICS_POOL_THREADS", "PrometheusEndpoint",
+           "SummaryCollector", "front_route", "make_registry", "metric_families", "metrics_app"]
 

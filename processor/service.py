@@ -93,6 +93,7 @@ class ProcessorConfig:
             workers=settings[s.WORKERS],
             http_limits=HttpLimits(header_timeout_s=settings[s.HTTP_HEADER_TIMEOUT],
                                    body_timeout_s=settings[s.HTTP_BODY_TIMEOUT],
+                                   body_chunk_timeout_s=settings[s.HTTP_BODY_CHUNK_TIMEOUT],
                                    keepalive_timeout_s=settings[s.HTTP_KEEPALIVE_TIMEOUT],
                                    max_connections=settings[s.HTTP_MAX_CONNECTIONS]),
             rank_series_top_k=settings[s.RANK_SERIES_TOP_K],
@@ -252,7 +253,10 @@ class ProcessorService:
         if cfg.prometheus is not None:
             from traceml.processor.prometheus_exposition import PrometheusEndpoint
 
-            self.prometheus = PrometheusEndpoint(*cfg.prometheus, collect=self.points, max_series=cfg.max_series)
+            warn_if_exposed("Prometheus /metrics", cfg.prometheus[0], cfg.auth, cfg.tls)
+            self.prometheus = PrometheusEndpoint(*cfg.prometheus, collect=self.points, max_series=cfg.max_series,
+                                                 auth=cfg.auth, tls=cfg.tls, limits=cfg.http_limits,
+                                                 on_event=self.stats.connection_event)
             self.prometheus.start()
         if cfg.ui is not None:
             from traceml.processor.web.server import start_ui

@@ -335,19 +335,25 @@ MAX_CONCURRENT_REQUESTS: Setting[int] = Setting(
     at_least(1), "export requests each receiver handles at once; beyond it gRPC UNAVAILABLE with RetryInfo, "
     "HTTP 429 with Retry-After", metavar="N")
 HTTP_HEADER_TIMEOUT: Setting[float] = Setting(
-    "http_header_timeout_s", "--http-header-timeout", env.TRACEML_PROCESSOR_HTTP_HEADER_TIMEOUT, 10.0, seconds(0),
-    "OTLP/HTTP: the request head must arrive within this, from connect or its first byte",
-    metavar="SECONDS")
+    "http_header_timeout_s", "--http-header-timeout", env.TRACEML_PROCESSOR_HTTP_HEADER_TIMEOUT, 5.0, seconds(0),
+    "every HTTP port (OTLP/HTTP, web view, /metrics): the request head must arrive within this, from connect "
+    "(TLS handshake included) or its first byte; then 408", metavar="SECONDS")
 HTTP_BODY_TIMEOUT: Setting[float] = Setting(
     "http_body_timeout_s", "--http-body-timeout", env.TRACEML_PROCESSOR_HTTP_BODY_TIMEOUT, 30.0, seconds(0),
-    "OTLP/HTTP: the body must arrive within this after the head; then 408", metavar="SECONDS")
+    "every HTTP port: the body must arrive within this after the head; then 408", metavar="SECONDS")
+HTTP_BODY_CHUNK_TIMEOUT: Setting[float] = Setting(
+    "http_body_chunk_timeout_s", "--http-body-chunk-timeout", env.TRACEML_PROCESSOR_HTTP_BODY_CHUNK_TIMEOUT, 10.0,
+    seconds(0), "every HTTP port: no longer than this between two pieces of a request body; then 408",
+    metavar="SECONDS")
 HTTP_KEEPALIVE_TIMEOUT: Setting[float] = Setting(
     "http_keepalive_timeout_s", "--http-keepalive-timeout", env.TRACEML_PROCESSOR_HTTP_KEEPALIVE_TIMEOUT, 60.0,
-    seconds(0), "OTLP/HTTP: an idle kept-alive connection is closed after this", metavar="SECONDS")
+    seconds(0), "every HTTP port: an idle kept-alive connection is closed after this", metavar="SECONDS")
 HTTP_MAX_CONNECTIONS: Setting[int] = Setting(
     "http_max_connections", "--http-max-connections", env.TRACEML_PROCESSOR_HTTP_MAX_CONNECTIONS, 1024,
-    at_least(1), "OTLP/HTTP connections open at once per process (lowered below the descriptor limit); "
-    "beyond it the longest-idle is closed, else 503 + Retry-After", metavar="N")
+    at_least(1), "connections open at once per HTTP port (lowered below the descriptor limit; /metrics keeps "
+    "at most 64); beyond it the one that made the least progress is closed (no complete request head, the "
+    "longest waiting; else the slowest body), and only when all are being answered 503 + Retry-After",
+    metavar="N")
 LOG_LEVEL: Setting[str] = Setting(
     "log_level", "--log-level", None, "INFO", Choice(("DEBUG", "INFO", "WARNING", "ERROR"), case="upper"),
     "log lines go to stderr from this level")
@@ -356,7 +362,7 @@ SETTINGS: tuple[Setting, ...] = (
     DB, OTLP_GRPC, OTLP_HTTP, PROMETHEUS, UI, EXPORT_ENDPOINT, EXPORT_PROTOCOL, EXPORT_INTERVAL, EXPORT_TIMEOUT,
     SUMMARY_DIR, IDLE_TIMEOUT, REFRESH_INTERVAL, AUTH_TOKEN_FILE, AUTH_TOKEN, TLS_CERT, TLS_KEY, MAX_RUNS,
     MAX_RANKS_PER_RUN, WORKERS, RANK_SERIES_TOP_K, MAX_SERIES, MAX_CONCURRENT_REQUESTS, HTTP_HEADER_TIMEOUT,
-    HTTP_BODY_TIMEOUT, HTTP_KEEPALIVE_TIMEOUT, HTTP_MAX_CONNECTIONS, LOG_LEVEL)
+    HTTP_BODY_TIMEOUT, HTTP_BODY_CHUNK_TIMEOUT, HTTP_KEEPALIVE_TIMEOUT, HTTP_MAX_CONNECTIONS, LOG_LEVEL)
 
 # --- internal sizes: no flag, stated here so that their users share one value ------------
 

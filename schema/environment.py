@@ -220,6 +220,8 @@ on a kept-alive connection; then 408 and closed."""
 TRACEML_PROCESSOR_HTTP_BODY_TIMEOUT = "TRACEML_PROCESSOR_HTTP_BODY_TIMEOUT"
 """Seconds an OTLP/HTTP request body may take after its head, and an answer may wait to be read;
 then 408 and closed."""
+TRACEML_PROCESSOR_HTTP_BODY_CHUNK_TIMEOUT = "TRACEML_PROCESSOR_HTTP_BODY_CHUNK_TIMEOUT"
+"""Seconds between two pieces of a request body on any HTTP port; then 408 and closed."""
 TRACEML_PROCESSOR_HTTP_KEEPALIVE_TIMEOUT = "TRACEML_PROCESSOR_HTTP_KEEPALIVE_TIMEOUT"
 """Seconds a kept-alive OTLP/HTTP connection may wait for its next request."""
 TRACEML_PROCESSOR_HTTP_MAX_CONNECTIONS = "TRACEML_PROCESSOR_HTTP_MAX_CONNECTIONS"

@@ -343,8 +343,11 @@ METRIC_PROCESSOR_HTTP_CONNECTION_EVENTS = "traceml.processor.http.connection.eve
 ATTR_CONNECTION_EVENT = "traceml.connection.event"
 """What the OTLP/HTTP front did to a connection (one of `HTTP_CONNECTION_EVENTS`)."""
 HTTP_CONNECTION_EVENTS: tuple[str, ...] = (
-    "refused_at_cap",  # the connection cap was reached and nothing idle could be closed: 503, closed
-    "evicted_idle",  # an idle keep-alive connection closed to make room at the cap
+    "refused_at_cap",  # the connection cap was reached and every connection was being answered: 503, closed
+    # At the cap, the connection that made the least progress is closed to make room:
+    "evicted_idle",  # no request at all (a new connection, a kept-alive one, a stalled TLS handshake)
+    "evicted_slow_head",  # a request head still arriving (a slow-header flood)
+    "evicted_slow_body",  # a request body arriving slowest (only when nothing waits for a head)
     "header_timeout", "body_timeout", "write_timeout",  # a slow or stalled client, closed
     "framing_error",  # bad HTTP framing (chunking, Content-Length with Transfer-Encoding): 400, closed
     "hung_up",  # the client closed the connection mid-request
@@ -503,9 +506,10 @@ PROCESSOR_METRICS: tuple[MetricSpec, ...] = (
                "too_large, unsupported_media).",
                (ATTR_OUTCOME, ATTR_SIGNAL, ATTR_REASON), kind="counter"),
     MetricSpec(METRIC_PROCESSOR_HTTP_CONNECTION_EVENTS, "{event}",
-               "What the OTLP/HTTP front did to connections it could not serve as asked, by event "
-               "(refused_at_cap, evicted_idle, header/body/write timeouts, framing_error, hung_up, "
-               "tls_failed, accept_out_of_descriptors).",
+               "What the HTTP fronts (OTLP/HTTP, the web view, /metrics) did to connections they could "
+               "not serve as asked, by event (refused_at_cap, evicted_idle, evicted_slow_head, "
+               "evicted_slow_body, header/body/write timeouts, framing_error, hung_up, tls_failed, "
+               "accept_out_of_descriptors).",
                (ATTR_CONNECTION_EVENT,), kind="counter"),
     MetricSpec(METRIC_PROCESSOR_ANALYSIS_DURATION, "s",
                "Duration of the latest live analysis refresh of a run.", (ATTR_RUN_ID,)),

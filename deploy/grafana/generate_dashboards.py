@@ -311,8 +311,10 @@ def processor_dashboard() -> dash.Dashboard:
                            "unavailable, ...): refusals a client retries show up here before any record is lost.",
                            "none", q(f"sum by ({L.outcome}, {L.signal}, {L.reason}) (rate({M.requests}[$__rate_interval]))",
                                      f"{{{{{L.outcome}}}}} {{{{{L.signal}}}}} {{{{{L.reason}}}}}"), stacked=True))
-        .with_panel(series("HTTP connection events / s", "What the OTLP/HTTP front did to connections it could "
-                           "not serve as asked, per second, by event: refused or evicted at the connection cap, "
+        .with_panel(series("HTTP connection events / s", "What the HTTP fronts (OTLP/HTTP, web view, /metrics) did "
+                           "to connections they could not serve as asked, per second, by event: refused at the "
+                           "connection cap, or closed there for making the least progress (idle, slow head, slow "
+                           "body), "
                            "header/body/write timeouts (slow or stalled clients), framing errors, hang-ups, failed "
                            "TLS handshakes, accept out of descriptors.", "none",
                            q(f"sum by ({L.connection_event}) (rate({M.http_connection_events}[$__rate_interval]))",

@@ -49,11 +49,11 @@ class UiServer(ServerThread):
     """The web view on HOST:PORT (`--ui`); `port` is the bound one (useful with port 0)."""
 
     def __init__(self, app: WebApp, host: str, port: int, *, tls: TlsConfig = TlsConfig(),
-                 limits: HttpLimits = HttpLimits()):
+                 limits: HttpLimits = HttpLimits(), on_event: Callable[[str], None] | None = None):
         self.app = app
         front = HttpFront((host, port), front_route(app), limits=limits, pool_size=UI_POOL_THREADS,
                           max_body_bytes=64 * 1024, tls_context=tls.server_context() if tls.enabled else None,
-                          name="traceml-ui")
+                          name="traceml-ui", on_event=on_event)
         super().__init__(front, host, "traceml-ui")
         self.scheme = "https" if tls.enabled else "http"
 
@@ -93,7 +93,8 @@ def start_ui(service, host: str, port: int) -> UiServer:
     from traceml.processor.security import warn_if_exposed
 
     warn_if_exposed("the web view (--ui)", host, service.config.auth, service.config.tls)
-    ui = UiServer(web_app_for(service), host, port, tls=service.config.tls, limits=service.config.http_limits)
+    ui = UiServer(web_app_for(service), host, port, tls=service.config.tls, limits=service.config.http_limits,
+                  on_event=service.stats.connection_event)
     ui.start()
     return ui
 

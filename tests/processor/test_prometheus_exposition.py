@@ -115,6 +115,39 @@ def test_health_and_unknown_paths(served):
     assert get(served.prometheus_port, "/nope")[0] == 404
 
 
+def test_metrics_honours_the_processors_tls_and_bearer_token(tmp_path):
+    """Issue 32 item 2: /metrics is served over TLS with the token when they are configured (it
+    was plain HTTP with no token while every other port honoured both); health stays open."""
+    import ssl
+
+    import requests
+
+    from harness.certificates import self_signed
+    from traceml.processor.security import BearerAuth, TlsConfig
+
+    cert, key = self_signed(tmp_path)
+    svc = make_service(tmp_path, otlp_grpc=None, otlp_http=None, tls=TlsConfig(str(cert), str(key)),
+                       auth=BearerAuth("scrape-token"))
+    try:
+        url = f"https://127.0.0.1:{svc.prometheus_port}"
+        refused = requests.get(f"{url}/metrics", verify=str(cert), timeout=10)
+        assert refused.status_code == 401 and refused.headers["WWW-Authenticate"].startswith("Bearer")
+        wrong = requests.get(f"{url}/metrics", verify=str(cert), timeout=10,
+                             headers={"Authorization": "Bearer not-it"})
+        assert wrong.status_code == 401
+        scraped = requests.get(f"{url}/metrics", verify=str(cert), timeout=10,
+                               headers={"Authorization": "Bearer scrape-token", "Accept-Encoding": "gzip",
+                                        "Accept": "application/openmetrics-text; version=1.0.0"})
+        assert scraped.status_code == 200 and scraped.headers["Content-Encoding"] == "gzip"
+        assert scraped.headers["Content-Type"].startswith("application/openmetrics-text")
+        assert BUILD_INFO in scraped.text and scraped.text.rstrip().endswith("# EOF")
+        assert requests.get(f"{url}/healthz", verify=str(cert), timeout=10).status_code == 200
+        with pytest.raises(ConnectionError):  # plain HTTP gets no answer from a TLS port
+            get(svc.prometheus_port)
+    finally:
+        svc.stop()
+
+
 @needs_promtool
 def test_promtool_check_metrics_passes_on_the_text_format(served):
     lint = promtool_check(get(served.prometheus_port)[2].decode())

@@ -35,7 +35,8 @@ OUTCOME, SIGNAL, REASON, EVENT = (v.prometheus_label(k) for k in (v.ATTR_OUTCOME
 
 
 def _scrape(port: int) -> dict[tuple, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers=dict(AUTH))  # the token guards it
+    with urllib.request.urlopen(request, timeout=10) as r:
         text = r.read().decode()
     out = {}
     for name in (REQUESTS, RECORDS):

@@ -268,6 +268,7 @@ ALIASES = {  # the names under which each setting's value travels through the co
     s.MAX_CONCURRENT_REQUESTS: {"max_concurrent_requests", "DEFAULT_MAX_CONCURRENT_REQUESTS"},
     s.HTTP_HEADER_TIMEOUT: {"header_timeout_s", "DEFAULT_HEADER_TIMEOUT_S"},
     s.HTTP_BODY_TIMEOUT: {"body_timeout_s", "DEFAULT_BODY_TIMEOUT_S"},
+    s.HTTP_BODY_CHUNK_TIMEOUT: {"body_chunk_timeout_s"},
     s.HTTP_KEEPALIVE_TIMEOUT: {"keepalive_timeout_s", "DEFAULT_KEEPALIVE_TIMEOUT_S"},
     s.HTTP_MAX_CONNECTIONS: {"max_connections", "DEFAULT_MAX_CONNECTIONS"},
 }

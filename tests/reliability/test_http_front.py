@@ -125,23 +125,67 @@ def test_a_stalled_head_is_closed_and_a_stalled_body_answered_408_within_the_tim
     assert http_export(processor.http, "after-stall") == 200 and http_export(processor.http, "after-stall", 1) == 200
 
 
-def test_at_the_connection_cap_a_busy_front_answers_503_with_retry_after(processor):
+def test_at_the_connection_cap_heads_still_arriving_make_room_for_a_real_client(processor):
+    """Issue 32: connections that began a head and never finish it no longer hold the cap
+    against a real sender (it got 503 for as long as they stayed): the one waiting longest is
+    closed, counted as evicted_slow_head, and the newcomer is served."""
+    before = log_lines(processor, "HTTP evicted_slow_head")
     held = []
     try:
-        for _ in range(16):  # the cap: each has begun a request, so none is idle to close
+        for _ in range(16):  # the cap: each has begun a request, so none is idle
             sock = raw(processor.http)
             sock.sendall(b"POST /v1/traces HTTP/1.1\r\n")
             held.append(sock)
         time.sleep(0.2)  # let the front account for all of them
-        with raw(processor.http) as extra:
-            extra.sendall(otlp_post("over-cap"))
-            answer, closed = read_until_closed(extra, 3.0)
-        assert answer.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in answer and closed, answer[:300]
+        assert http_export(processor.http, "past-slow-heads") == 200
+        answer, closed = read_until_closed(held[0], 3.0)  # the oldest head was closed to make room
+        assert closed and answer == b"", answer[:300]
     finally:
         for sock in held:
             sock.close()
-    assert wait_until(lambda: http_export(processor.http, "after-cap") == 200, 5, 0.1)
-    assert count_rows(processor.db, run_id="over-cap") == 0
+    assert count_rows(processor.db, run_id="past-slow-heads") == 2
+    assert wait_until(lambda: log_lines(processor, "HTTP evicted_slow_head") == before + 1, 5, 0.05)
+
+
+def test_at_the_cap_with_every_connection_being_answered_the_newcomer_gets_503_with_retry_after():
+    """Nothing to close (every open connection is being answered): 503, Retry-After, closed."""
+    import threading
+
+    from traceml.processor.http_front import Accept, HttpFront, HttpLimits, Reply
+    from traceml.processor.listener import ServerThread
+
+    release = threading.Event()
+    entered = threading.Semaphore(0)
+
+    def busy(_body: bytes) -> Reply:
+        entered.release()
+        release.wait(10)
+        return Reply(200, b"done\n")
+
+    front = HttpFront(("127.0.0.1", 0), lambda head: Accept(handle=busy, error=lambda c, m: Reply(c)),
+                      limits=HttpLimits(max_connections=2), pool_size=2)
+    server = ServerThread(front, "127.0.0.1", "test-front")
+    server.start()
+    held = []
+    try:
+        for _ in range(2):
+            sock = raw(server.port)
+            sock.sendall(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+            held.append(sock)
+        assert entered.acquire(timeout=5) and entered.acquire(timeout=5)  # both being answered
+        with raw(server.port) as extra:
+            extra.sendall(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer, closed = read_until_closed(extra, 3.0)
+        assert answer.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in answer and closed, answer[:300]
+        assert front.events()["refused_at_cap"] == 1
+        release.set()
+        for sock in held:
+            assert read_until_closed(sock, 3.0)[0].startswith(b"HTTP/1.1 200")
+    finally:
+        release.set()
+        for sock in held:
+            sock.close()
+        server.stop()
 
 
 def test_idle_connections_at_the_cap_make_room_for_a_real_client(processor):

@@ -9,6 +9,7 @@ import subprocess
 import time
 import urllib.request
 from importlib.metadata import version
+from pathlib import Path
 
 import grpc
 import pytest
@@ -273,3 +274,58 @@ def test_per_rank_series_only_for_the_ranks_that_matter_and_every_rank_in_the_su
     summary = json.loads((svc.config.summary_dir / "big" / "final_summary.json").read_text())
     assert [g["global_rank"] for g in summary["groups"]] == list(range(RANKS))
     assert summary["telemetry"]["dropped"]["spans"] == sum(range(RANKS))
+
+
+def _commented_secure_scrape(token_file: Path, ca_file: Path) -> dict:
+    """The token/TLS part of deploy/prometheus/prometheus.yml's scrape config, uncommented, with
+    the two mounted files pointed at this test's own (the docs show the same block)."""
+    import yaml
+
+    text = (Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "prometheus.yml").read_text()
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "# scheme: https")
+    block = []
+    for line in lines[start:]:
+        if not line.strip().startswith("#"):
+            break
+        block.append(line.replace("# ", "", 1))
+    parsed = yaml.safe_load("\n".join(block))
+    assert parsed["authorization"]["credentials_file"] == "/etc/prometheus/traceml-token"
+    assert parsed["tls_config"]["ca_file"] == "/etc/prometheus/traceml-ca.pem"
+    parsed["authorization"]["credentials_file"] = str(token_file)
+    parsed["tls_config"]["ca_file"] = str(ca_file)
+    return parsed
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("prometheus") is None, reason="no prometheus binary")
+def test_a_real_prometheus_scrapes_metrics_over_tls_with_the_token_as_deploy_shows(tmp_path):
+    import json
+
+    from harness.certificates import self_signed
+    from harness.prometheus_server import PrometheusServer
+    from traceml.processor.security import BearerAuth, TlsConfig
+
+    cert, key = self_signed(tmp_path)
+    token_file = tmp_path / "token"
+    token_file.write_text("scrape-token\n")
+    secure = _commented_secure_scrape(token_file, cert)
+    svc = make_service(tmp_path, otlp_grpc=None, otlp_http=None, tls=TlsConfig(str(cert), str(key)),
+                       auth=BearerAuth("scrape-token"))
+
+    class SecureScrape(PrometheusServer):
+        def config_text(self) -> str:
+            config = json.loads(super().config_text())
+            config["scrape_configs"][0].update(secure)
+            config["scrape_configs"].append({"job_name": "no-token", "scheme": "https",
+                                             "tls_config": secure["tls_config"],
+                                             "static_configs": [{"targets": self.targets}]})
+            return json.dumps(config)
+
+    try:
+        with SecureScrape(tmp_path / "prom", [f"127.0.0.1:{svc.prometheus_port}"]) as prom:
+            assert prom.wait_for(f'{BUILD_INFO}{{job="traceml"}}', timeout_s=30)
+            assert prom.wait_for('up{job="no-token"} == 0', timeout_s=30)  # the token is what lets it in
+            assert prom.query_value('up{job="traceml"}') == 1.0
+    finally:
+        svc.stop()

@@ -592,5 +592,11 @@ def main(argv: Sequence[str]) -> int:
     if asks_for_help_only(argv):
         print_help_without_torch(sys.stdout)
         return 0
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:  # a training side installed where torch is not
+        print("traceml run: PyTorch (torch) is not installed in this environment; traceml run launches the "
+              "script through torch's own launcher (torchrun). Install TraceML where you train.", file=sys.stderr)
+        return 2
     args, options = parse(argv)
     return launch(args, options).exit_code

@@ -376,13 +376,23 @@ GRPC_THREADS = 8
 
 
 class ProcessorSettings:
-    """Every setting's value, and where it came from; read with a declaration: `settings[IDLE_TIMEOUT]`."""
+    """Every setting's value, and where it came from; read with a declaration: `settings[IDLE_TIMEOUT]`.
 
-    def __init__(self, values: Mapping[str, object], sources: Mapping[str, str]):
+    A bad value of a standard `OTEL_EXPORTER_OTLP_*` variable is kept as its error
+    and raised when the setting is read, which only the summary push does: those
+    variables are shared with whatever else runs in the environment, and one the
+    processor does not use is no reason to refuse to start.
+    """
+
+    def __init__(self, values: Mapping[str, object], sources: Mapping[str, str],
+                 errors: Mapping[str, SettingError] | None = None):
         self._values = dict(values)
         self._sources = dict(sources)
+        self._errors = dict(errors or {})
 
     def __getitem__(self, setting: Setting[T]) -> T:
+        if setting.name in self._errors:
+            raise self._errors[setting.name]
         return self._values[setting.name]  # type: ignore[return-value]
 
     def source(self, setting: Setting) -> str:
@@ -403,6 +413,7 @@ def resolve(flags: Mapping[str, str | None] | None = None,
     environ = os.environ if environ is None else environ
     values: dict[str, object] = {}
     sources: dict[str, str] = {}
+    errors: dict[str, SettingError] = {}
     for setting in SETTINGS:
         raw = flags.get(setting.name)
         if raw is not None and setting.flag:
@@ -411,11 +422,17 @@ def resolve(flags: Mapping[str, str | None] | None = None,
         for name in setting.variables:
             text = environ.get(name)
             if text is not None and text.strip():
-                values[setting.name], sources[setting.name] = setting.parse(text, name), name
+                sources[setting.name] = name
+                try:
+                    values[setting.name] = setting.parse(text, name)
+                except SettingError as exc:
+                    if name == setting.variable:  # TraceML's own: always judged
+                        raise
+                    errors[setting.name] = exc  # a standard OTLP variable: judged when the push reads it
                 break
         else:
             values[setting.name], sources[setting.name] = setting.default, "default"
-    return ProcessorSettings(values, sources)
+    return ProcessorSettings(values, sources, errors)
 
 
 def summary_export_config(settings: ProcessorSettings, environ: Mapping[str, str] | None = None):

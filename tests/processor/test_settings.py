@@ -64,6 +64,15 @@ def test_a_bad_otlp_timeout_stops_start_up_naming_the_variable(variable, bad):
         config_from_args(["--export-endpoint", "http://c:4317"], environ={variable: bad})
 
 
+def test_a_bad_standard_variable_is_no_reason_to_stop_when_nothing_reads_it():
+    shared = {"OTEL_EXPORTER_OTLP_TIMEOUT": "5s", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}
+    assert config_from_args([], environ=shared)[0].export is None  # no push: the variables are someone else's
+    with pytest.raises(s.SettingError, match="OTEL_EXPORTER_OTLP_PROTOCOL='http/json'"):
+        config_from_args(["--export-endpoint", "http://c:4317"], environ=shared)
+    with pytest.raises(s.SettingError, match="TRACEML_PROCESSOR_EXPORT_INTERVAL='5s'"):  # our own: always judged
+        config_from_args([], environ={"TRACEML_PROCESSOR_EXPORT_INTERVAL": "5s"})
+
+
 def test_a_bad_otlp_protocol_stops_start_up_naming_the_variable():
     with pytest.raises(s.SettingError, match="OTEL_EXPORTER_OTLP_PROTOCOL='http/json'.*grpc, http/protobuf"):
         config_from_args(["--export-endpoint", "http://c:4317"], environ={"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"})

@@ -458,7 +458,8 @@ class _Connection(asyncio.Protocol):
     async def _reading_body(self, reading):
         """Await `reading` (a body being read or skipped) while counting its bytes, so the
         front can tell, at the cap, which body arrives slowest."""
-        self._body_since, self._body_bytes = self.loop.time(), 0
+        # What came with the head counts: h11 holds it unread.
+        self._body_since, self._body_bytes = self.loop.time(), len(self.h11.trailing_data[0])
         self.front._bodies.add(self)
         try:
             return await reading

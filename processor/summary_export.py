@@ -314,11 +314,15 @@ class SummaryPusher:
         self._thread.start()
 
     def stop(self, flush: bool = True) -> None:
-        """Stop the thread, push the final snapshot (bounded), shut the exporter down."""
+        """Stop the thread, push the final snapshot (bounded), shut the exporter down.
+
+        A push still in flight after its bounded wait is the last one: a second
+        would wait on the same destination.
+        """
         self._stop.set()
         self._thread.join(min(self.config.timeout_s, IN_FLIGHT_PUSH_BOUND_S) + 2)
         final = None
-        if flush:
+        if flush and not self._thread.is_alive():
             final = threading.Thread(target=self.push_once, name="traceml-summary-final-push", daemon=True)
             final.start()
             final.join(min(self.config.timeout_s, FINAL_PUSH_BOUND_S))

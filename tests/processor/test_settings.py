@@ -183,7 +183,7 @@ def test_stop_stays_bounded_when_the_push_timeout_is_no_limit(tmp_path):
     """A destination that accepts and never answers, with `OTEL_EXPORTER_OTLP_TIMEOUT=0`: stop() returns."""
     import socket
 
-    from traceml.processor.summary_export import FINAL_PUSH_BOUND_S, IN_FLIGHT_PUSH_BOUND_S, SummaryPusher
+    from traceml.processor.summary_export import IN_FLIGHT_PUSH_BOUND_S, SummaryPusher
 
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
@@ -200,7 +200,7 @@ def test_stop_stays_bounded_when_the_push_timeout_is_no_limit(tmp_path):
         time.sleep(0.5)  # a push is now waiting on the silent destination
         started = time.monotonic()
         pusher.stop()
-        assert time.monotonic() - started < IN_FLIGHT_PUSH_BOUND_S + 2 + FINAL_PUSH_BOUND_S + 2 + 3
+        assert time.monotonic() - started < IN_FLIGHT_PUSH_BOUND_S + 2 + 3  # no second push on the stuck one
     finally:
         silent.close()
 

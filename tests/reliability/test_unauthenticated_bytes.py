@@ -37,7 +37,9 @@ def _status_mib(pid: int, field: str) -> float:
 
 
 def _refused_unauthenticated(prometheus_port: int) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{prometheus_port}/metrics", timeout=10) as r:
+    scrape = urllib.request.Request(f"http://127.0.0.1:{prometheus_port}/metrics",
+                                    headers={"Authorization": f"Bearer {TOKEN}"})  # /metrics honours the token
+    with urllib.request.urlopen(scrape, timeout=10) as r:
         text = r.read().decode()
     name = next(s for s in v.PROCESSOR_METRICS if s.name == v.METRIC_PROCESSOR_REQUESTS).prometheus_name
     reason, signal = v.prometheus_label(v.ATTR_REASON), v.prometheus_label(v.ATTR_SIGNAL)

@@ -149,8 +149,9 @@ def install(patch) -> bool:
     sync = state
 
     def _pre_forward(self, *inputs, **kwargs):
+        # _use_python_reducer (compiled autograd's reducer) is newer than torch 2.1: absent means off.
         if _rec.recording and self.require_backward_grad_sync and grad_enabled() \
-                and not self._use_python_reducer:
+                and not getattr(self, "_use_python_reducer", False):
             sync.expected = True
         return pre_forward(self, *inputs, **kwargs)
 

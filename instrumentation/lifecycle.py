@@ -60,6 +60,10 @@ def init(mode: str | None = None, *, endpoint: str | None = None, protocol: str 
         session.disabled = config.disabled
         if config.disabled or session.initialized:
             return
+        # A component below its floor: UnsupportedVersion naming it, before anything is patched.
+        from traceml.schema.version_floors import TRAINING, require
+
+        require(TRAINING)
         session.default_device = _detect_default_device()
         if session.default_device is not None:
             # Regions before the first step (input wait) get CUDA events too once the

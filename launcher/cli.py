@@ -86,6 +86,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"traceml: unknown command {argv[0]!r}\n", file=sys.stderr)
         print(USAGE, end="", file=sys.stderr)
         return 2
+    from traceml.schema.version_floors import refusal
+
+    refused = refusal("traceml")  # a component below its floor: one line each, before anything starts
+    if refused:
+        print(refused, file=sys.stderr)
+        return 2
     if argv[0] in NEEDS_PROCESSOR_SIDE and not {"-h", "--help"} & set(argv[1:]):
         from traceml.schema.distribution import processor_side_missing_message
 

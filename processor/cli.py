@@ -55,6 +55,12 @@ def config_from_args(argv=None, environ=None):
 
 
 def main(argv=None) -> int:
+    from traceml.schema.version_floors import PROCESSOR, refusal
+
+    refused = refusal("traceml-processor", PROCESSOR)  # before any of them is imported
+    if refused:
+        print(refused, file=sys.stderr)
+        return 2
     from traceml.schema.distribution import processor_side_missing_message
 
     missing = processor_side_missing_message("traceml-processor")

@@ -1,0 +1,411 @@
+"""The supported versions, tested at both ends: one cached virtual environment per column, a real smoke suite in each.
+
+Columns (`COLUMNS`):
+- `lowest`: the oldest Python the package declares and every declared lower bound
+  installed exactly (`name==floor`, from `traceml.schema.version_floors`, which
+  tests/test_version_floors.py holds equal to pyproject.toml);
+- `pinned`: the project's own `.venv` (what `scripts/setup.sh` installs and CI tests),
+  run as it is, never rebuilt here;
+- `newest`: the newest Python the package is tried on and the newest release of each
+  component the index serves. This machine's pip configuration caps torch at the
+  releases on its disk; the column passes its own (empty) constraints file instead,
+  so the cap does not apply to it.
+
+Each built column is a venv under `$TRACEML_COMPAT_CACHE` (default
+`~/.cache/traceml-compat/<column>`), outside the tree: the components are installed
+once (again with `--rebuild`, or `--refresh` to take the index's newest again), the
+project itself from a wheel built from a copy of the working tree on every run, with
+`--no-deps`, and `pip check` then says whether the column satisfies what the package
+declares. The smoke suite is existing tests selected by node id (`SMOKE`), run by
+that venv's python from the repository root (the tests import `tests.*` and `harness.*` from there);
+nothing is copied. Results go to docs/compatibility.json (one record per column,
+the last run of each kept) and docs/compatibility.md is rendered from it.
+
+    .venv/bin/python checks/compat.py                    # every column
+    .venv/bin/python checks/compat.py --column lowest    # one column (others' records kept)
+    .venv/bin/python checks/compat.py --render           # only re-render the page
+
+A torch release other than 2.13.0 is a CUDA build of several GB from the index: the
+first build of `lowest` or `newest` downloads one (about 3 GB; minutes here).
+Exit status 1 when a smoke case failed or the column could not be built.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "schema"))
+import version_floors  # noqa: E402  (stdlib only: read from the tree, no install needed)
+
+RECORD = ROOT / "docs" / "compatibility.json"
+PAGE = ROOT / "docs" / "compatibility.md"
+CACHE = Path(os.environ.get("TRACEML_COMPAT_CACHE", Path.home() / ".cache" / "traceml-compat"))
+
+SHOWN = ("python", "torch", "transformers", "accelerate", "lightning", "pytorch-lightning", "numpy",
+         "protobuf", "grpcio", "opentelemetry-api", "opentelemetry-sdk", "opentelemetry-proto",
+         "opentelemetry-exporter-otlp-proto-grpc", "opentelemetry-exporter-otlp-proto-http",
+         "googleapis-common-protos", "requests", "psutil", "rich", "prometheus-client", "h11")
+"""The packages whose version each column records (the range the page declares)."""
+
+COMPONENTS = tuple(p for p in version_floors.FLOORS if p != "pytorch-lightning")
+"""What a built column installs: every component with a floor (lightning brings pytorch-lightning)."""
+
+TEST_TOOLS = ("pytest>=8", "pytest-timeout>=2.3", "jsonschema>=4.20", "pexpect>=4.9", "pyyaml>=6",
+              "packaging")
+"""What the selected tests themselves import; not under test, so never pinned."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One smoke case: what it shows, and the existing tests that show it."""
+
+    name: str
+    what: str
+    tests: tuple[str, ...]
+
+
+SMOKE = (
+    Case("ddp-input-straggler",
+         "`traceml run`, 2 gloo ranks, an unmodified DDP loop with a slow loader on rank 1: "
+         "one step per update, INPUT_STRAGGLER on rank 1 (and the same loop marked by hand)",
+         ("tests/launcher/test_zero_code_loops.py::"
+          "test_an_unmarked_loop_gets_one_step_per_update_and_the_marked_loops_diagnosis",)),
+    Case("hf-trainer",
+         "HF Trainer: an unmodified script under `traceml run` (2 ranks), and in process every event inside its step",
+         # Not the 4/4/2 accumulation test: transformers 4.46 itself makes 2 updates of 10 batches
+         # accumulating 4 (the remainder is dropped), later releases 3; the test's counts are the latter's.
+         ("tests/launcher/test_launcher_e2e.py::test_hugging_face_trainer_script_is_instrumented_without_code_changes",
+          "tests/integrations/test_hf_trainer.py::test_each_event_lies_inside_its_step")),
+    Case("lightning",
+         "Lightning: an unmodified script under `traceml run` (2 ranks), and accumulation groups 4/4/2 in process",
+         ("tests/launcher/test_launcher_e2e.py::test_lightning_script_is_instrumented_without_code_changes",
+          "tests/integrations/test_lightning_trainer.py::test_ten_batches_accumulating_four_publish_groups_of_four_four_two")),
+    Case("collective-wait",
+         "collectives and `Work.wait` timed in a plain loop; DDP's slow rank waits least; "
+         "a rank slowed inside backward is named under `traceml run`",
+         ("tests/instrumentation/test_collective_wait.py::test_explicit_collectives_in_a_plain_loop_are_timed",
+          "tests/instrumentation/test_collective_wait.py::test_ddp_rank_slowed_in_backward_waits_least_and_enters_last",
+          "tests/launcher/test_collective_diagnosis.py::test_a_rank_slowed_inside_backward_is_named_with_backward_grown")),
+    Case("otel-exporters-ingest",
+         "the official OTel SDK exporters (gRPC and HTTP) into the processor: spans stored, host metrics joined",
+         ("tests/processor/test_summary_export_security_cli.py::test_opentelemetry_sdk_exporters_drive_both_receivers",
+          "tests/processor/test_resource_ingest.py::"
+          "test_a_real_processor_joins_sdk_sent_host_metrics_to_the_run_on_that_host")),
+    Case("summary-push",
+         "the processor's summary metrics pushed through the SDK's exporters over gRPC and over HTTP",
+         ("tests/processor/test_summary_export_security_cli.py::test_summary_metrics_are_pushed_over_otlp[grpc]",
+          "tests/processor/test_summary_export_security_cli.py::test_summary_metrics_are_pushed_over_otlp[http/protobuf]")),
+    Case("version-floors",
+         "the floor check accepts this column's versions and refuses older ones with one line",
+         ("tests/test_version_floors.py::test_this_environment_is_at_or_above_every_floor",
+          "tests/test_version_floors.py::test_a_command_refuses_a_component_below_its_floor_in_one_line",
+          "tests/test_version_floors.py::test_init_raises_unsupported_version_naming_the_component")),
+)
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    what: str
+    python: str
+    """A Python version to build with ('3.10'), or '' for an existing venv (`venv`)."""
+    pins: bool = False
+    """Install each component exactly at its floor (else the newest the index serves)."""
+    venv: Path | None = None
+
+
+COLUMNS = {
+    "lowest": Column("lowest", "every declared lower bound, the oldest declared Python", "3.10", pins=True),
+    "pinned": Column("pinned", "the project's .venv (scripts/setup.sh; what CI tests)", "", venv=ROOT / ".venv"),
+    "newest": Column("newest", "the newest release of each component the index serves, the newest Python tried",
+                     "3.13"),
+}
+
+
+@dataclass
+class Outcome:
+    """What one column's run recorded (one entry of docs/compatibility.json)."""
+
+    column: str
+    date: str
+    python: str
+    platform: str
+    versions: dict[str, str]
+    cases: dict[str, str]
+    tests: dict[str, str] = field(default_factory=dict)
+    build_s: float = 0.0
+    smoke_s: float = 0.0
+    pip_check: str = ""
+    error: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return not self.error and bool(self.cases) and all(r == "passed" for r in self.cases.values())
+
+
+def _python_for(version: str) -> str:
+    found = shutil.which(f"python{version}")
+    if found:
+        return found
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    for candidate in sorted(pyenv.glob(f"{version}.*"), reverse=True):
+        if (candidate / "bin" / "python").exists():
+            return str(candidate / "bin" / "python")
+    raise SystemExit(f"error: no Python {version} found (python{version} on PATH or pyenv)")
+
+
+def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    print("+", " ".join(cmd), flush=True)
+    return subprocess.run(cmd, text=True, **kw)
+
+
+def _requirements(column: Column) -> list[str]:
+    if column.pins:
+        return [f"{name}=={version_floors.FLOORS[name]}" for name in COMPONENTS]
+    return list(COMPONENTS)
+
+
+def _pip_env(constraints: Path) -> dict[str, str]:
+    # The column's own constraints file replaces the machine's (PIP_CONSTRAINT wins over
+    # pip's configuration files): the newest column is not held at the machine's torch cap.
+    return {**os.environ, "PIP_CONSTRAINT": str(constraints), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+
+
+def _build(column: Column, venv: Path, rebuild: bool, refresh: bool) -> None:
+    if rebuild and venv.exists():
+        shutil.rmtree(venv)
+    python = venv / "bin" / "python"
+    if not python.exists():
+        venv.parent.mkdir(parents=True, exist_ok=True)
+        _run([_python_for(column.python), "-m", "venv", str(venv)], check=True)
+    wanted = "\n".join([*_requirements(column), *TEST_TOOLS]) + "\n"
+    marker = venv / "compat-requirements.txt"
+    constraints = venv / "compat-constraints.txt"
+    constraints.write_text("".join(f"{r}\n" for r in _requirements(column)) if column.pins else "")
+    if refresh or not marker.exists() or marker.read_text() != wanted:
+        marker.unlink(missing_ok=True)
+        cmd = [str(python), "-m", "pip", "install", "-q", *(["--upgrade"] if not column.pins else []),
+               *_requirements(column), *TEST_TOOLS]
+        _run(cmd, check=True, env=_pip_env(constraints))
+        marker.write_text(wanted)
+    _install_project(python, constraints)
+
+
+def _install_project(python: Path, constraints: Path) -> None:
+    """The working tree's own files (tracked and new, not ignored) built into a wheel, installed without deps."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
+                           capture_output=True).stdout.decode().split("\0")
+    with tempfile.TemporaryDirectory(prefix="traceml-compat-src-") as tmp:
+        src = Path(tmp) / "src"
+        for name in filter(None, files):
+            if (ROOT / name).is_file():
+                (src / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(ROOT / name, src / name)
+        wheels = Path(tmp) / "wheels"
+        _run([str(python), "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(src)], check=True,
+             env=_pip_env(constraints), stdout=subprocess.DEVNULL)
+        _run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall",
+              *map(str, sorted(wheels.glob("*.whl")))], check=True, env=_pip_env(constraints))
+
+
+def _versions(python: Path) -> dict[str, str]:
+    listed = subprocess.run([str(python), "-m", "pip", "list", "--format", "json"], check=True,
+                            capture_output=True, text=True).stdout
+    by_name = {p["name"].lower().replace("_", "-"): p["version"] for p in json.loads(listed)}
+    out = {"python": subprocess.run([str(python), "-c", "import platform; print(platform.python_version())"],
+                                    check=True, capture_output=True, text=True).stdout.strip()}
+    out.update({name: by_name[name] for name in SHOWN if name in by_name})
+    return out
+
+
+def _smoke(python: Path, cases: tuple[Case, ...]) -> tuple[dict[str, str], dict[str, str], str]:
+    """Run the cases' tests in one pytest session; per-case and per-test results, and pytest's tail."""
+    with tempfile.TemporaryDirectory(prefix="traceml-compat-") as tmp:
+        junit = Path(tmp) / "junit.xml"
+        env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+        env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"
+        ids = [t for case in cases for t in case.tests]
+        proc = _run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--continue-on-collection-errors",
+                     f"--junitxml={junit}", *ids], cwd=ROOT, env=env, capture_output=True)
+        (python.parent.parent / "compat-smoke.log").write_text(proc.stdout + proc.stderr)  # the whole of it
+        tail = (proc.stdout + proc.stderr)[-6000:]
+        tests = _junit_results(junit) if junit.exists() else {}
+    results = {}
+    for case in cases:
+        mine = [r for test, r in tests.items() if any(_belongs(test, t) for t in case.tests)]
+        if not mine:
+            results[case.name] = "not run"
+        elif any(r == "failed" for r in mine):
+            results[case.name] = "failed"
+        elif all(r == "passed" for r in mine):
+            results[case.name] = "passed"
+        else:
+            results[case.name] = "skipped"
+    return results, tests, tail
+
+
+def _belongs(test: str, selector: str) -> bool:
+    return test == selector or test.startswith(selector + "::")
+
+
+def _junit_results(path: Path) -> dict[str, str]:
+    """junit XML -> {node id: passed|failed|skipped} (node ids rebuilt from file and name)."""
+    out = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        module = case.get("classname", "").replace(".", "/")
+        node = f"{module}.py::{case.get('name')}"
+        if case.find("failure") is not None or case.find("error") is not None:
+            out[node] = "failed"
+        elif case.find("skipped") is not None:
+            out[node] = "skipped"
+        else:
+            out[node] = "passed"
+    return out
+
+
+def run_column(column: Column, rebuild: bool = False, refresh: bool = False) -> Outcome:
+    started = time.monotonic()
+    venv = column.venv or CACHE / column.name
+    python = venv / "bin" / "python"
+    outcome = Outcome(column.name, dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "",
+                      f"{platform.system()} {platform.machine()}", {}, {})
+    try:
+        if column.venv is None:
+            _build(column, venv, rebuild, refresh)
+        check = subprocess.run([str(python), "-m", "pip", "check"], capture_output=True, text=True)
+        outcome.pip_check = (check.stdout + check.stderr).strip()
+        outcome.versions = _versions(python)
+        outcome.python = outcome.versions.get("python", "")
+    except (subprocess.CalledProcessError, OSError) as exc:
+        outcome.error = f"build failed: {exc}"
+        outcome.build_s = round(time.monotonic() - started, 1)
+        return outcome
+    outcome.build_s = round(time.monotonic() - started, 1)
+    smoke_started = time.monotonic()
+    outcome.cases, outcome.tests, tail = _smoke(python, SMOKE)
+    outcome.smoke_s = round(time.monotonic() - smoke_started, 1)
+    if not outcome.passed:
+        outcome.error = tail
+    print(tail)
+    return outcome
+
+
+def _load() -> dict[str, dict]:
+    return json.loads(RECORD.read_text()) if RECORD.exists() else {}
+
+
+def render(records: dict[str, dict]) -> str:
+    """docs/compatibility.md from the records (every word of the page is written here)."""
+    names = [n for n in COLUMNS if n in records]
+    lines = [
+        "# Supported versions and the compatibility matrix",
+        "",
+        "<!-- Generated by checks/compat.py from docs/compatibility.json: edit the script, not this page. -->",
+        "",
+        "The supported range of each component is from its floor (the lowest release declared in",
+        "`pyproject.toml`, owned by `traceml.schema.version_floors`) to the newest release the index",
+        "serves. Both ends, and the set CI tests in between, are run by `checks/compat.py`: one",
+        "virtual environment per column outside the tree, the project installed from a wheel of the",
+        "working tree, and a smoke suite of real runs selected from the test suite.",
+        "",
+        "A component older than its floor is refused before anything starts: `traceml run` and",
+        "`traceml-processor` print one line per component (package, installed version, floor) and",
+        "exit with status 2; `traceml.init()` and the framework integrations raise",
+        "`traceml.schema.version_floors.UnsupportedVersion` with the same text.",
+        "",
+        "## Versions per column",
+        "",
+        "| package | floor | " + " | ".join(names) + " |",
+        "|---|---|" + "---|" * len(names),
+    ]
+    for package in SHOWN:
+        floor = version_floors.FLOORS.get(package, "")
+        if package == "python":
+            floor = COLUMNS["lowest"].python
+        cells = [records[n]["versions"].get(package, "-") for n in names]
+        lines.append(f"| {package} | {floor or '-'} | " + " | ".join(cells) + " |")
+    lines += ["", "## Smoke suite", "",
+              "| case | what runs | " + " | ".join(names) + " |",
+              "|---|---|" + "---|" * len(names)]
+    for case in SMOKE:
+        cells = [records[n]["cases"].get(case.name, "not run") for n in names]
+        lines.append(f"| {case.name} | {case.what} | " + " | ".join(cells) + " |")
+    lines += ["", "Each case's tests, by node id (run by the column's own python from the repository root):", ""]
+    for case in SMOKE:
+        lines.append(f"- {case.name}: " + ", ".join(f"`{t}`" for t in case.tests))
+    lines += ["", "## Runs", "",
+              "| column | what | last run | platform | build | smoke | result |",
+              "|---|---|---|---|---|---|---|"]
+    for n in names:
+        r = records[n]
+        result = "passed" if (not r.get("error") and r["cases"] and
+                              all(v == "passed" for v in r["cases"].values())) else "FAILED"
+        build = f"{r['build_s']:.0f} s" if COLUMNS[n].venv is None else "(existing venv)"
+        lines.append(f"| {n} | {COLUMNS[n].what} | {r['date']} | {r['platform']}, Python {r['python']} | "
+                     f"{build} | {r['smoke_s']:.0f} s | {result} |")
+    notes = [(n, records[n]["pip_check"]) for n in names if records[n].get("pip_check")
+             and "No broken requirements" not in records[n]["pip_check"]]
+    if notes:
+        lines += ["", "`pip check` in a column, where it found something:", ""]
+        for n, text in notes:
+            lines += [f"- {n}:", "", "```", text, "```"]
+    lines += [
+        "",
+        "Build times are of the last run: a column whose venv was already cached only reinstalls the",
+        "project's wheel; a first build downloads a CUDA build of torch (several GB).",
+        "",
+        "## In CI",
+        "",
+        "`.ci/run` tests the pinned column only. The lowest and newest columns are not in CI: a",
+        "fresh machine would download two CUDA builds of torch (about 3 GB each) and install both",
+        "stacks before the smoke suite, and CI's whole run has to stay well under 15 minutes on this",
+        "2-core machine, which the full suite alone takes most of. Run the two ends after changing",
+        "a floor, a patched torch or framework seam, or the wire (`.venv/bin/python checks/compat.py`);",
+        "the dates above say when each column last ran.",
+        "",
+        "Not in the matrix: `nvidia-ml-py` (the `gpu` extra; no GPU here) and the CUDA paths, which",
+        "`checks/gpu.py` covers on a device.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--column", action="append", choices=list(COLUMNS),
+                        help="run this column (repeatable; default: all)")
+    parser.add_argument("--rebuild", action="store_true", help="delete the column's venv and build it again")
+    parser.add_argument("--refresh", action="store_true", help="reinstall the components (the index's newest again)")
+    parser.add_argument("--render", action="store_true", help="only render docs/compatibility.md from the record")
+    args = parser.parse_args(argv)
+    records = _load()
+    failed = False
+    if not args.render:
+        for name in args.column or list(COLUMNS):
+            outcome = run_column(COLUMNS[name], args.rebuild, args.refresh)
+            records[name] = dataclasses.asdict(outcome)
+            records = _load() | {name: records[name]}  # another column's run may have written meanwhile
+            RECORD.write_text(json.dumps(records, indent=1, sort_keys=True) + "\n")
+            failed |= not outcome.passed
+            total = outcome.build_s + outcome.smoke_s
+            print(f"{name}: {'passed' if outcome.passed else 'FAILED'} "
+                  f"(build {outcome.build_s:.0f} s, smoke {outcome.smoke_s:.0f} s, {total:.0f} s) {outcome.cases}")
+    PAGE.write_text(render(records))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

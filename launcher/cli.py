@@ -71,6 +71,16 @@ NEEDS_PROCESSOR_SIDE = frozenset({"demo", "summary", "compare", "top"})
 and checks that itself): refused with the install line when the `processor` extra is missing."""
 
 
+def _asks_for_help(args: Sequence[str]) -> bool:
+    """-h/--help among the command's own options (before the script: after it they are the script's)."""
+    for arg in args:
+        if arg in ("-h", "--help"):
+            return True
+        if arg.endswith(".py"):
+            return False
+    return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -88,7 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from traceml.schema.version_floors import refusal
 
-    refused = refusal("traceml")  # a component below its floor: one line each, before anything starts
+    # A component below its floor: one line each, before anything starts (help still answers).
+    refused = None if _asks_for_help(argv[1:]) else refusal("traceml")
     if refused:
         print(refused, file=sys.stderr)
         return 2

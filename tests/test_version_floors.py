@@ -102,3 +102,10 @@ def test_init_raises_unsupported_version_naming_the_component(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == ("refused: TraceML needs transformers >= 4.46.1, but transformers 4.40.0 is "
                                   "installed: upgrade it (pip install 'transformers>=4.46.1')")
+
+
+def test_help_still_answers_beside_an_old_component(tmp_path):
+    env = _old(tmp_path, "torch", "2.0.1")
+    out = subprocess.run([sys.executable, "-m", "traceml.launcher.cli", "run", "--help"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.startswith("usage: traceml run"), out.stderr

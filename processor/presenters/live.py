@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from traceml.processor.presenters.terminal_text import printable, printable_text
+from traceml.processor.reporting.input_note import before_forward_note
 from traceml.processor.reporting.resources import (
     live_resource_text,
     project_resources,
@@ -165,10 +166,13 @@ def render_live(
                       "—" if share is None or name == "step_time" else f"{share:.0%}")
 
     resources = Text("\n".join(resource_lines(resource_section(result))), style="cyan")
+    before_forward = result.analysis.input_before_forward_ranks
+    note = Text(f"Note: {printable(before_forward_note(before_forward))}" if before_forward else "",
+                style="dim")
 
     state = "" if run_state is None else f"run {printable(run_state)} · "
     footer = Text(f"{state}freshness: {freshness_text(result)}", style=_FRESHNESS_STYLE.get(result.freshness, ""))
-    return Panel(Group(header, diagnosis, table, resources, footer),
+    return Panel(Group(header, diagnosis, *((note,) if before_forward else ()), table, resources, footer),
                  title=printable_text(title or "TraceML Step Time"),
                  expand=False)
 

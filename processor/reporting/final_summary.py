@@ -21,6 +21,7 @@ from typing import Iterable, Mapping, Sequence
 
 from traceml.processor.presenters.terminal_text import printable
 from traceml.processor.endings import RankEnding
+from traceml.processor.reporting.input_note import BEFORE_FORWARD_SENTENCE, RANKS_NAMED, before_forward_note
 from traceml.processor.reporting.inputs import RankMemory, RankTelemetry, RunMetadata, RunTelemetry
 from traceml.processor.reporting.resources import UNITS as RESOURCE_UNITS
 from traceml.processor.reporting.resources import (
@@ -343,7 +344,7 @@ def render_card(summary: Mapping) -> str:
         lines.append(f"  {issue['summary']}")
     before_forward = summary["telemetry"]["input_wait_before_forward_ranks"]
     if before_forward:
-        lines.append(f"Note: {BEFORE_FORWARD_SENTENCE} ({_ranks_text(before_forward)})")
+        lines.append(f"Note: {before_forward_note(before_forward)}")
     # The median column is the cross-rank median, the statistic the diagnosis sentences
     # quote; `near` is the representative rank (the real rank nearest it).
     lines += ["", f"{'metric (ms)':<24}{'median':>10}{'near':>6}{'worst':>10}{'rank':>6}{'skew':>8}"]
@@ -396,16 +397,7 @@ def render_card(summary: Mapping) -> str:
     return printable("\n".join(lines) + "\n", keep_newlines=True)
 
 
-_RANKS_NAMED = 8
-
-BEFORE_FORWARD_SENTENCE = "input wait measured as the time before forward: no DataLoader in this loop"
-"""What the card says when ranks' input wait is the time before forward (docs/instrumentation.md)."""
-
-
-def _ranks_text(ranks: Sequence[int]) -> str:
-    """`r0, r1`, the first `_RANKS_NAMED` named and the rest counted."""
-    named = ", ".join(f"r{r}" for r in ranks[:_RANKS_NAMED])
-    return named + (f" and {len(ranks) - _RANKS_NAMED} more" if len(ranks) > _RANKS_NAMED else "")
+_RANKS_NAMED = RANKS_NAMED
 
 
 def _endings_text(rank_endings: Mapping[str, Mapping]) -> str:

@@ -259,6 +259,9 @@ class StepTimeRepositorySnapshot:
     rejected: Mapping[str, int] = field(default_factory=dict)  # decode reason -> count
     grid: StepTimeSourceGrid | None = None
     tail_steps: int | None = None  # step ids the selection kept (`tail_step_ids`); None: not bounded
+    # Ranks whose every selected step with an input wait measured it as the time before forward
+    # (no DataLoader seen; `input_wait_count` 0). Read by the live tail; () where not read.
+    input_before_forward_ranks: tuple[int, ...] = ()
 
 
 # --- Window side -------------------------------------------------------------------------
@@ -397,6 +400,9 @@ class StepTimeAnalysis:
     diagnosis: StepTimeDiagnosis
     cursor: StepTimeSourceCursor | None = None
     resources: object = None  # ResourceWindow | None (defined above this layer's stdlib model)
+    # The snapshot's ranks whose input wait was measured as the time before forward: the live
+    # view says so as the card does (the final summary reads it over the whole run instead).
+    input_before_forward_ranks: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -151,7 +151,8 @@ class StepTimePipeline:
         if resources is _READ:
             resources = window_resources(db_path, window)
         return StepTimeAnalysis(window=window, diagnosis=self._diagnose(window, resources=resources),
-                                cursor=snapshot.cursor, resources=resources)
+                                cursor=snapshot.cursor, resources=resources,
+                                input_before_forward_ranks=snapshot.input_before_forward_ranks)
 
     def empty_analysis(self, run_id: str) -> StepTimeAnalysis:
         window = empty_window(run_id)

@@ -11,7 +11,9 @@ writer stores beside the typed columns, one `numpy.frombuffer` per selection):
   The tail is kept as an incremental ring cache, so after the first read only rows
   with an id above the previous cursor are fetched (a replaced row gets a new id,
   so it is seen). The rank universe is read by a third statement only when its
-  version moved.
+  version moved. Each live row also carries how its input wait was measured, so the
+  snapshot names the ranks whose input wait is the time before forward without
+  another statement.
 - summary (`load_summary_snapshot`): metadata-complete: the whole rank universe with
   identities and every row within the latest `max_steps x lookback` step ids.
 
@@ -71,6 +73,11 @@ REASON_UNREADABLE = "unreadable_values"
 REASON_NEGATIVE, REASON_NON_FINITE, REASON_ABSURD = NEGATIVE, NON_FINITE, ABSURD  # decode's names
 
 _ROW_COLUMNS = "id, packed"  # rank and step travel inside `packed`: two objects per row
+# The live tail adds how the row's input wait was measured, one small int per row (`packed`
+# holds no counts): -1 none measured, 0 the time before forward (`input_wait_count` 0: a step
+# inferred from an optimizer update with no DataLoader `next()` timed, store_read's
+# `read_input_before_forward_ranks` reads the same marker over the whole run), 1 timed fetches.
+_LIVE_ROW_COLUMNS = f"{_ROW_COLUMNS}, coalesce(min(max(input_wait_count, 0), 1), -1)"
 _N_VALUES = PACKED_VALUES
 _PACKED_BYTES = 8 * PACKED_FIELDS
 _LEGACY_PACKED_BYTES = 8 * LEGACY_PACKED_FIELDS
@@ -91,10 +98,14 @@ _TAIL_SQL = (
     f"SELECT {_ROW_COLUMNS} FROM step_time_samples INDEXED BY step_time_samples_run_step"
     " WHERE run_id = ? AND step > ?"
 )
+_LIVE_TAIL_SQL = (
+    f"SELECT {_LIVE_ROW_COLUMNS} FROM step_time_samples INDEXED BY step_time_samples_run_step"
+    " WHERE run_id = ? AND step > ?"
+)
 # Range on (run_id, rowid): only what is new since the cursor; `+step` keeps the
 # planner on the rowid range instead of the step range.
 _NEW_ROWS_SQL = (
-    f"SELECT {_ROW_COLUMNS} FROM step_time_samples INDEXED BY step_time_samples_run"
+    f"SELECT {_LIVE_ROW_COLUMNS} FROM step_time_samples INDEXED BY step_time_samples_run"
     " WHERE run_id = ? AND id > ? AND +step > ? ORDER BY id"
 )
 
@@ -137,13 +148,15 @@ def resolve_strategy(stored: str | None, rank_count: int) -> str:
 
 @dataclass
 class DecodedRows:
-    """One selection as columns: row ids, ranks, steps, values (n x 2M), sample times."""
+    """One selection as columns: row ids, ranks, steps, values (n x 2M), sample times, and for
+    the live tail's rows each row's input-wait marker (`_LIVE_ROW_COLUMNS`; None when not read)."""
 
     ids: np.ndarray
     ranks: np.ndarray
     steps: np.ndarray
     values: np.ndarray
     sample_times: np.ndarray
+    input_marks: np.ndarray | None = None
 
 
 def _widen_legacy(blob: bytes) -> bytes:
@@ -159,6 +172,8 @@ def decode_rows(rows: list[tuple], rejected: Counter) -> DecodedRows:
     """(id, packed) tuples -> columns; bad rows/values counted in `rejected`."""
     n = len(rows)
     ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=n)
+    marks = (np.fromiter((r[2] for r in rows), dtype=np.int8, count=n)
+             if n and len(rows[0]) > 2 else None)
     blobs = [r[1] for r in rows]
     try:
         joined = b"".join(blobs)
@@ -169,6 +184,7 @@ def decode_rows(rows: list[tuple], rejected: Counter) -> DecodedRows:
                             for b in blobs), dtype=bool, count=n)
         rejected[REASON_UNREADABLE] += int(n - keep.sum())
         ids = ids[keep]
+        marks = None if marks is None else marks[keep]
         joined = b"".join(_widen_legacy(b) for b, k in zip(blobs, keep) if k)
     packed = np.frombuffer(joined, dtype="<f8").reshape(-1, PACKED_FIELDS)
     identity = packed[:, (PACKED_RANK, PACKED_STEP)]
@@ -176,6 +192,7 @@ def decode_rows(rows: list[tuple], rejected: Counter) -> DecodedRows:
     if not good.all():
         rejected[REASON_UNREADABLE] += int((~good).sum())
         packed, ids, identity = packed[good], ids[good], identity[good]
+        marks = None if marks is None else marks[good]
     values = packed[:, :_N_VALUES].copy()
     sample_times = packed[:, PACKED_SAMPLE_TIME].copy()
     ranks = identity[:, 0].astype(np.int64)
@@ -192,7 +209,7 @@ def decode_rows(rows: list[tuple], rejected: Counter) -> DecodedRows:
             if count:
                 rejected[reason] += count
         values[bad] = np.nan
-    return DecodedRows(ids, ranks, steps, values, sample_times)
+    return DecodedRows(ids, ranks, steps, values, sample_times, marks)
 
 
 def _log_rejections(run_id: str, rejected: Counter) -> None:
@@ -319,6 +336,7 @@ class LiveTail:
         self._values = np.full((0, n_ranks, _N_VALUES), np.nan)
         self._row_ids = np.zeros((0, n_ranks), dtype=np.int64)
         self._sample_times = np.full((0, n_ranks), np.nan)
+        self._input_marks = np.full((0, n_ranks), -1, dtype=np.int8)
 
     @property
     def slots(self) -> int:
@@ -337,6 +355,7 @@ class LiveTail:
         self._values = np.concatenate([self._values, np.full((extra, n_ranks, _N_VALUES), np.nan)])
         self._row_ids = np.concatenate([self._row_ids, np.zeros((extra, n_ranks), dtype=np.int64)])
         self._sample_times = np.concatenate([self._sample_times, np.full((extra, n_ranks), np.nan)])
+        self._input_marks = np.concatenate([self._input_marks, np.full((extra, n_ranks), -1, dtype=np.int8)])
 
     def reset(self) -> None:
         """Forget the cache: the next read is a full tail read."""
@@ -369,7 +388,7 @@ class LiveTail:
             if latest is None:
                 rows = []
             elif full:
-                rows = conn.execute(_TAIL_SQL, (self.run_id, lower)).fetchall()
+                rows = conn.execute(_LIVE_TAIL_SQL, (self.run_id, lower)).fetchall()
             else:
                 rows = conn.execute(
                     _NEW_ROWS_SQL, (self.run_id, previous.cursor.latest_row_id, lower)).fetchall()
@@ -379,7 +398,7 @@ class LiveTail:
             if not full and decoded.ranks.size and not np.isin(decoded.ranks, self._rank_array).all():
                 full = True  # rows of a rank outside the stored universe
                 rejected = Counter()
-                decoded = decode_rows(conn.execute(_TAIL_SQL, (self.run_id, lower)).fetchall(),
+                decoded = decode_rows(conn.execute(_LIVE_TAIL_SQL, (self.run_id, lower)).fetchall(),
                                       rejected)
             conn.execute("COMMIT")
         except sqlite3.DatabaseError as exc:
@@ -418,7 +437,8 @@ class LiveTail:
             run_id=self.run_id,
             training_strategy=resolve_strategy(header.stored_strategy, len(self._ranks)),
             ranks=dict(self._identities), cursor=header.cursor, rows=grid.rows(),
-            rejected=dict(self._rejected), grid=grid, tail_steps=self.capacity)
+            rejected=dict(self._rejected), grid=grid, tail_steps=self.capacity,
+            input_before_forward_ranks=self.input_before_forward_ranks())
         return LiveRead(header, snapshot)
 
     def _evict(self, lower: int) -> None:
@@ -442,6 +462,7 @@ class LiveTail:
             reset = free[:len(new_steps)]
             self._present[reset] = False
             self._values[reset] = np.nan
+            self._input_marks[reset] = -1
             self._slot_step[reset] = new_steps
             slot_of.update(zip(new_steps, reset.tolist()))
         slots = np.fromiter((slot_of[step] for step in step_ids.tolist()), dtype=np.int64,
@@ -451,11 +472,23 @@ class LiveTail:
         self._values[slots, cols] = rows.values
         self._row_ids[slots, cols] = rows.ids
         self._sample_times[slots, cols] = rows.sample_times
+        if rows.input_marks is not None:
+            self._input_marks[slots, cols] = rows.input_marks
+
+    def input_before_forward_ranks(self) -> tuple[int, ...]:
+        """Ranks whose every step in the tail that measured input wait measured it as the time
+        before forward: the final summary's `input_wait_before_forward_ranks` over the steps the
+        live view shows, from the markers the tail already fetched (no scan of the run's rows)."""
+        live = (self._slot_step >= 0)[:, None] & self._present
+        measured = (live & (self._input_marks >= 0)).any(axis=0)
+        timed = (live & (self._input_marks > 0)).any(axis=0)
+        return tuple(int(r) for r in self._rank_array[measured & ~timed])
 
 
 def _select(rows: DecodedRows, keep: np.ndarray) -> DecodedRows:
     return DecodedRows(rows.ids[keep], rows.ranks[keep], rows.steps[keep], rows.values[keep],
-                       rows.sample_times[keep])
+                       rows.sample_times[keep],
+                       None if rows.input_marks is None else rows.input_marks[keep])
 
 
 def load_live_snapshot(path: str | Path, run_id: str, window: int = LIVE_WINDOW_STEPS,

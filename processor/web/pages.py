@@ -14,7 +14,7 @@ import numbers
 from typing import Mapping, Sequence
 from urllib.parse import quote
 
-from traceml.processor.reporting.final_summary import BEFORE_FORWARD_SENTENCE
+from traceml.processor.reporting.input_note import BEFORE_FORWARD_SENTENCE
 from traceml.processor.reporting.resources import fmt_figure, trend_text
 from traceml.processor.web.assets import STYLE_CSS
 from traceml.processor.web.svg import bar_scale_max, esc, line_chart, phase_bars, phase_legend, trend_chart

@@ -71,9 +71,15 @@ def _surfaces_agree(run, summary: dict) -> None:
     for kind, _, _, sentence in final:
         assert sentence in card and html.escape(sentence, quote=True) in report_html, sentence
         assert sentence[:60] in " ".join(terminal.split()), sentence  # the terminal wraps long lines
-    # How input wait was measured, said on the card and beside the report's phase bars.
-    assert (BEFORE_FORWARD in card) == (BEFORE_FORWARD in report_html) == bool(
-        summary["telemetry"]["input_wait_before_forward_ranks"])
+    # How input wait was measured, said on the card, in the live view and beside the report's
+    # phase bars, for the same ranks.
+    before_forward = summary["telemetry"]["input_wait_before_forward_ranks"]
+    assert list(live.analysis.input_before_forward_ranks) == before_forward
+    assert (BEFORE_FORWARD in card) == (BEFORE_FORWARD in report_html) == (BEFORE_FORWARD in terminal) == bool(
+        before_forward)
+    if before_forward:
+        note = next(line for line in card.splitlines() if BEFORE_FORWARD in line)
+        assert note in " ".join(terminal.split()), note
     # The statistics: the card's median column, the JSON's cross-rank median, the drawn report table.
     rows = {line.split()[0]: line.split()[1] for line in card.splitlines()
             if line[:1].islower() and len(line.split()) >= 6 and not line.startswith("metric")}

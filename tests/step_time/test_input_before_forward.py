@@ -74,3 +74,56 @@ def test_the_report_page_says_it_beside_the_phase_bars():
     with_note = phases_section(build_run_view(analysis, ViewInputs(telemetry=RunTelemetry(input_before_forward_ranks=(0, 1)))))
     assert with_note.count(SENTENCE) == 1 and "0, 1" in with_note
     assert SENTENCE not in phases_section(build_run_view(analysis, ViewInputs(telemetry=RunTelemetry())))
+
+
+def _live_text(result) -> str:
+    from rich.console import Console
+
+    from traceml.processor.presenters import render_live
+
+    console = Console(width=300, record=True, color_system=None)
+    console.print(render_live(result))
+    return " ".join(console.export_text().split())
+
+
+def test_the_live_view_says_it_from_the_rows_its_tail_already_reads(tmp_path, monkeypatch):
+    """The live tail carries each row's input-wait marker (no scan of the run's rows): a full read
+    names the ranks, an incremental read of newer rows updates them, and the panel says the note."""
+    from traceml.processor.step_time import sqlite_reader
+    from traceml.processor.step_time.pipeline import LiveStepTimeSession
+
+    db = tmp_path / "s.db"
+    counts = {0: (0, 0, 0), 1: (0, 1, 0), 2: (None, None, None)}
+    with StepTimeStore(db) as store:
+        store.write([_record(rank, step, counts[rank][step]) for rank in counts for step in range(3)],
+                    receive_time=2000.0)
+    session = LiveStepTimeSession(db, "r")
+    first = session.refresh()
+    assert first.analysis.input_before_forward_ranks == (0,)
+    assert f"Note: {SENTENCE} (r0)" in _live_text(first)
+
+    statements: list[str] = []
+    real_connect = sqlite_reader.connect_reader
+
+    def traced(path):
+        conn = real_connect(path)
+        conn.set_trace_callback(statements.append)
+        return conn
+
+    monkeypatch.setattr(sqlite_reader, "connect_reader", traced)
+    # Rank 2 now measures before forward too; rank 0 times a DataLoader next() on its next step.
+    with StepTimeStore(db) as store:
+        store.write([_record(0, 3, 2), _record(1, 3, 0), _record(2, 3, 0)], receive_time=2001.0)
+    second = session.refresh()
+    assert second.analysis.input_before_forward_ranks == (2,)
+    selects = [s for s in statements if s.lstrip().upper().startswith("SELECT")]
+    assert len(selects) == 2 and " AND id > " in selects[1], selects  # header, then the newer rows only
+    assert f"{SENTENCE} (r2)" in _live_text(second)
+
+    # A DataLoader everywhere: nothing said.
+    db2 = tmp_path / "d.db"
+    with StepTimeStore(db2) as store:
+        store.write([_record(rank, step, 1) for rank in range(2) for step in range(3)], receive_time=2000.0)
+    plain = LiveStepTimeSession(db2, "r").refresh()
+    assert plain.analysis.input_before_forward_ranks == ()
+    assert SENTENCE not in _live_text(plain)

@@ -255,7 +255,7 @@ def test_a_refresh_is_one_read_transaction_of_two_index_bounded_statements(tmp_p
 
     conn = sqlite3.connect(db)
     for sql, args in ((repo._HEADER_SQL, ("complete_gpu",)), (repo._NEW_ROWS_SQL, ("complete_gpu", 5, 3)),
-                      (repo._TAIL_SQL, ("complete_gpu", 3))):
+                      (repo._TAIL_SQL, ("complete_gpu", 3)), (repo._LIVE_TAIL_SQL, ("complete_gpu", 3))):
         plans += [row[-1] for row in conn.execute("EXPLAIN QUERY PLAN " + sql, args)]
     conn.close()
     assert not [p for p in plans if p.startswith("SCAN step_time_samples")], plans

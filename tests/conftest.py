@@ -1,6 +1,12 @@
-"""Project-wide pytest options, and where the rewritten test modules are cached."""
+"""Project-wide pytest options, where the rewritten test modules are cached, and which tests run alone."""
 import sys
 from pathlib import Path
+
+import pytest
+
+from tests.serial_tests import SerialLock, group_shared_fixtures, mark_serial
+
+_SERIAL_LOCK = pytest.StashKey["SerialLock"]()
 
 if sys.dont_write_bytecode and sys.prefix != sys.base_prefix and sys.pycache_prefix is None:
     # PYTHONDONTWRITEBYTECODE keeps bytecode out of the checkout; pytest then rewrites and
@@ -16,3 +22,34 @@ def pytest_addoption(parser):
         help="rewrite tests/step_time/golden/*.json (refused for a key or null-pattern change "
              "at an unchanged SCHEMA_VERSION)",
     )
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups and `-m` selects
+def pytest_collection_modifyitems(config, items):
+    mark_serial(items, config.rootpath)
+    if config.pluginmanager.hasplugin("xdist"):
+        group_shared_fixtures(items)
+
+
+@pytest.hookimpl(tryfirst=True, wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Under pytest-xdist, a `serial` test runs with no other test beside it (tests/serial_tests.py).
+
+    The outermost wrapper, so the wait for the lock is neither in the test's timeout nor its duration.
+    """
+    lock = item.config.stash.get(_SERIAL_LOCK, None)
+    if lock is None:
+        return (yield)
+    exclusive = item.get_closest_marker("serial") is not None
+    lock.enter(exclusive)
+    try:
+        return (yield)
+    finally:
+        lock.leave(exclusive)
+
+
+def pytest_configure(config):
+    workerinput = getattr(config, "workerinput", None)  # set on pytest-xdist's workers only
+    if workerinput is not None and config.option.basetemp:
+        # Each worker's basetemp is <the run's temporary root>/<worker id>: the root is this run's.
+        config.stash[_SERIAL_LOCK] = SerialLock(Path(config.option.basetemp).parent)

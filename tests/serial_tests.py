@@ -1,0 +1,104 @@
+"""Which tests run alone, and the lock that keeps them apart when pytest-xdist runs the rest in parallel.
+
+`scripts/test.sh` runs the suite on several workers (`-n`). Most tests only wait on other
+processes and share the CPUs well; the ones listed here measure time or decide something
+from how fast a rank, a thread or a loop went, with margins that another worker's test
+burning a core beside them could cross. They get the `serial` marker (pyproject's markers
+say what it means), and while one of them runs (setup, call and teardown) no other test of
+the same session runs on any worker: every test holds a lock on one file, the serial ones
+exclusively, the others shared. A second file is a turnstile taken before the lock, so a
+serial test waiting for the room to empty is not overtaken by new shared holders.
+
+The lock files live in the session's temporary root, which all workers of one run share
+and a pytest started by a test does not; without xdist the tests run one at a time and
+nothing is locked. Each entry is a node id or a node id prefix (a module, or a test
+without its parameters); an entry that matches nothing in a module that was collected is
+an error, so a renamed test cannot silently fall out of the list.
+"""
+from __future__ import annotations
+
+import fcntl
+from pathlib import Path
+
+import pytest
+
+# node id (prefix) -> why it must not share the machine with other tests
+SERIAL: dict[str, str] = {
+    "tests/benchmarks/test_bench_resources.py":
+        "throughput ratios with and without the sampler, and tick counts in a fixed time",
+    "tests/exporter/test_failure_modes.py::test_a_retry_delay_beyond_the_deadline_gives_up_at_once":
+        "the give-up must come well before the 3 s deadline (under 2.5 s)",
+    "tests/instrumentation/test_collective_wait.py::test_explicit_collectives_in_a_plain_loop_are_timed":
+        "the late rank must wait 20 of the injected 50 ms less than the other",
+    "tests/instrumentation/test_collective_wait.py::test_ddp_rank_slowed_in_backward_waits_least_and_enters_last":
+        "wait and entry-order margins of 20 ms between three ranks",
+    "tests/launcher/test_collective_diagnosis.py":
+        "a balanced run must name no rank (jitter under 10 % of the step), a drift's onset within 2 steps",
+    "tests/launcher/test_collective_hf.py":
+        "the fast rank must wait 30 ms more than the slow one in each step's gather",
+    "tests/launcher/test_demo_and_surfaces.py::test_demo_diagnosis_names_the_injected_problem_and_rank":
+        "the balanced demo must name no rank; its runs are the module's shared demo runs",
+    "tests/launcher/test_demo_and_surfaces.py::test_live_view_in_a_real_terminal_shows_the_diagnosis":
+        "the loader's delay must cover the gap for the verdict the live view shows",
+    "tests/launcher/test_resource_runs.py::"
+    "test_an_input_bound_run_beside_a_cpu_burning_neighbour_is_told_the_cpus_are_saturated":
+        "burns every core itself, then compares the host CPU of a quiet run against it",
+    "tests/reliability/test_load.py":
+        "hundreds of simulated ranks: the processor's lag, and no false culprit at any scrape",
+}
+
+
+def _matches(nodeid: str, entry: str) -> bool:
+    return nodeid == entry or nodeid.startswith(entry + "[") or nodeid.startswith(entry + "::")
+
+
+def group_shared_fixtures(items: list[pytest.Item]) -> None:
+    """Keep a module's tests on one xdist worker when they share a module- or class-scoped fixture.
+
+    Such a fixture is one expensive thing (a training run, a receiver, a demo) read by many
+    tests; spread over workers, each worker would build it again. Applies under
+    `--dist loadgroup` (scripts/test.sh); other modes ignore the group.
+    """
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs.values() if info is not None else ()
+        if any(d and d[-1].scope in ("module", "class", "package") for d in defs):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+
+
+def mark_serial(items: list[pytest.Item], root: Path) -> None:
+    """Add the `serial` marker to the listed tests; refuse an entry that names nothing collected."""
+    modules = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::", 1)[0], getattr(item, "module", None))
+        if any(_matches(item.nodeid, entry) for entry in SERIAL):
+            item.add_marker(pytest.mark.serial)
+    # Only a module that was collected can be checked; within it the test (or class) must exist
+    # even when this run selected other tests of the module.
+    stale = [entry for entry in SERIAL if not (root / entry.split("::", 1)[0]).is_file()
+             or (entry.split("::", 1)[0] in modules and "::" in entry
+                 and not hasattr(modules[entry.split("::", 1)[0]], entry.split("::")[1]))]
+    if stale:
+        raise pytest.UsageError(f"tests/serial_tests.py names tests that do not exist: {stale}")
+
+
+class SerialLock:
+    """The shared/exclusive lock of one xdist session (see the module docstring)."""
+
+    def __init__(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self._turnstile = open(folder / "serial-turnstile.lock", "a+b")
+        self._room = open(folder / "serial-room.lock", "a+b")
+
+    def enter(self, exclusive: bool) -> None:
+        fcntl.flock(self._turnstile, fcntl.LOCK_EX)
+        if exclusive:
+            fcntl.flock(self._room, fcntl.LOCK_EX)  # the turnstile stays closed until leave()
+        else:
+            fcntl.flock(self._room, fcntl.LOCK_SH)
+            fcntl.flock(self._turnstile, fcntl.LOCK_UN)
+
+    def leave(self, exclusive: bool) -> None:
+        fcntl.flock(self._room, fcntl.LOCK_UN)
+        if exclusive:
+            fcntl.flock(self._turnstile, fcntl.LOCK_UN)

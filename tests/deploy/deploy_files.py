@@ -200,7 +200,8 @@ class EntrypointProcessor:
     """Runs the Dockerfile's ENTRYPOINT + CMD with loopback free ports and a temp /data.
 
     The only changes are the ones a container makes invisible: `0.0.0.0:PORT` ->
-    `127.0.0.1:FREE` and `/data` -> a temp folder. From `bin_dir` (an `image_install`),
+    `127.0.0.1:FREE` (in the command and in the compose file's environment) and `/data` ->
+    a temp folder. From `bin_dir` (an `image_install`),
     the image's own environment, where torch & co. are absent; by default this
     interpreter's, where they are made unimportable, as in the image.
     """
@@ -216,23 +217,31 @@ class EntrypointProcessor:
             (blocker / "sitecustomize.py").write_text(TORCH_BLOCKER)
         self.image_argv = image_command()
         self.port_map: dict[int, int] = {}
+
+        def loopback(value: str) -> str:
+            """A container's 0.0.0.0:PORT as 127.0.0.1 on a free port (the same container port, the same one)."""
+            match = re.fullmatch(r"0\.0\.0\.0:(\d+)", value)
+            if match is None:
+                return value
+            container_port = int(match.group(1))
+            if container_port not in self.port_map:
+                self.port_map[container_port] = free_port()
+            return f"127.0.0.1:{self.port_map[container_port]}"
+
         argv = []
         for arg in self.image_argv:
-            match = re.fullmatch(r"0\.0\.0\.0:(\d+)", arg)
-            if match:
-                new = free_port()
-                self.port_map[int(match.group(1))] = new
-                arg = f"127.0.0.1:{new}"
-            elif arg == "/data" or arg.startswith("/data/"):
+            if arg == "/data" or arg.startswith("/data/"):
                 arg = str(self.data) + arg[len("/data"):]
-            argv.append(arg)
+            argv.append(loopback(arg))
         exe = shutil.which(argv[0], path=str(self.bin_dir))
         if exe is None:
             raise RuntimeError(f"{argv[0]} is not installed (pip install -e .)")
         self.argv = [exe, *argv[1:]]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TRACEML_"))}
         env["PYTHONPATH"] = str(blocker)
-        env.update(self.compose_environment())
+        # The compose file's addresses too (the web view's 0.0.0.0:8090): several processors of the
+        # suite run at once under pytest-xdist, none on a fixed port or every interface.
+        env.update({name: loopback(value) for name, value in self.compose_environment().items()})
         self.env = env
         self.log_path = self.folder / "processor.log"
         self._log = open(self.log_path, "wb")

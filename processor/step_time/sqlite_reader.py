@@ -74,10 +74,10 @@ REASON_NEGATIVE, REASON_NON_FINITE, REASON_ABSURD = NEGATIVE, NON_FINITE, ABSURD
 
 _ROW_COLUMNS = "id, packed"  # rank and step travel inside `packed`: two objects per row
 # The live tail adds how the row's input wait was measured, one small int per row (`packed`
-# holds no counts): -1 none measured, 0 the time before forward (`input_wait_count` 0: a step
+# holds no counts), kept as -1 none measured, 0 the time before forward (`input_wait_count` 0: a step
 # inferred from an optimizer update with no DataLoader `next()` timed, store_read's
 # `read_input_before_forward_ranks` reads the same marker over the whole run), 1 timed fetches.
-_LIVE_ROW_COLUMNS = f"{_ROW_COLUMNS}, coalesce(min(max(input_wait_count, 0), 1), -1)"
+_LIVE_ROW_COLUMNS = f"{_ROW_COLUMNS}, coalesce(input_wait_count, -1)"
 _N_VALUES = PACKED_VALUES
 _PACKED_BYTES = 8 * PACKED_FIELDS
 _LEGACY_PACKED_BYTES = 8 * LEGACY_PACKED_FIELDS
@@ -172,7 +172,7 @@ def decode_rows(rows: list[tuple], rejected: Counter) -> DecodedRows:
     """(id, packed) tuples -> columns; bad rows/values counted in `rejected`."""
     n = len(rows)
     ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=n)
-    marks = (np.fromiter((r[2] for r in rows), dtype=np.int8, count=n)
+    marks = (np.fromiter((r[2] for r in rows), dtype=np.int64, count=n).clip(-1, 1).astype(np.int8)
              if n and len(rows[0]) > 2 else None)
     blobs = [r[1] for r in rows]
     try:
@@ -447,6 +447,7 @@ class LiveTail:
         for slot in stale.tolist():
             del self._slot_of[int(self._slot_step[slot])]
         self._slot_step[stale] = -1
+        self._input_marks[stale] = -1  # only cells in the tail hold a marker
 
     def _merge(self, rows: DecodedRows) -> None:
         if rows.ids.size == 0:
@@ -479,9 +480,9 @@ class LiveTail:
         """Ranks whose every step in the tail that measured input wait measured it as the time
         before forward: the final summary's `input_wait_before_forward_ranks` over the steps the
         live view shows, from the markers the tail already fetched (no scan of the run's rows)."""
-        live = (self._slot_step >= 0)[:, None] & self._present
-        measured = (live & (self._input_marks >= 0)).any(axis=0)
-        timed = (live & (self._input_marks > 0)).any(axis=0)
+        marks = self._input_marks  # -1 in every cell outside the tail or not (yet) stored
+        measured = (marks >= 0).any(axis=0)
+        timed = (marks > 0).any(axis=0)
         return tuple(int(r) for r in self._rank_array[measured & ~timed])
 
 

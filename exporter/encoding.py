@@ -187,6 +187,7 @@ class OtlpEncoder:
         self.scope = common_pb2.InstrumentationScope(name=v.INSTRUMENTATION_SCOPE, version=SCOPE_VERSION)
         self._run_kv = common_pb2.KeyValue(key=v.ATTR_RUN_ID, value=any_value(identity.run_id))
         self._rank_kv = common_pb2.KeyValue(key=v.ATTR_RANK, value=any_value(identity.rank))
+        self._strategy_kv: common_pb2.KeyValue | None = None  # the step span's, once one is sent
         self._event_keys: dict[str, tuple[str, str, str]] = {}
         self._phase_names: dict[str, tuple[str, common_pb2.KeyValue]] = {}
         self._device_kvs: dict[str, common_pb2.KeyValue] = {}
@@ -238,6 +239,9 @@ class OtlpEncoder:
             attrs.append(KV(key=v.ATTR_COLLECTIVE_LAST_ENTRY, value=AV(double_value=last_entry)))
         if memory is not None:
             self._add_memory_attributes(attrs, memory)
+        strategy = record.strategy
+        if strategy is not None and strategy != self.identity.strategy:
+            attrs.append(self._step_strategy_kv(strategy))
         if parent is None:
             trace_id = _id(16, run_id, step)
             spans.add(trace_id=trace_id, span_id=span_id, name=v.SPAN_STEP, kind=_SPAN_KIND_INTERNAL,
@@ -267,6 +271,16 @@ class OtlpEncoder:
                       start_time_unix_nano=phase.start_time_ns, end_time_unix_nano=phase.end_time_ns,
                       attributes=(self._rank_kv, step_kv, cached[1]))
         return added
+
+    def _step_strategy_kv(self, strategy: str) -> common_pb2.KeyValue:
+        """`traceml.training.strategy` on the step span: the strategy the training side recognised
+        from the model (FSDP, `traceml.sharding`) where it differs from the resource's, which was
+        fixed before the model existed; the processor prefers the step's."""
+        kv = self._strategy_kv
+        if kv is None or kv.value.string_value != strategy:
+            kv = self._strategy_kv = common_pb2.KeyValue(key=v.ATTR_TRAINING_STRATEGY,
+                                                         value=any_value(strategy))
+        return kv
 
     def _add_memory_attributes(self, attrs: list, memory: StepMemorySnapshot) -> None:
         """The device and each measured peak (bytes); nothing at all when no peak was measured."""

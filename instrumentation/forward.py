@@ -29,6 +29,7 @@ import weakref
 
 from traceml.schema.vocabulary import RAW_FORWARD
 
+from . import sharding as _sharding
 from . import step_events as _se
 from .hooks import HookRegionTimer, close_region
 from .process_state import recording as _rec
@@ -116,6 +117,7 @@ def time_forward_or_warn(module, instrument=instrument_forward) -> None:
     except Exception as exc:
         _se.warn_once("forward_not_timed", f"the calls of {type(module).__name__} cannot be timed as "
                       f"forward ({exc!r}); its steps are traced without a forward region")
+    _sharding.note_model(module)  # the model is seen here once: is it FSDP? (`sharding`)
 
 
 def forward_timer(module) -> ForwardTimer | None:

@@ -16,6 +16,7 @@ import os
 import threading
 
 from . import settings as _settings
+from . import sharding
 from . import step_boundary
 from . import step_events as _se
 from . import timing as _timing
@@ -184,6 +185,7 @@ def shutdown(timeout_s: float = 5.0) -> None:
             patches.uninstall()
         _time_sampler = _memory_sampler = _resource_sampler = _exporter_sink = None
         reset_tracker_cache()  # a later init re-selects and re-hooks
+        sharding.reset()  # a later init's model is looked at afresh
         session.initialized = False
         session.mode = None
 

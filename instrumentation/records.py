@@ -34,6 +34,8 @@ class ResolvedStepTime(NamedTuple):
     step's first and last event, derived from the captured perf_counter values.
     `parent` is the job's own OpenTelemetry `SpanContext` that was current when the
     step began (opaque here: nothing on this side imports OpenTelemetry), or None.
+    `strategy`: the training strategy recognised from the model (`fsdp`, `sharding`), or
+    None when nothing was (the resource's stands).
     """
 
     step: int
@@ -42,6 +44,7 @@ class ResolvedStepTime(NamedTuple):
     events: Mapping[str, EventTotals]
     phases: tuple[PhaseInterval, ...] = ()
     parent: object = None
+    strategy: str | None = None
 
 
 class StepMemorySnapshot(NamedTuple):

@@ -30,6 +30,7 @@ from operator import is_, itemgetter
 
 from traceml.schema.vocabulary import RAW_DATALOADER_NEXT
 
+from . import sharding as _sharding
 from . import step_events as _se
 from . import timing as _timing
 from .records import EventTotals, PhaseInterval, ResolvedStepTime, StepMemorySnapshot
@@ -201,7 +202,7 @@ def resolve_batch(batch, wall_offset_ns: int, *, gpu_available: bool = True,
     if INFERRED_STEP in totals:  # a step inferred from an optimizer update (step_boundary)
         phases = resolve_inferred(totals, phases)
     return new_tuple(ResolvedStepTime, (batch.step, ordered[0][1] + wall_offset_ns, end + wall_offset_ns,
-                                        totals, phases, batch.parent))
+                                        totals, phases, batch.parent, _sharding.detected))
 
 
 def _gpu_ms(event: tuple, gpu_available: bool, pool) -> float | None:

@@ -68,8 +68,25 @@ def _ms_value(value, key: str, limits: "DecodeLimits", to_ms: float = 1.0) -> fl
 
 
 _MEMORY_PEAK_KEYS = (v.ATTR_MEMORY_PEAK_ALLOCATED, v.ATTR_MEMORY_PEAK_RESERVED)
-_ROW_KEYS = frozenset({v.ATTR_STEP, v.ATTR_RANK, v.ATTR_RUN_ID, v.ATTR_DEVICE, *_MEMORY_PEAK_KEYS})
+_ROW_KEYS = frozenset({v.ATTR_STEP, v.ATTR_RANK, v.ATTR_RUN_ID, v.ATTR_DEVICE, v.ATTR_TRAINING_STRATEGY,
+                       *_MEMORY_PEAK_KEYS})
 """The step span's attributes other than `traceml.event.*` that its rows are built from."""
+_KNOWN_STRATEGIES = {name: name for name in v.TRAINING_STRATEGIES}
+
+
+def _step_strategy(ident: Mapping, resource_strategy: str | None) -> str | None:
+    """The step span's `traceml.training.strategy` (what the training side recognised from the
+    model, e.g. FSDP, after the resource was fixed) over the resource's; a known name becomes
+    the vocabulary's own string, so spans of one rank share one strategy object (`normalise`'s
+    identity cache compares by identity)."""
+    strategy = ident.get(v.ATTR_TRAINING_STRATEGY)
+    if strategy is None:
+        return resource_strategy
+    if not isinstance(strategy, str):
+        raise Reject(WRONG_TYPE, f"{v.ATTR_TRAINING_STRATEGY} must be a string, got {strategy!r}")
+    return _KNOWN_STRATEGIES.get(strategy, strategy)
+
+
 _SLOT = {v.EVENT_FIELD_CPU: 0, v.EVENT_FIELD_GPU: 1, v.EVENT_FIELD_COUNT: 2}
 _TO_MS = {v.DURATION_UNIT: 1000.0, v.LEGACY_DURATION_UNIT: 1.0}
 """Milliseconds per wire unit: SQLite and every reader keep milliseconds (the row layout,
@@ -239,7 +256,7 @@ class SpanDecoder:
             start_time=start_ns / 1e9,
             sample_time=end_ns / 1e9,
             events=events,
-            training_strategy=res.strategy,
+            training_strategy=_step_strategy(ident, res.strategy),
             attempt=res.attempt,
         ), memory
 

@@ -43,3 +43,24 @@ def test_processor_decodes_exported_steps_memory_drops_and_run_end(fresh_receive
     assert memory[0].sample_time == records[0].end_time_ns / 1e9
     assert [(e.run_id, e.global_rank, e.steps_completed) for e in ends] == [("compat", 1, 5)]
     assert {d.queue: d.dropped for d in drops}["timing"] == 4
+
+
+def test_the_strategy_recognised_from_the_model_rides_on_the_step_span_and_wins():
+    """The resource's strategy is fixed before the model exists (`ddp` for two ranks); a step
+    whose record says `fsdp` (recognised from the model, `traceml.sharding`) carries it on its
+    span and the processor stores that; a step saying nothing, or the resource's own, adds nothing."""
+    from traceml.exporter.encoding import OtlpEncoder
+    from traceml.schema import vocabulary as v
+
+    encoder = OtlpEncoder(identity("s", rank=1, world_size=2), resolve_settings("localhost:4317", "grpc", environ={}))
+    request, spans = encoder.new_trace_request()
+    encoder.add_step_spans(spans, step_record(0))
+    encoder.add_step_spans(spans, step_record(1)._replace(strategy="ddp"))
+    encoder.add_step_spans(spans, step_record(2)._replace(strategy="fsdp"))
+    step_spans = [s for s in spans if s.name == v.SPAN_STEP]
+    on_span = [[kv.value.string_value for kv in s.attributes if kv.key == v.ATTR_TRAINING_STRATEGY]
+               for s in step_spans]
+    assert on_span == [[], [], ["fsdp"]]
+    batch = Decoder().decode_traces(request)
+    assert batch.rejected_count == 0, batch.message()
+    assert {r.step: r.training_strategy for r in batch.step_records} == {0: "ddp", 1: "ddp", 2: "fsdp"}

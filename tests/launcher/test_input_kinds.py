@@ -127,6 +127,8 @@ EXPECTED = {
     "dataloader_marked_forward": ("COMPUTE_STRAGGLER", "forward"),
     "fsdp2_generator_inferred_forward": (None, None),  # the rank; FSDP's kind is less certain
 }
+STRATEGY_OF_RUN = {name: args[args.index("--strategy") + 1] for name, args in STRAGGLERS.items()
+                   if "--strategy" in args}
 NO_INPUT_MEASURED = {"generator_marked_input", "synthetic_marked_backward"}
 BEFORE_FORWARD_RUNS = {"generator_inferred_input", "synthetic_inferred_forward_accum",
                        "fsdp2_generator_inferred_forward"}
@@ -150,6 +152,15 @@ def test_the_slowed_rank_is_named_with_its_kind(tmp_path, name):
     # No other rank is named a straggler (a warn-level drift of one rank on a busy machine is
     # another claim, about that rank against its own earlier steps).
     assert {i["culprit_rank"] for i in named if i["kind"] in STRAGGLER_KINDS} == {1}, summary["issues"]
+    # The strategy as the model shows it (`traceml.sharding`): an unmodified fully_shard loop is
+    # FSDP, whatever the resource said before the model existed, and every finding stays at warn.
+    fsdp = STRATEGY_OF_RUN.get(name) == "fsdp"
+    strategy = "fsdp" if fsdp else "ddp"
+    assert summary["metadata"]["training_strategy"] == strategy == straggler["evidence"]["training_strategy"]
+    if fsdp:
+        assert all(i["severity"] != "crit" for i in summary["issues"]), summary["issues"]
+        capped = [i for i in summary["issues"] if i["evidence"].get("uncapped_severity") == "crit"]
+        assert capped and all("fsdp" in i["evidence"]["severity_caps"] for i in capped), summary["issues"]
     card = summary["card"]
     if name in NO_INPUT_MEASURED:
         # What could not be seen and its one-line fix, said once, beside the finding.

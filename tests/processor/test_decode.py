@@ -192,3 +192,11 @@ def test_gunzip_cap_refuses_bombs_and_truncation():
         gunzip_capped(gzip.compress(b"\0" * 2000), cap=1000)
     with pytest.raises(ValueError, match="truncated"):
         gunzip_capped(gzip.compress(b"x" * 5000)[:20])
+
+
+def test_a_step_span_strategy_of_the_wrong_type_is_refused():
+    request = steps_request("r", 1, [7])
+    span = request.resource_spans[0].scope_spans[0].spans[0]
+    span.attributes.append(kv(v.ATTR_TRAINING_STRATEGY, 3))
+    batch = Decoder().decode_traces(request)
+    assert batch.step_records == [] and batch.rejected_count == 1

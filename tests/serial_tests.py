@@ -40,6 +40,8 @@ SERIAL: dict[str, str] = {
         "the balanced demo must name no rank; its runs are the module's shared demo runs",
     "tests/launcher/test_demo_and_surfaces.py::test_live_view_in_a_real_terminal_shows_the_diagnosis":
         "the loader's delay must cover the gap for the verdict the live view shows",
+    "tests/launcher/test_input_kinds.py::test_a_balanced_run_names_nobody":
+        "nothing is injected: a rank slowed by another test's load would be named",
     "tests/launcher/test_resource_runs.py::"
     "test_an_input_bound_run_beside_a_cpu_burning_neighbour_is_told_the_cpus_are_saturated":
         "burns every core itself, then compares the host CPU of a quiet run against it",

@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
+import importlib.util
 import json
 import os
 import platform
@@ -49,8 +50,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "schema"))
-import version_floors  # noqa: E402  (stdlib only: read from the tree, no install needed)
+
+
+def _tree_module(name: str, path: Path):
+    """A stdlib-only module read from the tree (no install needed, nothing added to sys.path)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses resolves the module's annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+version_floors = _tree_module("_compat_version_floors", ROOT / "schema" / "version_floors.py")
 
 RECORD = ROOT / "docs" / "compatibility.json"
 PAGE = ROOT / "docs" / "compatibility.md"

@@ -3,7 +3,10 @@
 Columns (`COLUMNS`):
 - `lowest`: the oldest Python the package declares and every declared lower bound
   installed exactly (`name==floor`, from `traceml.schema.version_floors`, which
-  tests/test_version_floors.py holds equal to pyproject.toml);
+  tests/test_version_floors.py holds equal to pyproject.toml); a case whose
+  integration has floors of its own (`EXTRA_FLOORS`) is left to that extra's column;
+- `lowest-<extra>`: the same, with that extra's own floors (torch 2.2.0 for
+  `huggingface`), running only that integration's cases;
 - `pinned`: Python 3.11 and each component at the version the project's `.venv` holds
   (what `scripts/setup.sh` installs and CI tests);
 - `newest`: the newest Python the package is tried on and the newest release of each
@@ -89,6 +92,8 @@ class Case:
     name: str
     what: str
     tests: tuple[str, ...]
+    extra: str = ""
+    """The pyproject extra whose integration the case exercises ('' for none in particular)."""
 
 
 SMOKE = (
@@ -102,7 +107,8 @@ SMOKE = (
          # Not the 4/4/2 accumulation test: transformers 4.46 itself makes 2 updates of 10 batches
          # accumulating 4 (the remainder is dropped), later releases 3; the test's counts are the latter's.
          ("tests/launcher/test_launcher_e2e.py::test_hugging_face_trainer_script_is_instrumented_without_code_changes",
-          "tests/integrations/test_hf_trainer.py::test_each_event_lies_inside_its_step")),
+          "tests/integrations/test_hf_trainer.py::test_each_event_lies_inside_its_step"),
+         extra="huggingface"),
     Case("lightning",
          "Lightning: an unmodified script under `traceml run` (2 ranks), and accumulation groups 4/4/2 in process",
          ("tests/launcher/test_launcher_e2e.py::test_lightning_script_is_instrumented_without_code_changes",
@@ -130,17 +136,18 @@ SMOKE = (
 )
 
 
-EXPLAINED = {
-    ("lowest", "hf-trainer"):
-        "the 2-rank run under `traceml run` fails the same way under plain `torchrun` without TraceML: "
-        "Accelerate's `PartialState.set_device` calls `torch.cpu.set_device`, which torch 2.1 lacks "
-        "(2.13 has it), so the Trainer cannot start on CPU across processes. The in-process test passes. "
-        "Which torch release after 2.1 is the first to pass was not tried (each is a CUDA build of "
-        "several GB here); on CUDA, Accelerate calls `torch.cuda.set_device`, which 2.1 has.",
-}
+EXPLAINED: dict[tuple[str, str], str] = {}
 """(column, case) -> why it failed there, shown under the smoke table while it fails."""
 
 SEEN = (
+    "2026-12-02, the huggingface extra's torch floor: at torch 2.1.0 (the lowest column before) the 2-rank HF "
+    "Trainer run failed under `traceml run` and the same way under plain `torchrun` without TraceML, because "
+    "Accelerate's `PartialState.set_device` calls `torch.cpu.set_device` on a CPU job spanning processes. "
+    "torch 2.1.0's `torch/cpu/__init__.py` has no `set_device`; 2.2.0's wheel has it (a no-op kept for "
+    "device-agnostic code). So the huggingface extra requires torch 2.2.0 (`EXTRA_FLOORS`), the HF "
+    "integration refuses an older torch by name, and the lowest-huggingface column runs the HF case there; "
+    "2.1.1 and 2.1.2 were not tried (patch releases of the branch without it). The in-process HF test "
+    "passed at 2.1.0; on CUDA Accelerate calls `torch.cuda.set_device`, which 2.1 has, but that was not run.",
     "2026-12-02, torch 2.15.0 (newest column): the smoke suite passes on a quiet machine, but the numbers "
     "of the DDP straggler loop are off. `traceml run` of tests/launcher/scripts/plain_loop.py (30 updates, "
     "rank 1's loader 25 ms slower) measured a 53-55 ms step with 36-38 ms of input wait on rank 1 and 12-13 ms "
@@ -166,12 +173,18 @@ class Column:
     pins: str = ""
     """'floors': each component exactly at its floor; 'project': at the version the project's .venv
     holds (what scripts/setup.sh installs and CI tests); '': the newest the index serves."""
+    extra: str = ""
+    """With 'floors': the pyproject extra whose own floors apply (`version_floors.floors(extra)`); the
+    column then runs only that extra's cases."""
 
 
 PROJECT_VENV = ROOT / ".venv"
 
 COLUMNS = {
     "lowest": Column("lowest", "every declared floor, the oldest declared Python", "3.10", pins="floors"),
+    "lowest-huggingface": Column("lowest-huggingface",
+                                 "the huggingface extra's floors (torch 2.2.0), every other floor, the oldest "
+                                 "declared Python; its cases only", "3.10", pins="floors", extra="huggingface"),
     "pinned": Column("pinned", "the versions of the project's .venv (scripts/setup.sh; what CI tests)", "3.11",
                      pins="project"),
     "newest": Column("newest", "the newest release of each component the index serves, the newest Python tried",
@@ -201,6 +214,16 @@ class Outcome:
         return not self.error and bool(self.cases) and all(r == "passed" for r in self.cases.values())
 
 
+def column_cases(column: Column) -> tuple[Case, ...]:
+    """The smoke cases a column runs: a floors column leaves a case whose integration has floors of its
+    own to that extra's column (at the plain floors the case is below its extra's, and refused)."""
+    if column.extra:
+        return tuple(case for case in SMOKE if case.extra == column.extra)
+    if column.pins == "floors":
+        return tuple(case for case in SMOKE if case.extra not in version_floors.EXTRA_FLOORS)
+    return SMOKE
+
+
 def _python_for(version: str) -> str:
     found = shutil.which(f"python{version}")
     if found:
@@ -219,7 +242,8 @@ def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
 
 def _requirements(column: Column) -> list[str]:
     if column.pins == "floors":
-        return [f"{name}=={version_floors.FLOORS[name]}" for name in COMPONENTS]
+        floors = version_floors.floors(column.extra)
+        return [f"{name}=={floors[name]}" for name in COMPONENTS]
     if column.pins == "project":
         held = _versions(PROJECT_VENV / "bin" / "python")
         return [f"{name}=={held[name]}" for name in COMPONENTS if name in held]
@@ -348,7 +372,7 @@ def run_column(column: Column, commit: str, rebuild: bool = False, refresh: bool
             return outcome
         outcome.build_s = round(time.monotonic() - started, 1)
         smoke_started = time.monotonic()
-        outcome.cases, outcome.tests, tail = _smoke(python, SMOKE, src)
+        outcome.cases, outcome.tests, tail = _smoke(python, column_cases(column), src)
         outcome.smoke_s = round(time.monotonic() - smoke_started, 1)
     print(tail)  # the failures' detail: here and in the column's compat-smoke.log, not in the record
     return outcome
@@ -381,6 +405,13 @@ def render(records: dict[str, dict]) -> str:
         "exit with status 2; `traceml.init()` and the framework integrations raise",
         "`traceml.schema.version_floors.UnsupportedVersion` with the same text.",
         "",
+        "An integration can need more of a component than the rest of TraceML: the `huggingface`",
+        "extra requires torch 2.2.0 (`version_floors.EXTRA_FLOORS`; Accelerate calls",
+        "`torch.cpu.set_device`), and the Hugging Face integration refuses an older torch with the",
+        "same kind of line. The `lowest` column leaves that integration's case to the",
+        "`lowest-huggingface` column, which holds every floor but that extra's own (`-` below: a",
+        "case the column does not run).",
+        "",
         "## Versions per column",
         "",
         "| package | floor | " + " | ".join(names) + " |",
@@ -396,7 +427,8 @@ def render(records: dict[str, dict]) -> str:
               "| case | what runs | " + " | ".join(names) + " |",
               "|---|---|" + "---|" * len(names)]
     for case in SMOKE:
-        cells = [records[n]["cases"].get(case.name, "not run") for n in names]
+        cells = [records[n]["cases"].get(case.name, "not run") if case in column_cases(COLUMNS[n]) else "-"
+                 for n in names]
         lines.append(f"| {case.name} | {case.what} | " + " | ".join(cells) + " |")
     failed = [(n, case.name) for case in SMOKE for n in names if records[n]["cases"].get(case.name) == "failed"]
     if failed:

@@ -11,6 +11,11 @@ launcher and the processor refuse to start on a component below its floor with a
 one-line message (no traceback); a library entry point (`traceml.init()`, an
 integration's install) raises `UnsupportedVersion` with the same message. A
 component that is not installed is not this module's business. Standard library only.
+
+An integration that needs more of a component than the rest of TraceML has its own
+floor for it in `EXTRA_FLOORS`, keyed by the pyproject extra that installs it (which
+declares that bound): the integration checks it when it installs, so an old torch
+refuses only the integration whose framework needs the newer one.
 """
 from __future__ import annotations
 
@@ -43,6 +48,13 @@ FLOORS: dict[str, str] = {
 }
 """Distribution name (as pyproject.toml spells it) -> lowest supported release."""
 
+EXTRA_FLOORS: dict[str, dict[str, str]] = {
+    # Accelerate (from 1.1) calls torch.cpu.set_device when a CPU job spans processes;
+    # torch 2.2.0 added it (2.1.0 lacks it, so the 2-rank Trainer fails even under plain torchrun).
+    "huggingface": {"torch": "2.2.0"},
+}
+"""pyproject extra -> the floors its integration needs above `FLOORS` (each at least the plain floor)."""
+
 TRAINING = ("torch", "transformers", "accelerate", "lightning", "pytorch-lightning", "psutil",
             "protobuf", "grpcio", "opentelemetry-proto", "googleapis-common-protos", "requests", "rich")
 """What a rank and `traceml run` load (the exporter's transport included)."""
@@ -60,9 +72,12 @@ class TooOld:
     package: str
     found: str
     floor: str
+    extra: str = ""
+    """The integration (pyproject extra) whose own floor this is; '' for TraceML's plain floor."""
 
     def message(self) -> str:
-        return (f"TraceML needs {self.package} >= {self.floor}, but {self.package} {self.found} "
+        who = f"TraceML's {self.extra} integration" if self.extra else "TraceML"
+        return (f"{who} needs {self.package} >= {self.floor}, but {self.package} {self.found} "
                 f"is installed: upgrade it (pip install '{self.package}>={self.floor}')")
 
 
@@ -103,19 +118,26 @@ def installed_version(package: str) -> str | None:
         return None
 
 
-def too_old(packages=None) -> list[TooOld]:
-    """The installed components among `packages` (default: every floor) that are below their floor."""
+def floors(extra: str = "") -> dict[str, str]:
+    """Every floor as `extra`'s integration sees it (its own floors over the plain ones); '' -> `FLOORS`."""
+    return {**FLOORS, **EXTRA_FLOORS[extra]} if extra else dict(FLOORS)
+
+
+def too_old(packages=None, extra: str = "") -> list[TooOld]:
+    """The installed components among `packages` (default: every floor) below their floor (`extra`'s, if given)."""
+    wanted = floors(extra)
     found = []
-    for package in (FLOORS if packages is None else packages):
+    for package in (wanted if packages is None else packages):
         version = installed_version(package)
-        if version is not None and not _at_least(version, FLOORS[package]):
-            found.append(TooOld(package, version, FLOORS[package]))
+        if version is not None and not _at_least(version, wanted[package]):
+            own = extra if wanted[package] != FLOORS[package] else ""
+            found.append(TooOld(package, version, wanted[package], own))
     return found
 
 
-def require(packages=None) -> None:
+def require(packages=None, extra: str = "") -> None:
     """Raise `UnsupportedVersion` naming every installed component of `packages` below its floor."""
-    below = too_old(packages)
+    below = too_old(packages, extra)
     if below:
         raise UnsupportedVersion("; ".join(item.message() for item in below))
 
@@ -126,5 +148,5 @@ def refusal(program: str, packages=None) -> str | None:
     return "\n".join(f"{program}: {item.message()}" for item in below) if below else None
 
 
-__all__ = ["FLOORS", "PROCESSOR", "TRAINING", "TooOld", "UnsupportedVersion", "installed_version",
-           "refusal", "release", "require", "too_old"]
+__all__ = ["EXTRA_FLOORS", "FLOORS", "PROCESSOR", "TRAINING", "TooOld", "UnsupportedVersion", "installed_version",
+           "floors", "refusal", "release", "require", "too_old"]

@@ -20,33 +20,45 @@ from traceml.schema import version_floors as vf
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _declared_lower_bounds() -> dict[str, str]:
-    """Every `>=` bound pyproject.toml declares (dependencies and extras, dev and gpu left out)."""
+def _declared_lower_bounds() -> dict[str, dict[str, str]]:
+    """Every `>=` bound pyproject.toml declares, per extra ('' for the dependencies; dev and gpu left out)."""
     import tomllib
 
     from packaging.requirements import Requirement
 
-    bounds: dict[str, str] = {}
+    bounds: dict[str, dict[str, str]] = {}
     for path in [ROOT / "pyproject.toml", *sorted(ROOT.glob("*/pyproject.toml"))]:
         project = tomllib.loads(path.read_text()).get("project", {})
         extras = project.get("optional-dependencies", {})
-        lines = [*project.get("dependencies", []),
-                 *(r for name, reqs in extras.items() if name not in ("dev", "gpu") for r in reqs)]
-        for line in lines:
-            req = Requirement(line)
-            name = re.sub(r"[-_.]+", "-", req.name).lower()
-            for spec in req.specifier:
-                if spec.operator == ">=":
-                    assert bounds.setdefault(name, spec.version) == spec.version, (name, line)
+        groups = [("", project.get("dependencies", [])),
+                  *((name, reqs) for name, reqs in extras.items() if name not in ("dev", "gpu"))]
+        for extra, lines in groups:
+            for line in lines:
+                req = Requirement(line)
+                name = re.sub(r"[-_.]+", "-", req.name).lower()
+                for spec in req.specifier:
+                    if spec.operator == ">=":
+                        mine = bounds.setdefault(extra, {})
+                        assert mine.setdefault(name, spec.version) == spec.version, (extra, line)
     return bounds
+
+
+def _padded(version: str) -> tuple[int, ...]:
+    return vf.release(version) + (0,) * (3 - len(vf.release(version)))
 
 
 def test_pyproject_declares_exactly_the_floors():
     declared = _declared_lower_bounds()
     owned = {name: floor for name, floor in vf.FLOORS.items() if name != "pytorch-lightning"}
-    assert set(declared) == set(owned)
-    for name, bound in declared.items():
-        assert vf.release(bound) + (0,) * (3 - len(vf.release(bound))) == vf.release(owned[name]), name
+    assert {name for group in declared.values() for name in group} == set(owned)
+    for extra, group in declared.items():
+        # An extra with its own floors declares those; every other bound is the plain floor.
+        expected = vf.floors(extra if extra in vf.EXTRA_FLOORS else "")
+        for name, bound in group.items():
+            assert _padded(bound) == vf.release(expected[name]), (extra, name)
+    for extra, own in vf.EXTRA_FLOORS.items():
+        assert set(own) <= set(declared[extra]), extra
+        assert all(_padded(own[name]) > vf.release(vf.FLOORS[name]) for name in own), extra
     assert vf.FLOORS["pytorch-lightning"] == vf.FLOORS["lightning"]
     assert set(vf.TRAINING) | set(vf.PROCESSOR) == set(vf.FLOORS)
 
@@ -102,6 +114,27 @@ def test_init_raises_unsupported_version_naming_the_component(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == ("refused: TraceML needs transformers >= 4.46.1, but transformers 4.40.0 is "
                                   "installed: upgrade it (pip install 'transformers>=4.46.1')")
+
+
+def test_the_huggingface_integration_refuses_a_torch_below_its_own_floor(tmp_path):
+    """torch at the plain floor starts TraceML, but the HF integration wants the huggingface extra's torch."""
+    plain, own = vf.FLOORS["torch"], vf.floors("huggingface")["torch"]
+    env = _old(tmp_path, "torch", plain)
+    code = ("import traceml\n"
+            "from traceml.schema.version_floors import UnsupportedVersion\n"
+            "from traceml.integrations import huggingface\n"
+            "traceml.init()\n"
+            "print('traceml started')\n"
+            "try:\n    huggingface.init()\nexcept UnsupportedVersion as exc:\n    print('refused:', exc)\n"
+            "print('installed:', huggingface.is_installed())\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "traceml started",
+        f"refused: TraceML's huggingface integration needs torch >= {own}, but torch {plain} is installed: "
+        f"upgrade it (pip install 'torch>={own}')",
+        "installed: False"]
 
 
 def test_help_still_answers_beside_an_old_component(tmp_path):

@@ -12,6 +12,7 @@ import threading
 from typing import Any
 
 import traceml
+from traceml.schema.version_floors import UnsupportedVersion, require
 from traceml.settings import kill_switch
 
 from . import collection
@@ -50,6 +51,9 @@ def _install_patches() -> bool:
     with _install_lock:
         if _installed:
             return True
+        # The huggingface extra's own torch floor (Accelerate needs torch.cpu.set_device):
+        # an older torch gets the integration refused by name, not a Trainer that cannot start.
+        require(("torch", "transformers", "accelerate"), extra="huggingface")
         import transformers
         import transformers.trainer as trainer_module
         from transformers import Trainer
@@ -73,7 +77,9 @@ def init(**traceml_options: Any) -> bool:
     Calls `traceml.init(**traceml_options)` (idempotent), then installs the guard,
     the collection window and the callback ownership described in the package
     docstring. Calling it again does nothing more. Returns False when TraceML is
-    disabled (`TRACEML_DISABLE`) or transformers is not installed.
+    disabled (`TRACEML_DISABLE`) or transformers is not installed; raises
+    `UnsupportedVersion` when torch, transformers or Accelerate is below the
+    huggingface extra's floor (`version_floors.floors("huggingface")`).
     """
     if kill_switch():
         return False
@@ -82,6 +88,8 @@ def init(**traceml_options: Any) -> bool:
         start(**traceml_options)
     try:
         return _install_patches()
+    except UnsupportedVersion:
+        raise
     except ImportError as exc:
         warn_once("no_transformers", f"Hugging Face integration not installed: {exc}")
     except Exception as exc:  # noqa: BLE001 - training goes on without the integration

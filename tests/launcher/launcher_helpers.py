@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
+PLAIN_DDP_STEPS = 12  # the shared plain DDP run's steps (conftest.plain_ddp_run)
 TRACEML = Path(sys.executable).with_name("traceml")
 
 

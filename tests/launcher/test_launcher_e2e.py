@@ -23,8 +23,8 @@ def _ranks_and_steps(summary: dict) -> dict[int, int]:
 
 
 @pytest.mark.slow
-def test_plain_pytorch_script_runs_on_two_ranks_and_ends_with_a_summary(workdir):
-    run = traceml(["run", "--nproc-per-node", "2", str(SCRIPTS / "plain_ddp.py"), "--steps", "12"], workdir)
+def test_plain_pytorch_script_runs_on_two_ranks_and_ends_with_a_summary(plain_ddp_run):
+    run = plain_ddp_run  # plain_ddp.py --steps 12 (tests/launcher/conftest.py)
     assert run.returncode == 0, run.output[-3000:]
     run_id = run.summary["metadata"]["run_id"]
     # One run id for every rank, instrumentation on, the script run as __main__ with its own args.

@@ -15,7 +15,7 @@ import importlib.util
 import pytest
 
 from harness.stored_rows import finished_ranks
-from tests.launcher.launcher_helpers import SCRIPTS, traceml
+from tests.launcher.launcher_helpers import PLAIN_DDP_STEPS, SCRIPTS, traceml
 from traceml.processor.sqlite_layout import connect_readonly
 
 # gloo's teardown can abort on a loaded CPU (see plain_ddp.py): leave after the flush.
@@ -95,11 +95,12 @@ def test_an_inference_loop_gets_no_step_and_says_why(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_marked_script_gets_no_inferred_step_on_top(tmp_path):
-    run = traceml(["run", "--nproc-per-node", "2", str(SCRIPTS / "plain_ddp.py"), "--steps", "10"], tmp_path)
+def test_a_marked_script_gets_no_inferred_step_on_top(plain_ddp_run):
+    run = plain_ddp_run  # plain_ddp.py, marked with trace_step (tests/launcher/conftest.py)
     assert run.returncode == 0, run.output[-4000:]
-    assert _per_step(run, "optimizer_step_count") == {0: [1] * 10, 1: [1] * 10}
-    assert _per_step(run, "traced_step_time_count") == {0: [1] * 10, 1: [1] * 10}
+    steps = [1] * PLAIN_DDP_STEPS
+    assert _per_step(run, "optimizer_step_count") == {0: steps, 1: steps}
+    assert _per_step(run, "traced_step_time_count") == {0: steps, 1: steps}
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ step's traced time leaves its input wait out (Step Time = Input Wait + Traced).
 """
 from __future__ import annotations
 
+import gc
 import time
 import warnings
 
@@ -199,6 +200,70 @@ def test_an_optimizer_built_before_init_has_its_model_found_at_its_first_update(
         opt.zero_grad()
     records = _records(sink)
     assert [_counts(r, RAW_FORWARD) for r in records] == [0, 1, 1]
+
+
+def _pending_full_collection() -> list:
+    """Objects that make CPython's next automatic collection a full one, as after importing torch.
+
+    A full pass runs when the oldest generation's count passed its threshold and the
+    objects promoted since the last full pass exceed a quarter of those it kept: both
+    made true here (the lists, promoted by one generation-1 collection, then enough
+    generation-1 collections to pass the count), with collection held off meanwhile.
+    """
+    gc.collect()
+    gc.disable()
+    try:
+        kept = [[] for _ in range(len(gc.get_objects()) // 3 + 10_000)]
+        for _ in range(gc.get_threshold()[2] + 1):
+            gc.collect(1)
+    finally:
+        gc.enable()
+    return kept
+
+
+def test_a_pending_full_collection_is_paid_at_the_first_update_outside_every_step(sink):
+    """A full collection due when the loop starts (torch 2.15 on Python 3.13 under `traceml run`)
+    lands between step 0 and step 1, not inside a step's input wait (collate allocates)."""
+    full: list[tuple[int, int]] = []
+    started: list[int] = []
+
+    def on_gc(phase, info):
+        if info["generation"] == 2:
+            if phase == "start":
+                started.append(time.time_ns())
+            else:
+                full.append((started.pop(), time.time_ns()))
+
+    def collate(items):
+        if fetched[0]:  # from step 1 on: garbage enough to start an automatic collection
+            [[] for _ in range(2 * gc.get_threshold()[0])]
+        fetched[0] += 1
+        return torch.utils.data.default_collate(items)
+
+    fetched = [0]
+    data = torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randn(8, 1))
+    loader = torch.utils.data.DataLoader(data, batch_size=2, collate_fn=collate)
+    threshold = gc.get_threshold()
+    traceml.init(mode="auto")
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gc.set_threshold(20_000, threshold[1], threshold[2])  # step 0 alone never starts one
+    kept = _pending_full_collection()
+    gc.callbacks.append(on_gc)
+    try:
+        for x, y in loader:
+            _loss(model, x, y).backward()
+            opt.step()
+            opt.zero_grad()
+    finally:
+        gc.callbacks.remove(on_gc)
+        gc.set_threshold(*threshold)
+    del kept
+    records = _records(sink)
+    assert [r.step for r in records] == [0, 1, 2, 3]
+    assert len(full) == 1  # the pending one ran, once
+    middle = sum(full[0]) // 2
+    assert records[0].end_time_ns < middle < records[1].start_time_ns
 
 
 def test_the_optimizer_constructor_is_restored_at_shutdown():

@@ -45,6 +45,10 @@ SERIAL: dict[str, str] = {
     "tests/launcher/test_resource_runs.py::"
     "test_an_input_bound_run_beside_a_cpu_burning_neighbour_is_told_the_cpus_are_saturated":
         "burns every core itself, then compares the host CPU of a quiet run against it",
+    "tests/reliability/test_http_front.py::test_a_body_that_pauses_longer_than_the_chunk_deadline_is_answered_408_before_the_body_deadline":
+        "the 408 must come after the chunk deadline and before the body deadline",
+    "tests/reliability/test_http_front.py::test_at_the_cap_with_every_head_complete_the_slowest_body_makes_room":
+        "which connection made the least progress is decided by how fast each one sent",
     "tests/reliability/test_load.py":
         "hundreds of simulated ranks: the processor's lag, and no false culprit at any scrape",
 }

@@ -116,6 +116,7 @@ def test_init_raises_unsupported_version_naming_the_component(tmp_path):
                                   "installed: upgrade it (pip install 'transformers>=4.46.1')")
 
 
+@pytest.mark.slow
 def test_the_huggingface_integration_refuses_a_torch_below_its_own_floor(tmp_path):
     """torch at the plain floor starts TraceML, but the HF integration wants the huggingface extra's torch."""
     plain, own = vf.FLOORS["torch"], vf.floors("huggingface")["torch"]

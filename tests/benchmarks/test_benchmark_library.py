@@ -11,6 +11,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = "benchmarks.lib"
 
@@ -52,6 +54,7 @@ def test_benchmarks_and_checks_import_shared_code_only_from_the_library():
     assert wrong == [], f"shared code outside benchmarks.lib (move it into the library): {wrong}"
 
 
+@pytest.mark.slow
 def test_nothing_imports_a_private_name_of_a_benchmark_module():
     wrong = []
     for path in _sources("benchmarks", "checks", "tests"):

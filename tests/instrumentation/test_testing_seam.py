@@ -52,6 +52,7 @@ def test_reset_clears_the_ending_the_bootstrap_noted():
     assert process_ending.noted_ending() is None
 
 
+@pytest.mark.slow
 def test_product_code_has_no_reset_of_its_own_and_never_imports_the_seam():
     wrong = []
     for folder in PRODUCT:
@@ -70,6 +71,7 @@ def test_product_code_has_no_reset_of_its_own_and_never_imports_the_seam():
     assert wrong == [], wrong
 
 
+@pytest.mark.slow
 def test_a_traced_step_loads_no_test_seam():
     code = ("import sys, torch, traceml\n"
             "traceml.init(mode='manual')\n"

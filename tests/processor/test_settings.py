@@ -78,6 +78,7 @@ def test_a_bad_otlp_protocol_stops_start_up_naming_the_variable():
         config_from_args(["--export-endpoint", "http://c:4317"], environ={"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"})
 
 
+@pytest.mark.slow
 def test_the_command_exits_2_with_an_argparse_style_message_and_no_traceback(tmp_path):
     cases = [(["--workers", "0"], {}, "--workers '0' is invalid: expected a whole number at least 1"),
              (["--export-interval", "-1"], {}, "--export-interval '-1' is invalid: expected a number of seconds"),
@@ -346,6 +347,7 @@ def restated_defaults(files: list[pathlib.Path], root: pathlib.Path) -> list[tup
     return sorted(set(found))
 
 
+@pytest.mark.slow
 def test_no_processor_or_launcher_module_restates_a_default():
     files = sorted(p for folder in ("processor", "launcher") for p in (ROOT / folder).rglob("*.py")
                    if p != ROOT / "processor" / "settings.py")

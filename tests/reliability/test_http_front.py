@@ -147,6 +147,7 @@ def test_at_the_connection_cap_heads_still_arriving_make_room_for_a_real_client(
     assert wait_until(lambda: log_lines(processor, "HTTP evicted_slow_head") == before + 1, 5, 0.05)
 
 
+@pytest.mark.slow
 def test_at_the_cap_with_every_connection_being_answered_the_newcomer_gets_503_with_retry_after():
     """Nothing to close (every open connection is being answered): 503, Retry-After, closed."""
     import threading
@@ -322,6 +323,7 @@ def _front(limits, handle=None):
     return front, server
 
 
+@pytest.mark.slow
 def test_a_body_that_pauses_longer_than_the_chunk_deadline_is_answered_408_before_the_body_deadline():
     from traceml.processor.http_front import HttpLimits
 
@@ -344,6 +346,7 @@ def test_a_body_that_pauses_longer_than_the_chunk_deadline_is_answered_408_befor
         server.stop()
 
 
+@pytest.mark.slow
 def test_at_the_cap_with_every_head_complete_the_slowest_body_makes_room():
     from traceml.processor.http_front import HttpLimits
 

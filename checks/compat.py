@@ -148,14 +148,15 @@ SEEN = (
     "integration refuses an older torch by name, and the lowest-huggingface column runs the HF case there; "
     "2.1.1 and 2.1.2 were not tried (patch releases of the branch without it). The in-process HF test "
     "passed at 2.1.0; on CUDA Accelerate calls `torch.cuda.set_device`, which 2.1 has, but that was not run.",
-    "2026-12-02, torch 2.15.0 (newest column): the smoke suite passes on a quiet machine, but the numbers "
-    "of the DDP straggler loop are off. `traceml run` of tests/launcher/scripts/plain_loop.py (30 updates, "
-    "rank 1's loader 25 ms slower) measured a 53-55 ms step with 36-38 ms of input wait on rank 1 and 12-13 ms "
-    "on rank 0, where torch 2.13.0 and 2.1.0 give 31-34 ms, 26 ms and under 1 ms for the same script; a copy "
-    "of the loop timing its own fetch and backward under `traceml run` on 2.15 saw fetches of 26 and 0.4 ms and "
-    "steps of about 36 ms, so the job is not slower: the measurement is off. Under "
-    "load (another column's suite beside it) the diagnosis became INPUT_BOUND instead of INPUT_STRAGGLER once. "
-    "The cause is not found yet.",
+    "2026-12-02, torch 2.15.0 (newest column, Python 3.13): the DDP straggler loop's figures were off at "
+    "first (`traceml run` of tests/launcher/scripts/plain_loop.py, 30 updates, rank 1's loader 25 ms slower: "
+    "a 41-73 ms mean step and 9-17 ms of input wait on the balanced rank 0, where the loop timing itself saw "
+    "about 36 ms and 0.4 ms). Cause: one full garbage collection of the ~340k objects left by the imports, "
+    "brought into step ~20 by TraceML's own allocations, took 0.35-0.65 s inside one fetch's collate (Python "
+    "3.13 collects less often than 3.11, where it ran before the loop). Fixed in 720fc8b: automatic mode pays "
+    "that collection at the first optimizer update, between step 0 and step 1. After it, four runs on 2.15 "
+    "gave 26.0-26.2 ms of input wait on rank 1 and 0.5-0.7 ms on rank 0, each an INPUT_STRAGGLER on rank 1; "
+    "the medians were right before and after.",
     "2026-12-02, the ddp-input-straggler case under load (load average 4-5 from other suites on the 2 cores): "
     "it failed once in the lowest column (the loop marked by hand named a generic STRAGGLER on rank 1, not "
     "INPUT_STRAGGLER) and once in the newest (INPUT_BOUND), and passed in the runs before and after on the same "
@@ -225,13 +226,15 @@ def column_cases(column: Column) -> tuple[Case, ...]:
 
 
 def _python_for(version: str) -> str:
-    found = shutil.which(f"python{version}")
-    if found:
-        return found
+    """pyenv's interpreter of that version first: its `pythonX.Y` shim on PATH answers "command not
+    found" unless the version is activated."""
     pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
     for candidate in sorted(pyenv.glob(f"{version}.*"), reverse=True):
         if (candidate / "bin" / "python").exists():
             return str(candidate / "bin" / "python")
+    found = shutil.which(f"python{version}")
+    if found:
+        return found
     raise SystemExit(f"error: no Python {version} found (python{version} on PATH or pyenv)")
 
 

@@ -260,10 +260,10 @@ def _settle_garbage() -> None:
     hundred thousand objects that no full collection has seen yet; CPython runs one
     when the objects promoted since the last full pass exceed a quarter of those it
     saw then, at whatever allocation comes next. TraceML's own per-step allocations
-    bring that moment into the first tens of steps, and its pause (0.2-0.5 s on a
-    loaded 2-core machine with torch 2.15 on Python 3.13) landed in whatever region
-    was allocating, mostly the DataLoader's collate: a one-off input wait and step
-    of hundreds of ms that the job, run without TraceML, did not have in those steps.
+    bring that moment into the first tens of steps, and its pause landed in whatever
+    region was allocating, mostly the DataLoader's collate: a one-off input wait and
+    step that the job, run without TraceML, did not have in those steps (figures in
+    docs/compatibility.md, the newest column's note).
     Collected here, the pause is paid once outside every measured step (the caller
     starts the next step after it), and the next automatic full pass is far away
     (it needs a quarter as many new long-lived objects as the process then holds).

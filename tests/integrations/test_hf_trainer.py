@@ -489,11 +489,13 @@ def test_traceml_run_attaches_without_importing_transformers_early(tmp_path):
 
 
 def test_version_gate_reads_release_and_pre_release_versions():
-    assert installation.version_tuple("4.46.1") >= hf.MIN_TRANSFORMERS
-    assert installation.version_tuple("5.24.0") >= hf.MIN_TRANSFORMERS
-    assert installation.version_tuple("4.46.0") < hf.MIN_TRANSFORMERS
-    assert installation.version_tuple("4.47.0rc1") == (4, 47, 0)
-    assert installation.version_tuple("4.46.1.dev0") == (4, 46, 1)
+    from traceml.schema.version_floors import release
+
+    assert release("4.46.1") >= hf.MIN_TRANSFORMERS
+    assert release("5.24.0") >= hf.MIN_TRANSFORMERS
+    assert release("4.46.0") < hf.MIN_TRANSFORMERS
+    assert release("4.47.0rc1") == (4, 47, 0)
+    assert release("4.46.1.dev0") == (4, 46, 1)
 
 
 # --- CUDA (runs only where a GPU exists; CPU runs transfer nothing) ----------------

@@ -6,13 +6,12 @@
 from __future__ import annotations
 
 import importlib.util
-import re
 import sys
 import threading
 from typing import Any
 
 import traceml
-from traceml.schema.version_floors import UnsupportedVersion, require
+from traceml.schema.version_floors import UnsupportedVersion, release, require
 from traceml.settings import kill_switch
 
 from . import collection
@@ -32,19 +31,6 @@ _installed = False
 _hook: PostImportHook | None = None
 
 
-def version_tuple(text: str) -> tuple[int, ...]:
-    """'4.46.1' -> (4, 46, 1); pre-release suffixes end the tuple ('4.47.0rc1' -> (4, 47, 0))."""
-    parts = []
-    for piece in text.split(".")[:3]:
-        match = re.match(r"\d+", piece)
-        if match is None:
-            break
-        parts.append(int(match.group()))
-        if match.end() != len(piece):
-            break
-    return tuple(parts)
-
-
 def _install_patches() -> bool:
     """Patch transformers.Trainer and the two Accelerate seams (once per process)."""
     global _installed
@@ -58,7 +44,7 @@ def _install_patches() -> bool:
         import transformers.trainer as trainer_module
         from transformers import Trainer
 
-        version = version_tuple(getattr(transformers, "__version__", "0"))
+        version = release(getattr(transformers, "__version__", "0"))
         patch_once(Trainer, "_inner_training_loop", guard_inner_training_loop)
         patch_once(Trainer, "evaluate", wrap_outside_train)
         patch_once(Trainer, "predict", wrap_outside_train)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from traceml.processor.reporting.inputs import AttemptSteps, RankMemory, RankTelemetry, RunTelemetry
+from traceml.processor.reporting.inputs import AttemptSpan, AttemptSteps, RankMemory, RankTelemetry, RunTelemetry
 from traceml.processor.sqlite_layout import (
     ATTEMPT_SAMPLES_TABLE,
     DROPS_TABLE,
@@ -216,6 +216,52 @@ def read_attempts(conn: sqlite3.Connection, run_id: str) -> tuple[int | None, li
     return current, [AttemptSteps(a, dict(sorted(ranks.items()))) for a, ranks in sorted(per.items())]
 
 
+def read_run_restarts(db_path: str | Path, run_id: str
+                      ) -> tuple[list[AttemptSpan], dict[int, tuple[int, float]]] | None:
+    """The run's attempts, oldest first (`AttemptSpan`: ranks, step ids, first start, last end),
+    and per earlier attempt the (rank, step) cells and summed step seconds (end - start) of its
+    steps at or after the next attempt's first step id: what the badput ledger counts as done
+    again (`diagnosis.ledger.restart_loss`). None when the store cannot be read; one attempt (no
+    restart) when the file predates the attempt tables."""
+    if not Path(db_path).exists():
+        return None
+    try:
+        conn = connect_readonly(db_path)
+    except (sqlite3.Error, OSError):
+        return None
+    try:
+        tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        row = conn.execute(f"SELECT attempt FROM {RUNS_TABLE} WHERE run_id = ?", (run_id,)).fetchone() \
+            if ATTEMPT_SAMPLES_TABLE in tables else None
+        current = 0 if row is None else int(row[0])
+        spans: dict[int, AttemptSpan] = {}
+        sources = [(SAMPLES_TABLE, f"{current} AS attempt", "")]
+        if ATTEMPT_SAMPLES_TABLE in tables:
+            sources.insert(0, (ATTEMPT_SAMPLES_TABLE, "attempt", " GROUP BY attempt"))
+        for table, attempt_column, group in sources:
+            for attempt, ranks, first, last, start, end in conn.execute(
+                    f"SELECT {attempt_column}, COUNT(DISTINCT global_rank), MIN(step), MAX(step), MIN(start_time),"
+                    f" MAX(sample_time) FROM {table} WHERE run_id = ?{group}", (run_id,)):
+                if first is None or int(attempt) in spans:
+                    continue
+                spans[int(attempt)] = AttemptSpan(int(attempt), int(ranks), int(first), int(last),
+                                                  None if start is None else float(start),
+                                                  None if end is None else float(end))
+        ordered = [spans[a] for a in sorted(spans)]
+        redone: dict[int, tuple[int, float]] = {}
+        for earlier, later in zip(ordered, ordered[1:]):
+            cells, seconds = conn.execute(
+                f"SELECT COUNT(*), TOTAL(MAX(sample_time - start_time, 0)) FROM {ATTEMPT_SAMPLES_TABLE}"
+                " WHERE run_id = ? AND attempt = ? AND step >= ?",
+                (run_id, earlier.attempt, later.first_step)).fetchone()
+            redone[earlier.attempt] = (int(cells), float(seconds or 0.0))
+        return ordered, redone
+    except sqlite3.Error:
+        return None
+    finally:
+        conn.close()
+
+
 def read_first_step_stored(conn: sqlite3.Connection, run_id: str) -> int | None:
     """The lowest step stored for any rank of the run (one index seek on (run_id, step)); None: no step."""
     row = conn.execute(f"SELECT MIN(step) FROM {SAMPLES_TABLE} WHERE run_id = ?", (run_id,)).fetchone()
@@ -317,5 +363,6 @@ class _reading:
 __all__ = [
     "NotAStore", "RankEnds", "RunActivity", "RunProgress", "StoreReadError", "StoreUnavailable", "StoredRun",
     "list_runs", "read_attempts", "read_first_step_stored", "read_rank_ends", "read_rank_memory",
-    "read_rank_telemetry", "read_run_activity", "read_run_facts", "read_run_progress", "read_step_memory",
+    "read_rank_telemetry", "read_run_activity", "read_run_facts", "read_run_progress", "read_run_restarts",
+    "read_step_memory",
 ]

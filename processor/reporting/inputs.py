@@ -66,6 +66,19 @@ class AttemptSteps:
     steps: Mapping[int, int]  # global rank -> steps stored
 
 
+@dataclass(frozen=True, slots=True)
+class AttemptSpan:
+    """One elastic attempt of a run as the store holds it (`store_read.read_run_restarts`): what
+    the badput ledger needs to count the steps and the time a restart lost."""
+
+    attempt: int
+    ranks: int
+    first_step: int
+    last_step: int
+    first_start: float | None  # unix seconds: its earliest step start
+    last_end: float | None  # its latest step end
+
+
 FIRST_STEP = 0
 """The step number every rank process gives its first step (the training side counts from 0)."""
 

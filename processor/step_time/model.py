@@ -403,6 +403,9 @@ class StepTimeAnalysis:
     # The snapshot's ranks whose input wait was measured as the time before forward: the live
     # view says so as the card does (the final summary reads it over the whole run instead).
     input_before_forward_ranks: tuple[int, ...] = ()
+    # The badput ledger over the same window (`processor.diagnosis.ledger.WindowLedger`): rank-time
+    # lost per cause and each finding's what-if; None when the analysis was made without it.
+    ledger: object = None
 
 
 @dataclass(frozen=True)

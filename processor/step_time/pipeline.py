@@ -67,6 +67,12 @@ def _default_diagnose(window: StepTimeWindow, resources=None) -> StepTimeDiagnos
     return diagnose(window, resources=resources)
 
 
+def _ledger(window: StepTimeWindow, diagnosis: StepTimeDiagnosis, resources):
+    from traceml.processor.diagnosis.ledger import window_ledger  # lazy: diagnosis sits above this layer
+
+    return window_ledger(window, diagnosis, resources)
+
+
 def window_resources(db_path: str | Path | None, window: StepTimeWindow):
     """The run's resource figures over the window's steps (`processor.resources`), or None when
     there is no store to read or no step time to place them on. A failed read is logged and
@@ -150,13 +156,17 @@ class StepTimePipeline:
         window = analyze_snapshot(snapshot, max_steps)
         if resources is _READ:
             resources = window_resources(db_path, window)
-        return StepTimeAnalysis(window=window, diagnosis=self._diagnose(window, resources=resources),
+        diagnosis = self._diagnose(window, resources=resources)
+        return StepTimeAnalysis(window=window, diagnosis=diagnosis,
                                 cursor=snapshot.cursor, resources=resources,
-                                input_before_forward_ranks=snapshot.input_before_forward_ranks)
+                                input_before_forward_ranks=snapshot.input_before_forward_ranks,
+                                ledger=_ledger(window, diagnosis, resources))
 
     def empty_analysis(self, run_id: str) -> StepTimeAnalysis:
         window = empty_window(run_id)
-        return StepTimeAnalysis(window=window, diagnosis=self._diagnose(window), cursor=None)
+        diagnosis = self._diagnose(window)
+        return StepTimeAnalysis(window=window, diagnosis=diagnosis, cursor=None,
+                                ledger=_ledger(window, diagnosis, None))
 
 
 class LiveStepTimeSession:

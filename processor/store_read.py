@@ -216,13 +216,43 @@ def read_attempts(conn: sqlite3.Connection, run_id: str) -> tuple[int | None, li
     return current, [AttemptSteps(a, dict(sorted(ranks.items()))) for a, ranks in sorted(per.items())]
 
 
-def read_run_restarts(db_path: str | Path, run_id: str
-                      ) -> tuple[list[AttemptSpan], dict[int, tuple[int, float]]] | None:
+def read_restarts(conn: sqlite3.Connection, run_id: str
+                  ) -> tuple[list[AttemptSpan], dict[int, tuple[int, float]]]:
     """The run's attempts, oldest first (`AttemptSpan`: ranks, step ids, first start, last end),
     and per earlier attempt the (rank, step) cells and summed step seconds (end - start) of its
     steps at or after the next attempt's first step id: what the badput ledger counts as done
-    again (`diagnosis.ledger.restart_loss`). None when the store cannot be read; one attempt (no
-    restart) when the file predates the attempt tables."""
+    again (`diagnosis.ledger.restart_loss`). A file older than the attempt tables: one attempt."""
+    tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    row = (conn.execute(f"SELECT attempt FROM {RUNS_TABLE} WHERE run_id = ?", (run_id,)).fetchone()
+           if ATTEMPT_SAMPLES_TABLE in tables else None)
+    current = 0 if row is None else int(row[0])
+    spans: dict[int, AttemptSpan] = {}
+    sources = [(SAMPLES_TABLE, "?", "", (current, run_id))]
+    if ATTEMPT_SAMPLES_TABLE in tables:
+        sources.insert(0, (ATTEMPT_SAMPLES_TABLE, "attempt", " GROUP BY attempt", (run_id,)))
+    for table, attempt_column, group, params in sources:
+        for attempt, ranks, first, last, start, end in conn.execute(
+                f"SELECT {attempt_column}, COUNT(DISTINCT global_rank), MIN(step), MAX(step), MIN(start_time),"
+                f" MAX(sample_time) FROM {table} WHERE run_id = ?{group}", params):
+            if first is None or int(attempt) in spans:
+                continue
+            spans[int(attempt)] = AttemptSpan(int(attempt), int(ranks), int(first), int(last),
+                                              None if start is None else float(start),
+                                              None if end is None else float(end))
+    ordered = [spans[a] for a in sorted(spans)]
+    redone: dict[int, tuple[int, float]] = {}
+    for earlier, later in zip(ordered, ordered[1:]):
+        cells, seconds = conn.execute(
+            f"SELECT COUNT(*), TOTAL(MAX(sample_time - start_time, 0)) FROM {ATTEMPT_SAMPLES_TABLE}"
+            " WHERE run_id = ? AND attempt = ? AND step >= ?",
+            (run_id, earlier.attempt, later.first_step)).fetchone()
+        redone[earlier.attempt] = (int(cells), float(seconds or 0.0))
+    return ordered, redone
+
+
+def read_run_restarts(db_path: str | Path, run_id: str
+                      ) -> tuple[list[AttemptSpan], dict[int, tuple[int, float]]] | None:
+    """`read_restarts` in one short read-only connection; None when the store cannot be read."""
     if not Path(db_path).exists():
         return None
     try:
@@ -230,32 +260,7 @@ def read_run_restarts(db_path: str | Path, run_id: str
     except (sqlite3.Error, OSError):
         return None
     try:
-        tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        row = conn.execute(f"SELECT attempt FROM {RUNS_TABLE} WHERE run_id = ?", (run_id,)).fetchone() \
-            if ATTEMPT_SAMPLES_TABLE in tables else None
-        current = 0 if row is None else int(row[0])
-        spans: dict[int, AttemptSpan] = {}
-        sources = [(SAMPLES_TABLE, f"{current} AS attempt", "")]
-        if ATTEMPT_SAMPLES_TABLE in tables:
-            sources.insert(0, (ATTEMPT_SAMPLES_TABLE, "attempt", " GROUP BY attempt"))
-        for table, attempt_column, group in sources:
-            for attempt, ranks, first, last, start, end in conn.execute(
-                    f"SELECT {attempt_column}, COUNT(DISTINCT global_rank), MIN(step), MAX(step), MIN(start_time),"
-                    f" MAX(sample_time) FROM {table} WHERE run_id = ?{group}", (run_id,)):
-                if first is None or int(attempt) in spans:
-                    continue
-                spans[int(attempt)] = AttemptSpan(int(attempt), int(ranks), int(first), int(last),
-                                                  None if start is None else float(start),
-                                                  None if end is None else float(end))
-        ordered = [spans[a] for a in sorted(spans)]
-        redone: dict[int, tuple[int, float]] = {}
-        for earlier, later in zip(ordered, ordered[1:]):
-            cells, seconds = conn.execute(
-                f"SELECT COUNT(*), TOTAL(MAX(sample_time - start_time, 0)) FROM {ATTEMPT_SAMPLES_TABLE}"
-                " WHERE run_id = ? AND attempt = ? AND step >= ?",
-                (run_id, earlier.attempt, later.first_step)).fetchone()
-            redone[earlier.attempt] = (int(cells), float(seconds or 0.0))
-        return ordered, redone
+        return read_restarts(conn, run_id)
     except sqlite3.Error:
         return None
     finally:
@@ -288,11 +293,13 @@ def read_run_facts(db_path: str | Path, run_id: str, *, latest_memory: bool,
     try:
         attempt, attempts = read_attempts(conn, run_id) if count_stored else (None, [])
         before_forward = read_input_before_forward_ranks(conn, run_id) if count_stored else []
+        spans, redone = read_restarts(conn, run_id) if count_stored else ((), {})
         return (read_rank_memory(conn, run_id, latest=latest_memory),
                 RunTelemetry(ranks=read_rank_telemetry(conn, run_id, count_stored=count_stored),
                              first_step_stored=read_first_step_stored(conn, run_id),
                              attempt=attempt, attempts=attempts,
-                             input_before_forward_ranks=before_forward))
+                             input_before_forward_ranks=before_forward,
+                             attempt_spans=tuple(spans), redone_steps=redone if count_stored else None))
     except sqlite3.OperationalError:
         return [], RunTelemetry()
     finally:
@@ -363,6 +370,7 @@ class _reading:
 __all__ = [
     "NotAStore", "RankEnds", "RunActivity", "RunProgress", "StoreReadError", "StoreUnavailable", "StoredRun",
     "list_runs", "read_attempts", "read_first_step_stored", "read_rank_ends", "read_rank_memory",
-    "read_rank_telemetry", "read_run_activity", "read_run_facts", "read_run_progress", "read_run_restarts",
+    "read_rank_telemetry", "read_restarts", "read_run_activity", "read_run_facts", "read_run_progress",
+    "read_run_restarts",
     "read_step_memory",
 ]

@@ -197,6 +197,20 @@ def empty_ledger(window: StepTimeWindow) -> WindowLedger:
                         total_rank_seconds=None, total_device_hours=None, devices_known=0)
 
 
+def standout_rank(per_rank: Mapping[int, float]) -> int | None:
+    """The rank that lost the most to a cause, when it stands out: more than twice the median of
+    the other ranks' losses (with one rank, when it lost any). A loss spread evenly names no rank:
+    'most on rank 0' of two equal halves would send a reader to the wrong machine."""
+    if not per_rank:
+        return None
+    worst = max(per_rank, key=lambda r: (per_rank[r], -r))
+    top = per_rank[worst]
+    others = [v for r, v in per_rank.items() if r != worst]
+    if not top > 0 or (others and not top > 2.0 * float(np.median(others))):
+        return None
+    return worst
+
+
 def _device_ranks(resources, ranks: Sequence[int]) -> frozenset[int]:
     """Ranks whose resource figures name a GPU (its UUID, or `cuda:N`); none on a CPU run."""
     by_rank = getattr(resources, "ranks", None) or {}
@@ -319,11 +333,10 @@ class _Ledger:
         if per_rank is None:
             return CauseLoss(cause, None)
         total_ms = sum(per_rank.values())
-        worst = max(per_rank, key=lambda r: (per_rank[r], -r)) if per_rank else None
         return CauseLoss(
             cause, total_ms / MS_PER_SECOND, device_hours=self.device_hours(per_rank),
             share=finite_ratio(total_ms, window_ms), ranks=sum(1 for v in per_rank.values() if v > 0),
-            worst_rank=worst if worst is not None and per_rank[worst] > 0 else None, culprit_rank=culprit)
+            worst_rank=standout_rank(per_rank), culprit_rank=culprit)
 
     def device_hours(self, per_rank: Mapping[int, float]) -> float | None:
         if not self.devices:
@@ -516,6 +529,18 @@ def run_ledger(ledger: WindowLedger, *, first_step_stored: int | None = None,
                      devices_known=ledger.devices_known, restarts=restarts)
 
 
+def run_ledger_from(analysis, telemetry) -> RunLedger | None:
+    """The run ledger of an analysis (its `ledger`, the window's) and the run's `RunTelemetry`
+    (its first stored step; its restarts when they were read): what the final summary, the web
+    view and the report show. None when the analysis carries no ledger."""
+    ledger = getattr(analysis, "ledger", None)
+    if not isinstance(ledger, WindowLedger):
+        return None
+    redone = getattr(telemetry, "redone_steps", None)
+    restarts = None if redone is None else restart_loss(tuple(telemetry.attempt_spans), redone)
+    return run_ledger(ledger, first_step_stored=getattr(telemetry, "first_step_stored", None), restarts=restarts)
+
+
 def build_run_ledger(db_path: str | Path, run_id: str) -> RunLedger:
     """A stored run's ledger, read as its final summary reads it (summary profile, restarts from
     the attempt tables): for a caller that holds no summary (a cross-run record at a run's end)."""
@@ -544,5 +569,5 @@ def run_restarts(db_path: str | Path, run_id: str) -> RestartLoss | None:
 __all__ = [
     "AttemptSpan", "BASIS_BEST_WINDOW", "BASIS_MEDIAN", "BASIS_REMOVED", "CauseLoss", "LEDGER_CAUSES",
     "NO_RESTARTS", "RestartLoss", "RunLedger", "WHAT_IF_BASES", "WhatIf", "WindowLedger", "build_run_ledger",
-    "empty_ledger", "restart_loss", "run_ledger", "run_restarts", "window_ledger",
+    "empty_ledger", "restart_loss", "run_ledger", "run_ledger_from", "run_restarts", "window_ledger",
 ]

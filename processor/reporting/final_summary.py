@@ -21,6 +21,8 @@ from typing import Iterable, Mapping, Sequence
 
 from traceml.processor.presenters.terminal_text import printable
 from traceml.processor.endings import RankEnding
+from traceml.processor.reporting.badput import UNITS as BADPUT_UNITS
+from traceml.processor.reporting.badput import badput_lines, project_badput
 from traceml.processor.reporting.input_note import BEFORE_FORWARD_SENTENCE, RANKS_NAMED, before_forward_note
 from traceml.processor.reporting.inputs import RankMemory, RankTelemetry, RunMetadata, RunTelemetry
 from traceml.processor.reporting.resources import UNITS as RESOURCE_UNITS
@@ -64,6 +66,7 @@ UNITS: Mapping[str, str] = {
     "share": "ratio of the median Step Time",
     "generated_at": "ISO 8601, UTC",
     **RESOURCE_UNITS,
+    **BADPUT_UNITS,
 }
 
 _MS_DIGITS = 3
@@ -278,6 +281,9 @@ def project_final_summary(
     endings = telemetry.rank_endings(window.expected_ranks)
     issues = [project_issue(i) for i in analysis.diagnosis.issues]
     resources = resource_window_of(analysis)
+    from traceml.processor.diagnosis.ledger import run_ledger_from  # the ledger's owner extrapolates
+
+    ledger = run_ledger_from(analysis, telemetry)
     summary = {
         "schema_version": SCHEMA_VERSION,
         "metadata": {
@@ -296,6 +302,7 @@ def project_final_summary(
         "memory": _memory_section(window, mem),
         "resources": project_resources(resources),
         "telemetry": _telemetry_section(window, telemetry, endings),
+        "badput": project_badput(ledger),
         "units": dict(UNITS),
     }
     summary["card"] = render_card(summary)
@@ -366,6 +373,7 @@ def render_card(summary: Mapping) -> str:
     else:
         lines += ["", "Peak memory: unavailable (no CUDA device reported)"]
     lines += resource_lines(summary["resources"])
+    lines += badput_lines(summary["badput"])
     tel = summary["telemetry"]
     dropped = {q: n for q, n in tel["dropped"].items() if n}
     lines.append(

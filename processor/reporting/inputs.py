@@ -108,6 +108,11 @@ class RunTelemetry:
     # Ranks whose every stored step measured its input wait as the time before forward (steps
     # inferred from optimizer updates with no DataLoader `next()` timed: `input_wait_count` 0).
     input_before_forward_ranks: Sequence[int] = ()
+    # Elastic restarts as the badput ledger counts them (`store_read.read_restarts`): every attempt's
+    # span, and per earlier attempt the (rank, step) cells and seconds the next one did again. None:
+    # not read (the live re-export reads no attempts).
+    attempt_spans: Sequence[AttemptSpan] = ()
+    redone_steps: Mapping[int, tuple[int, float]] | None = None
 
     @property
     def started_part_way(self) -> bool | None:

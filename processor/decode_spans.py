@@ -28,6 +28,7 @@ from traceml.processor.decode_attributes import (
     span_identity,
     Unsupported,
 )
+from traceml.processor.mapping.spans import MappingSet
 from traceml.processor.step_time.model import RawEventValue, StepMemoryIngestRecord, StepTimeIngestRecord
 from traceml.processor.store_records import (
     ABSURD,
@@ -138,14 +139,20 @@ _set_count = RawEventValue.count.__set__
 class SpanDecoder:
     """Stateless per request except for the shared run/rank admission caps."""
 
-    def __init__(self, limits: "DecodeLimits", admission: "RunAdmission"):
+    def __init__(self, limits: "DecodeLimits", admission: "RunAdmission", mappings: MappingSet | None = None):
         self.limits = limits
         self.admission = admission
+        # The foreign-step mapping layer (`processor/mapping`): the built-in mappings unless told.
+        self.mappings = MappingSet() if mappings is None else mappings
 
     def decode_traces(self, request) -> DecodedBatch:
-        """`ExportTraceServiceRequest` -> step rows and run-end markers."""
+        """`ExportTraceServiceRequest` -> step rows and run-end markers; spans that are not
+        TraceML's go to the mapping layer (`processor/mapping`), which places the steps it
+        recognises and counts the rest."""
         batch = DecodedBatch(v.SIGNAL_TRACES)
         limits = self.limits
+        mappings = self.mappings
+        foreign_steps: list = []
         for part in getattr(request, "unreadable", ()):  # `otlp_read.PartlyReadable`
             batch.reject(part.reason, part.describe("spans"), part.items)
         for resource_spans in request.resource_spans:
@@ -155,7 +162,9 @@ class SpanDecoder:
             traceml = [s for s in spans if s.name.startswith("traceml.")]
             foreign = len(spans) - len(traceml)
             if foreign:
-                batch.ignored[IGNORED_FOREIGN] += foreign
+                mappings.offer(resource_spans.resource,
+                               [s for s in spans if not s.name.startswith("traceml.")] if traceml else spans,
+                               batch, limits, foreign_steps)
             if not traceml:
                 continue
             res = resource_identity(resource_spans.resource.attributes, limits)
@@ -181,6 +190,8 @@ class SpanDecoder:
                         batch.world_sizes[res.run_id] = res.identity.world_size
                 except Reject as exc:
                     batch.reject(exc.reason, f"span {name!r}: {exc.detail}")
+        if foreign_steps:
+            mappings.settle(foreign_steps, batch, limits, self.admission)
         return batch
 
     def _step_span(self, span, res: ResourceIdentity) -> tuple[StepTimeIngestRecord, StepMemoryIngestRecord | None]:

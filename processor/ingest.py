@@ -211,6 +211,9 @@ class IngestQueue:
         for (run_id, rank), counts in drops.items():
             if counts:
                 self._store.record_drops(run_id, rank, counts)
+        notes = [note for t in tickets for note in t.batch.mapped.values()]
+        if notes:
+            self._store.record_sources(notes)
         self.commits += 1
         # The store reports one merged result; split its duplicates over the tickets in
         # order. It refuses nothing: every record passed the decoder.

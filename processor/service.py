@@ -15,6 +15,7 @@ from pathlib import Path
 from traceml.processor.admission import RunAdmission
 from traceml.processor.decode import DecodeLimits, Decoder
 from traceml.processor.ingest import IngestQueue
+from traceml.processor.mapping import BUILTIN, MappingSet, SpanMapping, load_mapping_file
 from traceml.processor.metric_point import MetricPoint
 from traceml.processor.otlp_intake import OtlpIntake
 from traceml.processor.runs import RunMonitor, stored_run_is_over
@@ -56,6 +57,11 @@ class ProcessorConfig:
     http_limits: HttpLimits = field(default_factory=HttpLimits)  # OTLP/HTTP timeouts and connection cap
     rank_series_top_k: int = s.RANK_SERIES_TOP_K.default  # per-rank series: ranks by score beyond the culprits
     max_series: int = s.MAX_SERIES.default  # per scrape / push; whole runs beyond it are left out, counted
+    mapping: SpanMapping | None = None  # a declared foreign-step mapping (--mapping-file), before the built-ins
+
+    def mapping_set(self) -> MappingSet:
+        """The foreign-step mappings in force: the declared one first, then the built-ins."""
+        return MappingSet(((self.mapping,) if self.mapping is not None else ()) + BUILTIN)
 
     def __post_init__(self) -> None:
         for setting in (s.IDLE_TIMEOUT, s.REFRESH_INTERVAL, s.MAX_CONCURRENT_REQUESTS, s.WORKERS,
@@ -98,6 +104,7 @@ class ProcessorConfig:
                                    max_connections=settings[s.HTTP_MAX_CONNECTIONS]),
             rank_series_top_k=settings[s.RANK_SERIES_TOP_K],
             max_series=settings[s.MAX_SERIES],
+            mapping=None if settings[s.MAPPING_FILE] is None else load_mapping_file(settings[s.MAPPING_FILE]),
         )
 
 
@@ -152,6 +159,7 @@ class ProcessorService:
         known = self._recent_runs()
         self.admission = RunAdmission(config.limits, known)
         self.decoder = Decoder(config.limits, self.admission)
+        self.decoder.spans.mappings = config.mapping_set()
         self.monitor = RunMonitor(
             Path(config.db), backend or StepTimeBackend(config.rank_series_top_k), summary_dir=config.summary_dir,
             refresh_interval_s=config.refresh_interval_s, idle_timeout_s=config.idle_timeout_s,

@@ -322,6 +322,11 @@ WORKERS: Setting[int] = Setting(
     "workers", "--workers", env.TRACEML_PROCESSOR_WORKERS, 1, at_least(1),
     "ingest processes sharing the receiver ports; more use more cores for decode and normalisation",
     metavar="N")
+MAPPING_FILE: Setting[Path | None] = Setting(
+    "mapping_file", "--mapping-file", env.TRACEML_PROCESSOR_MAPPING_FILE, None, FilePath("a file name"),
+    "a declared mapping (TOML) naming a job's own step span, phase spans or attributes and identity "
+    "attributes, read before the built-in Megatron-LM and nemo-lens mappings; checked at start-up "
+    "(docs/mapping.md)", metavar="FILE")
 RANK_SERIES_TOP_K: Setting[int] = Setting(
     "rank_series_top_k", "--rank-series-top-k", env.TRACEML_PROCESSOR_RANK_SERIES_TOP_K, 8, at_least(0),
     "per-rank series for the K ranks of each run with the highest deviation score, beyond the culprits, "
@@ -361,7 +366,7 @@ LOG_LEVEL: Setting[str] = Setting(
 SETTINGS: tuple[Setting, ...] = (
     DB, OTLP_GRPC, OTLP_HTTP, PROMETHEUS, UI, EXPORT_ENDPOINT, EXPORT_PROTOCOL, EXPORT_INTERVAL, EXPORT_TIMEOUT,
     SUMMARY_DIR, IDLE_TIMEOUT, REFRESH_INTERVAL, AUTH_TOKEN_FILE, AUTH_TOKEN, TLS_CERT, TLS_KEY, MAX_RUNS,
-    MAX_RANKS_PER_RUN, WORKERS, RANK_SERIES_TOP_K, MAX_SERIES, MAX_CONCURRENT_REQUESTS, HTTP_HEADER_TIMEOUT,
+    MAX_RANKS_PER_RUN, WORKERS, MAPPING_FILE, RANK_SERIES_TOP_K, MAX_SERIES, MAX_CONCURRENT_REQUESTS, HTTP_HEADER_TIMEOUT,
     HTTP_BODY_TIMEOUT, HTTP_BODY_CHUNK_TIMEOUT, HTTP_KEEPALIVE_TIMEOUT, HTTP_MAX_CONNECTIONS, LOG_LEVEL)
 
 # --- internal sizes: no flag, stated here so that their users share one value ------------

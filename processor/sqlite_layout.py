@@ -22,9 +22,13 @@ from urllib.parse import quote
 
 from traceml.schema.vocabulary import CANONICAL_METRICS, METRIC_COLLECTIVE_WAIT
 
-SCHEMA_USER_VERSION = 5
+SCHEMA_USER_VERSION = 6
 """`PRAGMA user_version` of a database laid out as below (`LAYOUT_CHANGES` lists what each
 version added, so `sqlite_guard` can recognise every older layout exactly).
+
+6: the `step_time_sources` table (which foreign mapping a rank's steps came through, the
+phases it cannot measure, what it left unplaced; a new table, so a version-5 file is
+brought up to date by creating it).
 
 5: the file carries `APPLICATION_ID` (the tables are version 4's). A file of an older
 version has none: it is recognised as ours by its exact tables and columns, and the
@@ -67,6 +71,9 @@ ATTEMPT_MEMORY_TABLE = "step_memory_attempt_samples"
 RESOURCES_TABLE = "resource_samples"
 """Process, host and GPU samples (a rank's own, or a foreign sender's joined by host)."""
 DROPS_TABLE = "step_time_drops"
+SOURCES_TABLE = "step_time_sources"
+"""Per (run, rank, mapping): the foreign mapping (`processor/mapping`) a rank's steps came
+through; a rank with no row sent TraceML's own spans."""
 """Telemetry each rank reported dropped, per queue."""
 
 
@@ -238,6 +245,18 @@ CREATE TABLE IF NOT EXISTS {DROPS_TABLE} (
     dropped INTEGER NOT NULL,
     PRIMARY KEY (run_id, global_rank, queue)
 );
+
+-- Foreign mappings: which one a rank's steps came through (`mapping`), the phases it can never
+-- measure (JSON list), what it left unplaced in them (JSON object: label -> count), its steps.
+CREATE TABLE IF NOT EXISTS {SOURCES_TABLE} (
+    run_id TEXT NOT NULL,
+    global_rank INTEGER NOT NULL,
+    mapping TEXT NOT NULL,
+    unmeasured TEXT NOT NULL,
+    unplaced TEXT NOT NULL,
+    steps INTEGER NOT NULL,
+    PRIMARY KEY (run_id, global_rank, mapping)
+);
 """
 
 @dataclass(frozen=True)
@@ -261,6 +280,7 @@ LAYOUT_CHANGES: tuple[LayoutChange, ...] = (
                                   for column in metric_columns(METRIC_COLLECTIVE_WAIT))),
     LayoutChange(4, tables=(RESOURCES_TABLE,)),
     LayoutChange(5),  # APPLICATION_ID: no table changed
+    LayoutChange(6, tables=(SOURCES_TABLE,)),
 )
 """The layout's history, oldest first: `DDL` less every change from one on is the layout
 that version wrote (version 1: `DDL` less all of them). The last entry's version is
@@ -301,7 +321,7 @@ def connect_readonly(path: str | Path) -> sqlite3.Connection:
 
 __all__ = [
     "ADDED_COLUMNS", "APPLICATION_ID", "ATTEMPT_MEMORY_TABLE", "ATTEMPT_SAMPLES_TABLE", "BUSY_TIMEOUT_S", "DDL",
-    "DROPS_TABLE", "FIRST_USER_VERSION", "LAYOUT_CHANGES", "LayoutChange", "MEMORY_TABLE", "RANKS_TABLE", "RESOURCES_TABLE", "RUNS_TABLE", "SAMPLES_TABLE", "RESOURCE_COLUMNS", "LEGACY_PACKED_FIELDS", "LEGACY_PACKED_METRICS", "MEMORY_COLUMNS", "METRIC_VALUE_COLUMNS", "PACKED_FIELDS",
+    "DROPS_TABLE", "FIRST_USER_VERSION", "LAYOUT_CHANGES", "LayoutChange", "MEMORY_TABLE", "RANKS_TABLE", "RESOURCES_TABLE", "RUNS_TABLE", "SAMPLES_TABLE", "SOURCES_TABLE", "RESOURCE_COLUMNS", "LEGACY_PACKED_FIELDS", "LEGACY_PACKED_METRICS", "MEMORY_COLUMNS", "METRIC_VALUE_COLUMNS", "PACKED_FIELDS",
     "PACKED_FORMAT", "PACKED_METRICS", "PACKED_RANK", "PACKED_SAMPLE_TIME", "PACKED_STEP",
     "PACKED_VALUES", "SAMPLE_COLUMNS", "SCHEMA_OBJECTS", "SCHEMA_USER_VERSION", "connect_readonly", "metric_columns",
 ]

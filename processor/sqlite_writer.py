@@ -570,6 +570,30 @@ class StepTimeStore:
                     rows,
                 )
 
+    def record_sources(self, notes) -> None:
+        """Store which foreign mapping each rank's steps came through (`store_records.MappingNote`s):
+        steps and unplaced counts add up over batches; the unmeasured phases are the mapping's own."""
+        if not notes:
+            return
+        with self._lock, self._noting_damage():
+            self._check_open()
+            with self._conn:
+                for note in notes:
+                    key = (note.run_id, note.global_rank, note.mapping)
+                    row = self._conn.execute(
+                        "SELECT unplaced, steps FROM step_time_sources WHERE run_id = ? AND global_rank = ?"
+                        " AND mapping = ?", key).fetchone()
+                    unplaced = dict(note.unplaced)
+                    steps = note.steps
+                    if row is not None:
+                        for label, n in json.loads(row[0]).items():
+                            unplaced[label] = unplaced.get(label, 0) + n
+                        steps += row[1]
+                    self._conn.execute(
+                        "INSERT OR REPLACE INTO step_time_sources (run_id, global_rank, mapping, unmeasured,"
+                        " unplaced, steps) VALUES (?, ?, ?, ?, ?, ?)",
+                        (*key, json.dumps(list(note.unmeasured)), json.dumps(unplaced, sort_keys=True), steps))
+
     # --- lifecycle ---------------------------------------------------------------------
 
     def close(self) -> None:

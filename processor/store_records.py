@@ -49,6 +49,13 @@ IGNORED_FOREIGN = "not_traceml"
 IGNORED_PHASE_SPAN = "phase_span"
 IGNORED_UNUSED_METRIC = "unused_metric"
 IGNORED_NO_VALUE = "no_recorded_value"  # a point flagged "no recorded value" (a Prometheus staleness marker)
+IGNORED_UNPLACED = "unplaced_foreign"
+"""A foreign record a mapping (`processor/mapping`) read but could not place on any step (a phase
+span whose step span never came, a step span of a shape no phase rule places): counted, never
+guessed into a phase."""
+IGNORED_UNUSED_RECORD = "unused_record"
+"""A foreign record of a known emitter's shape that no row is built from (the original TraceML's
+`step_memory` and `runtime_context` log records, `mapping/traceml_logs.py`)."""
 IGNORED_UNKNOWN_HOST = "unknown_host"
 """A foreign resource point (`hostmetrics`, DCGM) on a host where no run the store knows has a
 rank (or, for a process's figures, no rank with that pid): counted by the ingest queue after
@@ -84,6 +91,20 @@ class DropReport:
 
 
 @dataclass
+class MappingNote:
+    """How one rank's steps of one batch came in through a foreign mapping (`processor/mapping`):
+    the mapping's name, the phases it can never measure, and per label (span name, attribute key)
+    how much inside its steps no phase rule placed. Stored per (run, rank, mapping)."""
+
+    run_id: str
+    global_rank: int
+    mapping: str
+    unmeasured: tuple[str, ...] = ()
+    unplaced: Counter = field(default_factory=Counter)
+    steps: int = 0
+
+
+@dataclass
 class DecodedBatch:
     """Everything one export request contributed, plus what was refused and why."""
 
@@ -97,6 +118,7 @@ class DecodedBatch:
     ignored: Counter = field(default_factory=Counter)  # reason -> items
     examples: list[str] = field(default_factory=list)  # first few explanations
     world_sizes: dict[str, int] = field(default_factory=dict)  # run -> declared world size
+    mapped: dict[tuple[str, int, str], MappingNote] = field(default_factory=dict)  # (run, rank, mapping) -> note
 
     @property
     def rejected_count(self) -> int:
@@ -119,6 +141,17 @@ class DecodedBatch:
         runs.update(r.run_id for r in self.run_ends)
         runs.update(r.run_id for r in self.drops)
         return runs
+
+    def note_mapping(self, run_id: str, rank: int, mapping: str, unmeasured: tuple[str, ...],
+                     unplaced: Mapping[str, int]) -> None:
+        """One step of `rank` came in through foreign `mapping` (`mapping.record.place`)."""
+        key = (run_id, rank, mapping)
+        note = self.mapped.get(key)
+        if note is None:
+            note = self.mapped[key] = MappingNote(run_id, rank, mapping, tuple(unmeasured))
+        note.steps += 1
+        if unplaced:
+            note.unplaced.update(unplaced)
 
     def reject(self, reason: str, detail: str, count: int = 1) -> None:
         self.rejected[reason] += count

@@ -90,7 +90,9 @@ def _worker_main(config, grpc_addr, http_addr, shared_counts, ready, stop, index
     store = StepTimeStore(config.db)
     stats = SelfTelemetry(shared=shared_counts)
     ingest = IngestQueue(store, stats=stats, max_pending_records=config.max_pending_records)
-    handler = OtlpIntake(Decoder(config.limits), ingest, stats)
+    decoder = Decoder(config.limits)
+    decoder.spans.mappings = config.mapping_set()
+    handler = OtlpIntake(decoder, ingest, stats)
     ingest.start()
     receivers = []
     try:

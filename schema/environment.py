@@ -205,6 +205,8 @@ TRACEML_PROCESSOR_MAX_RANKS_PER_RUN = "TRACEML_PROCESSOR_MAX_RANKS_PER_RUN"
 """Ranks accepted per run; further ranks are rejected."""
 TRACEML_PROCESSOR_WORKERS = "TRACEML_PROCESSOR_WORKERS"
 """Ingest processes sharing the receiver ports."""
+TRACEML_PROCESSOR_MAPPING_FILE = "TRACEML_PROCESSOR_MAPPING_FILE"
+"""A declared foreign-step mapping (TOML): a team's own span names made diagnosable."""
 TRACEML_PROCESSOR_RANK_SERIES_TOP_K = "TRACEML_PROCESSOR_RANK_SERIES_TOP_K"
 """Ranks per run with per-rank series by deviation score, beyond the culprits, victims, worst and
 representative rank, which always have them."""

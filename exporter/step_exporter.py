@@ -16,6 +16,17 @@ step was already sent is counted as dropped (queue `metrics`, the memory queue).
 Resource snapshots (`on_resources`, from the resource sampler's thread) wait in a bounded
 queue of their own, dropped and counted under the same `metrics` queue when it is full,
 and leave as one OTLP metrics request per drain (`OtlpEncoder.add_resource_points`).
+
+The worker is woken by work, not by a clock. Everything that gives it something to do
+(a record queued, a batch full, a flush, shutdown) sets one event, `_wake`, through
+`_notify`; a future source of work (a control poller) shares it the same way. While
+records arrive it exports every `export_interval_s` (the bound on how long a queued
+record waits) or as soon as a batch is full. A round that finds nothing to send parks
+the worker: it sleeps with no timeout, and the next record queued wakes it and is sent
+at once. A parked worker keeps one timed wake-up only while its counters changed since
+they were last sent (they go out `telemetry_interval_s` after the previous ones), so an
+idle job's exporter costs nothing. The records are handed over on the samplers' threads,
+so the wake-up (one `Event.set` after a park) is never the training thread's.
 """
 from __future__ import annotations
 
@@ -100,7 +111,9 @@ class OtlpStepExporter:
         self._head_since: float | None = None  # when the step at the queue's head began waiting
         self._capacity = settings.queue_size
         self._wake_at = max(1, min(settings.max_batch, settings.queue_size // 2))
-        self._wake = threading.Event()
+        self._wake = threading.Event()  # set by `_notify`: work arrived (see the module docstring)
+        self._parked = False  # the worker sleeps until `_notify`; producers read it after queueing
+        self.parks = 0  # rounds that ended parked (tests, benchmarks)
         self._flush_waiters: list[threading.Event] = []
         self._closing = False
         self._shutdown_deadline: float | None = None
@@ -130,16 +143,16 @@ class OtlpStepExporter:
             return
         self._steps.append(record)
         self._steps_received += 1
-        if len(self._steps) >= self._wake_at:
-            self._wake.set()
+        if self._parked or len(self._steps) >= self._wake_at:
+            self._notify()
 
     def on_step_memory(self, record: StepMemorySnapshot) -> None:
         if self._closing or len(self._memory) >= self._capacity:
             self._dropped[QUEUE_METRICS] += 1
             return
         self._memory.append(record)
-        if len(self._memory) >= self._wake_at:
-            self._wake.set()
+        if self._parked or len(self._memory) >= self._wake_at:
+            self._notify()
 
     def on_resources(self, snapshot: ResourceSnapshot) -> None:
         """One resource sampler tick; sent with the next drain (they are seconds apart)."""
@@ -147,6 +160,13 @@ class OtlpStepExporter:
             self._dropped[QUEUE_METRICS] += 1
             return
         self._resources.append(snapshot)
+        if self._parked:
+            self._notify()
+
+    def _notify(self) -> None:
+        """Wake the worker: there is something to do (every producer of work calls this)."""
+        self._parked = False
+        self._wake.set()
 
     def on_run_end(self, steps_completed: int, dropped_counts: Mapping[str, int],
                    step_boundary: str | None = None) -> None:
@@ -178,7 +198,7 @@ class OtlpStepExporter:
             return False
         done = threading.Event()
         self._flush_waiters.append(done)
-        self._wake.set()
+        self._notify()
         return done.wait(timeout_s)
 
     def shutdown(self, timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S) -> bool:
@@ -192,7 +212,7 @@ class OtlpStepExporter:
             return not self._thread.is_alive()
         self._shutdown_deadline = time.monotonic() + max(0.0, timeout_s)
         self._closing = True
-        self._wake.set()
+        self._notify()
         self._thread.join(max(0.0, timeout_s))
         if self._thread.is_alive():
             self._stop.set()  # cut any retry backoff short
@@ -209,14 +229,16 @@ class OtlpStepExporter:
 
     def _run(self) -> None:
         next_counters = time.monotonic() + self.settings.telemetry_interval_s
+        sent = 0  # nothing queued yet: park (until the first counters are due)
         while True:
             if not self._closing:
-                self._wake.wait(self.settings.export_interval_s)
+                self._wake.wait(self._next_wait(sent, next_counters))
                 self._wake.clear()
             waiters, self._flush_waiters = self._flush_waiters, []
             closing = self._closing
+            sent = 0
             try:
-                self._drain(final=closing or bool(waiters))
+                sent = self._drain(final=closing or bool(waiters))
                 if closing:
                     self._send_counters(force=True)
                     self._send_run_end()
@@ -231,6 +253,24 @@ class OtlpStepExporter:
             if closing:
                 return
 
+    def _queued(self) -> bool:
+        return bool(self._steps or self._memory or self._memory_by_step or self._resources)
+
+    def _next_wait(self, sent: int, next_counters: float) -> float | None:
+        """How long the worker may sleep: an export interval while records arrive or wait;
+        after a round that sent nothing and with nothing queued, until `_notify` (parked), or
+        until the counters are due when they changed since they were last sent."""
+        if sent or self._queued() or self._flush_waiters:
+            return self.settings.export_interval_s
+        self._parked = True
+        if self._queued() or self._flush_waiters or self._closing:  # queued while parking: do not sleep
+            self._parked = False
+            return 0.0
+        self.parks += 1
+        if self._counters_snapshot() != self._last_counters:
+            return max(0.0, next_counters - time.monotonic())
+        return None
+
     def _deadline(self) -> float:
         deadline = time.monotonic() + self.settings.timeout_s
         if self._shutdown_deadline is not None:
@@ -238,23 +278,25 @@ class OtlpStepExporter:
         return deadline
 
     def _drain(self, final: bool = False) -> None:
-        """Send what is queued, in batches of at most `max_batch`.
+        """Send what is queued, in batches of at most `max_batch`; returns the records taken.
 
         Steps leave in order; one whose memory may still come waits (see the module
         docstring) unless `final` (shutdown or a flush), which sends everything.
         """
         batch = self.settings.max_batch
+        sent = 0
         while True:
             if self._shutdown_deadline is not None and time.monotonic() >= self._shutdown_deadline:
                 self._abandon_queued()
-                return
+                return sent
             self._collect_memory()
             ready = self._ready_steps(batch, final)
             if not ready:
                 break
             self._send_steps(ready)
+            sent += len(ready)
         self._forget_unmatched_memory(final)
-        self._send_resources()
+        return sent + self._send_resources()
 
     def _collect_memory(self) -> None:
         """Queued snapshots -> `_memory_by_step`; unmeasured ones (non-CUDA) carry nothing."""
@@ -341,6 +383,7 @@ class OtlpStepExporter:
         cannot be encoded counts as one (it adds no point: `add_resource_points`).
         """
         queue = self._resources
+        taken = len(queue)
         while queue:
             batch = self._encoder.new_metrics_batch()
             points = snapshots = 0
@@ -358,6 +401,7 @@ class OtlpStepExporter:
             outcome = self._export(v.SIGNAL_METRICS, batch.request, points)
             if outcome.delivered and not outcome.rejected:
                 self._resources_exported += snapshots
+        return taken
 
     def _all_drops(self) -> dict[str, int]:
         drops = {q: 0 for q in v.QUEUE_NAMES}
@@ -374,9 +418,13 @@ class OtlpStepExporter:
             drops[queue] += count
         return drops
 
+    def _counters_snapshot(self, drops: Mapping[str, int] | None = None) -> tuple:
+        drops = self._all_drops() if drops is None else drops
+        return tuple(drops.items()), tuple(self._failures.items()), tuple(self._retries.items())
+
     def _send_counters(self, force: bool) -> None:
         drops = self._all_drops()
-        snapshot = (tuple(drops.items()), tuple(self._failures.items()), tuple(self._retries.items()))
+        snapshot = self._counters_snapshot(drops)
         if not force and snapshot == self._last_counters:
             return
         now = time.time_ns()

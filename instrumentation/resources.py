@@ -20,6 +20,14 @@ A figure that could not be read is None, never 0: no psutil, no NVML, an NVML ca
 that failed, a device that is not visible. CPU utilisation needs a previous reading,
 taken as the thread starts, so the first snapshot comes one interval later.
 
+Sampling host and GPU state is time-driven by nature, so the cadence stays while the
+job trains. When nothing trains it idles: the sampler `traceml.init()` starts watches
+the published step count, and after `IDLE_AFTER_S` (or two intervals, if longer)
+without a completed step it sends the tick that covers the pause and parks, with no
+timeout; the first step after the pause wakes it (the timing sampler announces it,
+`samplers.on_steps_resumed`), it takes a new baseline and samples an interval later.
+A job that sits between steps for a minute is not sampled, and costs nothing, meanwhile.
+
 Nothing here touches the training thread: no lock or queue is shared with the hot
 path; the sinks only append to bounded queues of their own. This module sends
 nothing (`traceml.exporter` does) and combines nothing across ranks (the processor
@@ -39,6 +47,7 @@ from traceml.schema import environment as env_names
 from traceml.schema.resources import DEVICE_INDEX_PREFIX
 
 from .records import GpuReading, ResourceSnapshot
+from . import samplers as _samplers
 from .samplers import _deliver, registered_sinks
 from .settings import DEFAULT_RESOURCE_INTERVAL_S, read_resource_settings
 from .traced_step import tracked_cuda_index
@@ -49,6 +58,10 @@ FINAL_SAMPLE_MIN_S = 1.0
 """`stop()` takes one last sample when the previous one is at least this old (or a whole
 interval, if shorter): a run shorter than the interval still gets its figures, and a
 utilisation over a few milliseconds would be noise."""
+
+IDLE_AFTER_S = 30.0
+"""With no step completed for this long (or two intervals, if longer), the sampler parks until
+steps resume: long enough that a slow step (a large model's 10-20 s) never parks it."""
 
 _CPU_MODES: Mapping[str, str] = {
     "user": "user", "nice": "nice", "system": "system", "idle": "idle", "iowait": "iowait",
@@ -297,6 +310,8 @@ class ResourceSampler:
         nvml_open: builds the NVML reader or returns None (default `NvmlReader.open`).
         read_cuda: `read_job_cuda`'s signature; tests stand in a GPU here.
         clock: the monotonic clock of the elapsed times.
+        steps: the count of completed steps (`step_events.steps_completed`); given, the sampler
+            parks while it does not move (see the module docstring). None: it samples always.
     """
 
     name = "traceml-resource-sampler"
@@ -304,7 +319,8 @@ class ResourceSampler:
     def __init__(self, sinks=None, interval_s: float = DEFAULT_RESOURCE_INTERVAL_S, *,
                  environ: Mapping[str, str] | None = None, psutil_module=..., nvml_open=None,
                  read_cuda: Callable[[int], CudaState | None] = read_job_cuda,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 steps: Callable[[], int] | None = None) -> None:
         env = os.environ if environ is None else environ
         self._sinks = sinks
         self.interval_s = interval_s
@@ -320,6 +336,10 @@ class ResourceSampler:
         self._clock = clock
         self._previous: _Previous | None = None
         self._stop = threading.Event()
+        self._wake = threading.Event()  # stop, or steps resumed while parked
+        self._steps = steps
+        self.parked = False
+        self.parks = 0
         self._thread: threading.Thread | None = None
         self._tick_failed_logged = False
         self.delivered = 0
@@ -333,6 +353,7 @@ class ResourceSampler:
         if self._thread is not None and self._thread.is_alive():
             return
         self._stop.clear()
+        self._wake.clear()
         self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
         self._thread.start()
 
@@ -341,11 +362,40 @@ class ResourceSampler:
 
     def _loop(self) -> None:
         self._guarded(self.baseline)
-        stop, thread_time = self._stop, time.thread_time
-        while not stop.wait(self.interval_s):
+        stop, wake, thread_time, clock = self._stop, self._wake, time.thread_time, self._clock
+        steps = self._steps
+        seen = steps() if steps is not None else None
+        moved_at = clock()
+        while True:
+            wake.wait(None if self.parked else self.interval_s)
+            wake.clear()
+            if stop.is_set():
+                return
+            if self.parked:  # steps resumed: measure from now, not across the pause
+                _samplers.on_steps_resumed(wake.set, add=False)
+                self.parked = False
+                self._guarded(self.baseline)
+                seen, moved_at = steps(), clock()
+                continue
             t0 = thread_time()
             self._guarded(self.run_once)
             self.tick_cpu_s += thread_time() - t0
+            if steps is None:
+                continue
+            count, now = steps(), clock()
+            if count != seen:
+                seen, moved_at = count, now
+            elif now - moved_at >= max(IDLE_AFTER_S, 2 * self.interval_s):
+                self.parked = self._park(seen)
+
+    def _park(self, seen: int) -> bool:
+        """Sleep until steps resume (False when one completed while this was being set up)."""
+        self.parks += 1
+        _samplers.on_steps_resumed(self._wake.set)
+        if self._steps() != seen:
+            _samplers.on_steps_resumed(self._wake.set, add=False)
+            return False
+        return True
 
     def _guarded(self, fn) -> None:
         try:
@@ -358,6 +408,8 @@ class ResourceSampler:
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the thread; take one last sample (see FINAL_SAMPLE_MIN_S), then close NVML."""
         self._stop.set()
+        self._wake.set()
+        _samplers.on_steps_resumed(self._wake.set, add=False)
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout_s)
@@ -501,6 +553,8 @@ def start_resource_sampler(environ: Mapping[str, str] | None = None) -> Resource
     settings = read_resource_settings(environ)
     if not settings.enabled:
         return None
-    sampler = ResourceSampler(interval_s=settings.interval_s, environ=environ)
+    from .step_events import steps_completed
+
+    sampler = ResourceSampler(interval_s=settings.interval_s, environ=environ, steps=steps_completed)
     sampler.start()
     return sampler

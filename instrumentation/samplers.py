@@ -11,14 +11,22 @@ the device: only `query()` and, once it is True, `elapsed_time()`.
 
 `StepMemorySampler` forwards memory snapshots unchanged.
 
-Both are daemon threads that wake every `interval_s` (0.5 s by default), or earlier
-when their queue fills to a quarter of its capacity (the queue calls the sampler's
-wake-up once as it crosses that mark). Each wake-up costs the process tens of
-microseconds of CPU even with nothing to do, and takes the GIL from the training
-thread, so they are rare; on fast steps the fill mark keeps the queue from
-overflowing. Both keep draining after recording stops; `stop()` drains what is
-left (unresolved CUDA batches get up to the timeout, then go out with
-`gpu_ms=None`).
+Both are daemon threads woken by work, not by a clock. While steps arrive a sampler
+drains every `interval_s` (0.5 s by default, the bound on how long a published step
+waits), or earlier when its queue fills to a quarter of its capacity (the queue calls
+the sampler's wake-up once as it crosses that mark), so on fast steps it wakes about
+twice a second whatever the step rate. When a drain finds nothing (the job is between
+slow steps, evaluating, or done) the sampler parks: it sleeps with no timeout, and the
+next step published wakes it at once (`step_events.wake_on_next`). The training thread
+pays for that no more than before: the queue's one size comparison, and one
+`Event.set` for the first step after a park. A timing sampler holding unresolved CUDA
+batches does not park: only `query()` can tell when they complete, so it polls at its
+interval until they do. Each wake-up costs the process tens of microseconds and takes
+the GIL from the training thread; a parked sampler costs nothing. The timing sampler
+announces a resumed job (its first drain after a park) to `on_steps_resumed`
+listeners, so the resource sampler can idle while nothing trains. Both keep draining
+after recording stops; `stop()` drains what is left (unresolved CUDA batches get up
+to the timeout, then go out with `gpu_ms=None`).
 """
 from __future__ import annotations
 
@@ -245,15 +253,39 @@ _is_none = partial(is_, None)  # identity only: an event object's truth value is
 
 
 DEFAULT_INTERVAL_S = 0.5
-"""Longest sleep between two drains; a queue filling to a quarter wakes its sampler earlier."""
+"""Longest a published step waits for its drain; a queue filling to a quarter wakes its sampler
+earlier, and a parked sampler (nothing to drain) is woken by the next step."""
+
+_resumed_listeners: tuple = ()
+
+
+def on_steps_resumed(listener, add: bool = True) -> None:
+    """Call `listener()` (on the timing sampler's thread) each time steps arrive after its park:
+    the first step of the job and the first after every pause. `add=False` removes it."""
+    global _resumed_listeners
+    with _sink_lock:
+        others = tuple(f for f in _resumed_listeners if f != listener)
+        _resumed_listeners = others + ((listener,) if add else ())
+
+
+def _announce_resumed() -> None:
+    for listener in _resumed_listeners:
+        try:
+            listener()
+        except Exception:  # a listener must never stop the sampler
+            _log.exception("TraceML steps-resumed listener %r failed", listener)
 
 
 class _Sampler:
-    """A daemon polling thread with a synchronous `run_once()` for tests and shutdown."""
+    """A daemon thread woken by its queue (see the module docstring), with a synchronous
+    `run_once()` for tests and shutdown. With a `drain` of its own (not a step_events
+    queue, so nothing can wake it) it polls at `interval_s`."""
 
     name = "traceml-sampler"
     queue: str | None = None
     """The step_events queue drained by default ("timing"/"memory"); it wakes this sampler."""
+    announces_resumed = False
+    """Whether this sampler's first drain after a park calls the `on_steps_resumed` listeners."""
 
     def __init__(self, sinks=None, interval_s: float = DEFAULT_INTERVAL_S, drain=None) -> None:
         self._sinks = sinks
@@ -264,6 +296,8 @@ class _Sampler:
         self._lock = threading.Lock()
         self._owns_queue = drain is None
         self.delivered = 0
+        self.parked = False  # sleeping until the next published item (the thread sets it)
+        self.parks = 0  # times the thread tried to park (tests, benchmarks)
 
     def sinks(self) -> tuple:
         return self._sinks if self._sinks is not None else _sinks
@@ -283,15 +317,38 @@ class _Sampler:
 
     def _loop(self) -> None:
         stop, wake = self._stop, self._wake
+        can_park = self._owns_queue and self.queue is not None
+        self.parked = parked = can_park and self._park()
         while True:
-            wake.wait(self.interval_s)
+            wake.wait(None if parked else self.interval_s)
             wake.clear()
+            resumed = parked
+            if parked:
+                _se.wake_on_next(self.queue, False)
+                self.parked = parked = False
             if stop.is_set():
                 return  # stop() drains on the caller's thread
+            done = 0
             try:
-                self.run_once()
+                done = self.run_once()  # looked up on each call: the benchmarks time it in place
             except Exception:
                 _log.exception("TraceML %s tick failed", self.name)
+            if resumed and self.announces_resumed:
+                _announce_resumed()
+            if can_park and not done and self._idle():
+                self.parked = parked = self._park()
+
+    def _park(self) -> bool:
+        """Sleep until the next published item (False, not parked, when one is already queued)."""
+        self.parks += 1
+        if _se.wake_on_next(self.queue, True):
+            _se.wake_on_next(self.queue, False)
+            return False
+        return True
+
+    def _idle(self) -> bool:
+        """Nothing left that needs a timed wake-up (the timing sampler: no unresolved batch)."""
+        return True
 
     def run_once(self) -> int:
         raise NotImplementedError
@@ -301,7 +358,7 @@ class _Sampler:
         self._stop.set()
         self._wake.set()
         if self._owns_queue and self.queue is not None and _se.queue_wakeup(self.queue) == self._wake.set:
-            _se.set_queue_wakeup(self.queue, None)
+            _se.set_queue_wakeup(self.queue, None)  # also unparks: the quarter mark again
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout_s)
@@ -317,6 +374,7 @@ class StepTimeSampler(_Sampler):
 
     name = "traceml-step-time-sampler"
     queue = "timing"
+    announces_resumed = True
 
     def __init__(self, sinks=None, interval_s: float = DEFAULT_INTERVAL_S, pool=None,
                  drain=None) -> None:
@@ -354,6 +412,9 @@ class StepTimeSampler(_Sampler):
                 done = len(records)
                 self.delivered += done
             return done
+
+    def _idle(self) -> bool:
+        return not self.pending  # unresolved CUDA batches: only polling query() tells when they complete
 
     def _final_drain(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

@@ -110,7 +110,9 @@ class BoundedDropQueue:
 
     `wakeup` (set by the consumer, e.g. a sampler's event) is called once each time
     the queue fills up to `wake_at` items, so the consumer can sleep long between
-    polls without the queue overflowing on fast steps.
+    polls without the queue overflowing on fast steps. A consumer with nothing to do
+    parks by moving `wake_at` to 1 (`wake_on_next`): the next item then wakes it, and
+    the producer's check stays the one comparison it always was.
     """
 
     __slots__ = ("_items", "capacity", "dropped", "wake_at", "wakeup")
@@ -436,14 +438,35 @@ def steps_completed() -> int:
     return _next_step
 
 
+def _queue(name: str) -> BoundedDropQueue:
+    return {"timing": _timing_queue, "memory": _memory_queue}[name]
+
+
 def set_queue_wakeup(queue: str, wakeup) -> None:
     """Have `wakeup()` called when queue `timing` or `memory` fills to a quarter (None: stop)."""
-    target = {"timing": _timing_queue, "memory": _memory_queue}[queue]
+    target = _queue(queue)
     target.wakeup = wakeup
+    if wakeup is None:
+        target.wake_at = max(1, target.capacity // 4)
 
 
 def queue_wakeup(queue: str):
-    return {"timing": _timing_queue, "memory": _memory_queue}[queue].wakeup
+    return _queue(queue).wakeup
+
+
+def wake_on_next(queue: str, parked: bool) -> int:
+    """Park (`parked=True`: the next item published calls the wake-up) or unpark (back to the
+    quarter mark) the consumer of queue `timing` or `memory`; returns the items queued now.
+
+    The consumer parks first and reads the length after: an item appended before the
+    producer saw `wake_at == 1` is then in that length, so no item is left unannounced
+    (the GIL orders the two threads' steps). The training thread pays nothing more than
+    before: it compares the size with `wake_at` as it always did, and calls the wake-up
+    (one `Event.set`, a few microseconds) only for the first step after the consumer parked.
+    """
+    target = _queue(queue)
+    target.wake_at = 1 if parked else max(1, target.capacity // 4)
+    return len(target._items)
 
 
 def wall_offset_ns() -> int:

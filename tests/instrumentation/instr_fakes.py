@@ -9,11 +9,14 @@ from __future__ import annotations
 
 
 def flush_samplers() -> None:
-    """Deliver everything queued now (the background samplers may already have some)."""
+    """Deliver everything queued now (the background samplers may already have some: a step
+    published wakes a parked sampler). Through the live samplers when `init()` started them,
+    so a drain here and one on their thread take turns under one lock and keep step order."""
+    from traceml import lifecycle
     from traceml.samplers import StepMemorySampler, StepTimeSampler
 
-    StepTimeSampler().run_once()
-    StepMemorySampler().run_once()
+    (lifecycle._time_sampler or StepTimeSampler()).run_once()
+    (lifecycle._memory_sampler or StepMemorySampler()).run_once()
 
 
 class FakeGpuClock:

@@ -13,6 +13,8 @@ from traceml.samplers import StepTimeSampler
 from traceml.schema.vocabulary import RAW_BACKWARD, RAW_FORWARD, RAW_STEP_TIME
 from traceml.timing import timed_region
 
+from tests.instrumentation.instr_fakes import flush_samplers
+
 
 def _clean_step(model):
     with traceml.trace_step(model):
@@ -20,18 +22,31 @@ def _clean_step(model):
             model(torch.ones(1, 2)).sum().backward()
 
 
+_records: list = []
+
+
+class _Sink:
+    def on_step_time(self, record):
+        _records.append(record)
+
+    def on_step_memory(self, record):
+        pass
+
+
+@pytest.fixture(autouse=True)
+def _collected():
+    _records.clear()
+    sink = _Sink()
+    traceml.register_sink(sink)
+    yield
+    traceml.unregister_sink(sink)
+
+
 def _delivered():
-    sink_records = []
-
-    class Sink:
-        def on_step_time(self, record):
-            sink_records.append(record)
-
-        def on_step_memory(self, record):
-            pass
-
-    StepTimeSampler(sinks=(Sink(),)).run_once()
-    return sink_records
+    """Every step record delivered in this test: a published step wakes the background
+    sampler, which may have delivered some already; the rest are drained here."""
+    flush_samplers()
+    return list(_records)
 
 
 def _counts(record):

@@ -444,3 +444,39 @@ def test_an_invalid_value_is_warned_once_and_the_default_applies(monkeypatch, ca
         settings = read_resource_settings({name: raw})
     assert (settings.enabled, settings.interval_s) == (True, DEFAULT_RESOURCE_INTERVAL_S)
     assert len([r for r in caplog.records if name in r.getMessage() and repr(raw) in r.getMessage()]) == 1
+
+
+def test_the_sampler_parks_while_no_step_completes_and_resumes_with_the_steps(monkeypatch):
+    """Host and GPU state are sampled on a clock while the job trains; when nothing trains the
+    sampler sends the tick covering the pause and then sleeps with no timeout until steps resume."""
+    from traceml import samplers
+
+    monkeypatch.setattr(res, "IDLE_AFTER_S", 0.05)
+    steps = {"n": 7}
+    recording = RecordingSink()
+    sampler = ResourceSampler(sinks=(recording,), interval_s=0.02, environ={}, steps=lambda: steps["n"])
+    sampler.start()
+    try:
+        assert _wait(lambda: sampler.parked)
+        ticks = sampler.ticks
+        assert ticks >= 2  # it sampled through the pause's first 50 ms
+        time.sleep(0.2)  # ten intervals
+        assert sampler.ticks == ticks and sampler.parked
+        steps["n"] += 1
+        samplers._announce_resumed()  # what the timing sampler does with the first step after a pause
+        assert _wait(lambda: sampler.ticks > ticks)
+        assert not sampler.parked or sampler.ticks > ticks
+    finally:
+        sampler.stop()
+    assert samplers._resumed_listeners == ()
+
+
+def test_a_sampler_without_a_step_count_never_parks():
+    recording = RecordingSink()
+    sampler = ResourceSampler(sinks=(recording,), interval_s=0.02, environ={})
+    sampler.start()
+    try:
+        assert _wait(lambda: len(recording.resources) >= 5)
+        assert sampler.parks == 0 and not sampler.parked
+    finally:
+        sampler.stop()

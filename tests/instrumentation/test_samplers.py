@@ -308,6 +308,72 @@ def test_a_queue_filling_to_a_quarter_wakes_a_sleeping_sampler(recording, sink):
     assert se.queue_wakeup("timing") is None and se.queue_wakeup("memory") is None
 
 
+def _until(predicate, timeout_s: float = 10.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return predicate()
+
+
+def test_a_parked_sampler_is_woken_by_the_next_step_not_by_a_clock(recording, sink):
+    """Work wakes the samplers: with nothing queued they park (no timed wake-up at all), and the
+    first step published wakes them at once, long before their interval; then they park again."""
+    from traceml import samplers
+
+    resumed = []
+
+    def listener():
+        resumed.append(1)
+    samplers.on_steps_resumed(listener)
+    sampler = StepTimeSampler(interval_s=0.05)
+    memory_sampler = StepMemorySampler(interval_s=0.05)
+    calls = {"time": 0, "memory": 0}
+    for key, s in (("time", sampler), ("memory", memory_sampler)):
+        def counted(run=s.run_once, key=key):
+            calls[key] += 1
+            return run()
+        s.run_once = counted
+        s.start()
+    try:
+        assert _until(lambda: sampler.parked and memory_sampler.parked)
+        before = dict(calls)
+        import time
+        time.sleep(0.3)  # six intervals: a clock-driven sampler would have drained six times
+        assert calls == before and sampler.parked and memory_sampler.parked
+        assert se.queue_wakeup("timing") is not None
+        sampler.interval_s = memory_sampler.interval_s = 3600.0  # from here only work can wake them
+        with timed_region(RAW_STEP_TIME):
+            pass
+        se.current_capture().record(se.MemoryReading("cpu", None, None, 0))
+        se.complete_step_capture()
+        assert _until(lambda: len(sink.steps) == 1 and len(sink.memory) == 1, 5.0)
+        assert resumed == [1]
+    finally:
+        samplers.on_steps_resumed(listener, add=False)
+        sampler.stop()
+        memory_sampler.stop()
+    assert se.queue_wakeup("timing") is None and se._timing_queue.wake_at == se.QUEUE_CAPACITY // 4
+
+
+def test_a_sampler_holding_unresolved_cuda_batches_keeps_polling(recording, fake_gpu, sink):
+    """Only query() tells when a CUDA batch completes: the timing sampler does not park on one."""
+    sampler = StepTimeSampler(interval_s=0.02)
+    sampler.start()
+    try:
+        with timed_region(RAW_FORWARD):
+            pass
+        se.complete_step_capture()
+        assert _until(lambda: len(sampler.pending) == 1)
+        assert not sampler.parked
+        fake_gpu.complete_all()  # no step published: only its own polling can deliver it
+        assert _until(lambda: len(sink.steps) == 1, 5.0)
+        assert _until(lambda: sampler.parked)
+    finally:
+        sampler.stop()
+
+
 def test_a_sampler_with_its_own_drain_leaves_the_queue_wakeup_alone(recording):
     sampler = StepTimeSampler(drain=lambda: [])
     sampler.start()

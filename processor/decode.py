@@ -2,7 +2,8 @@
 
 `Decoder` is the ingest path's one entry: it holds the caps (`DecodeLimits`) and
 the run admission (`admission.RunAdmission`) and hands traces to the span decoder
-(`decode_spans`) and metrics to the metric decoder (`decode_metrics`), which judge
+(`decode_spans`), metrics to the metric decoder (`decode_metrics`) and logs to the
+log decoder (`decode_logs`), which judge
 attributes by the same rules (`decode_attributes`). Together they are the
 processor's only readers of wire names (all from `traceml.schema.vocabulary` and
 `traceml.schema.resources`) and its only judges of values: what they hand on
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 
 from traceml.processor import settings
 from traceml.processor.admission import RunAdmission
+from traceml.processor.decode_logs import LogDecoder
 from traceml.processor.decode_metrics import MetricDecoder
 from traceml.processor.decode_spans import SpanDecoder
 from traceml.processor.store_records import MAX_EVENT_MS, DecodedBatch
@@ -42,13 +44,14 @@ class DecodeLimits:
 
 
 class Decoder:
-    """Both decoders under one set of caps and one admission (stateless per request otherwise)."""
+    """The decoders under one set of caps and one admission (stateless per request otherwise)."""
 
     def __init__(self, limits: DecodeLimits | None = None, admission: RunAdmission | None = None):
         self.limits = limits or DecodeLimits()
         self.admission = admission or RunAdmission(self.limits)
         self.spans = SpanDecoder(self.limits, self.admission)
         self.metrics = MetricDecoder(self.limits, self.admission)
+        self.logs = LogDecoder(self.limits, self.admission)
 
     def decode_traces(self, request) -> DecodedBatch:
         """`ExportTraceServiceRequest` -> step rows, per-step memory and run-end markers."""
@@ -57,3 +60,7 @@ class Decoder:
     def decode_metrics(self, request) -> DecodedBatch:
         """`ExportMetricsServiceRequest` -> drop counts, resource samples and legacy memory rows."""
         return self.metrics.decode_metrics(request)
+
+    def decode_logs(self, request) -> DecodedBatch:
+        """`ExportLogsServiceRequest` -> the step rows a mapping placed; every other record counted."""
+        return self.logs.decode_logs(request)

@@ -1,12 +1,13 @@
 """Incoming OTLP: one Export request a sender made -> decode -> ingest -> partial-success response.
 
 The processor's intake side (its outgoing summary metrics are `summary_export`).
-Shared by the gRPC and HTTP receivers so both answer the same way: rejected spans
-or points are counted in `partial_success` with a message naming the reasons;
+Shared by the gRPC and HTTP receivers so both answer the same way: rejected spans,
+points or log records are counted in `partial_success` with a message naming the reasons;
 ignored (non-TraceML) telemetry is mentioned in the message but not rejected.
 """
 from __future__ import annotations
 
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2 as logs_pb2
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metrics_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb2
 
@@ -18,7 +19,7 @@ from traceml.schema import vocabulary as v
 
 
 class OtlpIntake:
-    """Answers the trace and metrics Export requests the receivers hand it."""
+    """Answers the trace, metrics and logs Export requests the receivers hand it."""
 
     def __init__(self, decoder: Decoder, ingest: IngestQueue, stats: SelfTelemetry):
         self.decoder = decoder
@@ -44,6 +45,14 @@ class OtlpIntake:
     def metrics(self, request: metrics_pb2.ExportMetricsServiceRequest) -> metrics_pb2.ExportMetricsServiceResponse:
         batch = self._ingest(self.decoder.decode_metrics(request))
         return _answer(metrics_pb2.ExportMetricsServiceResponse(), "rejected_data_points", batch)
+
+    def logs(self, request: logs_pb2.ExportLogsServiceRequest) -> logs_pb2.ExportLogsServiceResponse:
+        batch = self._ingest(self.decoder.decode_logs(request))
+        return _answer(logs_pb2.ExportLogsServiceResponse(), "rejected_log_records", batch)
+
+    def handler(self, signal: str):
+        """The export method for `signal` (the receivers route by it)."""
+        return {v.SIGNAL_TRACES: self.traces, v.SIGNAL_METRICS: self.metrics, v.SIGNAL_LOGS: self.logs}[signal]
 
 
 def _answer(response, rejected_field: str, batch: DecodedBatch):

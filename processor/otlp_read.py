@@ -9,8 +9,9 @@ recursion limit. So one neighbour's attribute map would sink TraceML's spans in
 the same request.
 
 The common case costs nothing extra: the body is parsed whole, once. Only when that
-fails is it read part by part: the request's `resource_spans` (`resource_metrics`)
-one by one, then within an unreadable one its scopes and spans (metrics), each
+fails is it read part by part: the request's `resource_spans` (`resource_metrics`,
+`resource_logs`) one by one, then within an unreadable one its scopes and spans
+(metrics, log records), each
 parsed on its own. protobuf's wire framing (a tag and a length before every
 embedded message) lets the bytes be split without parsing what is inside; for
 OTLP/JSON an iterative scanner finds the array elements without recursing. What
@@ -28,9 +29,11 @@ import re
 from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.common.v1 import common_pb2
+from opentelemetry.proto.logs.v1 import logs_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
@@ -78,6 +81,10 @@ class PartlyReadable:
     def resource_metrics(self):
         return self.request.resource_metrics
 
+    @property
+    def resource_logs(self):
+        return self.request.resource_logs
+
 
 @dataclass(frozen=True)
 class _Level:
@@ -103,7 +110,10 @@ _TRACES = (_Level(trace_service_pb2.ExportTraceServiceRequest, "resource_spans")
 _METRICS = (_Level(metrics_service_pb2.ExportMetricsServiceRequest, "resource_metrics"),
             _Level(metrics_pb2.ResourceMetrics, "scope_metrics"), _Level(metrics_pb2.ScopeMetrics, "metrics"),
             _Level(metrics_pb2.Metric))
-_LEVELS = {_TRACES[0].cls: _TRACES, _METRICS[0].cls: _METRICS}
+_LOGS = (_Level(logs_service_pb2.ExportLogsServiceRequest, "resource_logs"),
+         _Level(logs_pb2.ResourceLogs, "scope_logs"), _Level(logs_pb2.ScopeLogs, "log_records"),
+         _Level(logs_pb2.LogRecord))
+_LEVELS = {_TRACES[0].cls: _TRACES, _METRICS[0].cls: _METRICS, _LOGS[0].cls: _LOGS}
 _DATA_KINDS = tuple(f for f in metrics_pb2.Metric.DESCRIPTOR.oneofs_by_name["data"].fields)
 _DATA_NUMBERS = frozenset(f.number for f in _DATA_KINDS)
 _DATA_JSON = tuple(name for f in _DATA_KINDS for name in (f.json_name, f.name))

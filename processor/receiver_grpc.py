@@ -1,4 +1,4 @@
-"""OTLP/gRPC receiver: TraceService and MetricsService on one server.
+"""OTLP/gRPC receiver: TraceService, MetricsService and LogsService on one server.
 
 The receive limit is raised (collectors batch beyond grpcio's 4 MiB default);
 gzip is handled by gRPC itself. Every refusal that means "try later" (more calls
@@ -21,6 +21,7 @@ import grpc
 from google.protobuf import any_pb2
 from google.protobuf.message import DecodeError
 from google.rpc import code_pb2, error_details_pb2, status_pb2
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2 as logs_pb2
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metrics_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb2
 
@@ -31,7 +32,7 @@ from traceml.processor.otlp_read import read_otlp_protobuf
 from traceml.processor.security import BearerAuth, TlsConfig
 from traceml.processor.self_telemetry import SelfTelemetry
 from traceml.schema import vocabulary as v
-from traceml.schema.vocabulary import SIGNAL_METRICS, SIGNAL_TRACES
+from traceml.schema.vocabulary import SIGNAL_LOGS, SIGNAL_METRICS, SIGNAL_TRACES
 
 LOG = logging.getLogger(__name__)
 
@@ -185,12 +186,13 @@ _SERVICES = (
     ("opentelemetry.proto.collector.trace.v1.TraceService", trace_pb2.ExportTraceServiceRequest, SIGNAL_TRACES),
     ("opentelemetry.proto.collector.metrics.v1.MetricsService", metrics_pb2.ExportMetricsServiceRequest,
      SIGNAL_METRICS),
+    ("opentelemetry.proto.collector.logs.v1.LogsService", logs_pb2.ExportLogsServiceRequest, SIGNAL_LOGS),
 )
 _SIGNAL_OF_METHOD = {f"/{service}/Export": signal for service, _, signal in _SERVICES}
 
 
 def _export_method(handler: OtlpIntake, message_cls, signal: str):
-    handle = handler.traces if signal == SIGNAL_TRACES else handler.metrics
+    handle = handler.handler(signal)
 
     def export(body: bytes, context):
         refusal = getattr(_LANE, "refusal", None)

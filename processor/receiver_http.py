@@ -1,4 +1,4 @@
-"""OTLP/HTTP receiver: POST /v1/traces and /v1/metrics, plus /healthz and /readyz.
+"""OTLP/HTTP receiver: POST /v1/traces, /v1/metrics and /v1/logs, plus /healthz and /readyz.
 
 The routes run on the bounded HTTP/1.1 front of `http_front.HttpFront` (h11 on an
 asyncio loop: header and body timeouts, a connection cap, framing errors close
@@ -20,6 +20,7 @@ from typing import Callable
 
 from google.protobuf.message import DecodeError
 from google.rpc import status_pb2
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2 as logs_pb2
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metrics_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb2
 
@@ -30,7 +31,7 @@ from traceml.processor.security import BearerAuth, TlsConfig
 from traceml.processor.http_front import Accept, HttpFront, HttpLimits, Reply, RequestHead
 from traceml.processor.listener import ServerThread
 from traceml.schema import vocabulary as v
-from traceml.schema.vocabulary import SIGNAL_METRICS, SIGNAL_TRACES
+from traceml.schema.vocabulary import SIGNAL_LOGS, SIGNAL_METRICS, SIGNAL_TRACES
 
 LOG = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ _RETRY_LATER = {"Retry-After": str(RETRY_AFTER_S)}
 _ROUTES = {
     "/v1/traces": (trace_pb2.ExportTraceServiceRequest, SIGNAL_TRACES),
     "/v1/metrics": (metrics_pb2.ExportMetricsServiceRequest, SIGNAL_METRICS),
+    "/v1/logs": (logs_pb2.ExportLogsServiceRequest, SIGNAL_LOGS),
 }
 
 
@@ -175,7 +177,7 @@ class OtlpHttpApp:
             self.stats.refused(signal, v.REFUSED_UNDECODABLE)
             return _status_reply(400, f"undecodable {signal} request: {exc}", answer_type)
         try:
-            handle = self.handler.traces if signal == SIGNAL_TRACES else self.handler.metrics
+            handle = self.handler.handler(signal)
             response = handle(request)
         except Backpressure as exc:
             return _status_reply(429, f"back-pressure: {exc}", answer_type, _RETRY_LATER)

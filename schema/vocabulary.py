@@ -279,11 +279,14 @@ ATTR_QUEUE = "traceml.queue"
 QUEUE_NAMES: tuple[str, ...] = ("timing", "memory", "spans", "metrics")
 
 # The OTLP signals TraceML sends and receives: the exporter's failure/retry metrics
-# and the processor's record counts carry one in ATTR_SIGNAL.
-Signal = Literal["traces", "metrics"]
+# (traces, metrics: all it sends) and the processor's record counts (all three it
+# receives) carry one in ATTR_SIGNAL. Logs are received only: the original TraceML's
+# step records arrive as OTLP log records (docs/wire-format.md, "Log records received").
+Signal = Literal["traces", "metrics", "logs"]
 SIGNAL_TRACES: Signal = "traces"
 SIGNAL_METRICS: Signal = "metrics"
-SIGNALS: tuple[Signal, ...] = (SIGNAL_TRACES, SIGNAL_METRICS)
+SIGNAL_LOGS: Signal = "logs"
+SIGNALS: tuple[Signal, ...] = (SIGNAL_TRACES, SIGNAL_METRICS, SIGNAL_LOGS)
 
 # Final counts on the `traceml.run.end` span (besides ATTR_STEPS_COMPLETED and,
 # when any step was published, ATTR_STEP = the last step number).

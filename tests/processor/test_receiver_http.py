@@ -106,7 +106,7 @@ def test_undecodable_bodies_are_400(service):
     assert status == 400
     assert "gzip" in status_pb2.Status.FromString(body).message
     assert post(service.http_port, "/v1/traces", b"x", "text/plain")[0] == 415
-    assert post(service.http_port, "/v1/logs", b"")[0] == 404
+    assert post(service.http_port, "/v1/profiles", b"")[0] == 404  # no such OTLP route here
     assert count_rows(service.config.db) == 0
 
 

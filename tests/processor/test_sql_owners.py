@@ -131,10 +131,12 @@ def f():
 
 
 DECODER_MODULES = ("traceml.processor.decode", "traceml.processor.decode_spans",
-                   "traceml.processor.decode_metrics", "traceml.processor.decode_attributes")
+                   "traceml.processor.decode_metrics", "traceml.processor.decode_logs",
+                   "traceml.processor.decode_attributes")
 DECODER_IMPORTERS = frozenset({
     "processor/decode.py", "processor/decode_spans.py", "processor/decode_metrics.py",
-    "processor/decode_attributes.py",
+    "processor/decode_attributes.py", "processor/decode_logs.py",
+    "processor/mapping/traceml_logs.py",  # the original TraceML's log records: read as the decoders read
     "processor/admission.py",  # refuses with the decoders' `Reject`
     "processor/otlp_intake.py", "processor/workers.py", "processor/service.py",  # the ingest path
     "processor/cli.py",  # `DecodeLimits` from the flags

@@ -165,7 +165,7 @@ def test_ten_thousand_generated_requests_keep_every_valid_record(processor, clie
            content_type=st.sampled_from(["text/plain", "application/xml", "", "application/grpc",
                                          "multipart/form-data"]),
            encoding=st.sampled_from(["br", "deflate", "zstd", "compress", "gzip, gzip"]),
-           path=st.sampled_from(["/v1/logs", "/", "/v1/traces/../metrics", "/v1/trace", "/metrics"]),
+           path=st.sampled_from(["/v1/profiles", "/", "/v1/traces/../metrics", "/v1/trace", "/metrics"]),
            shape=st.sampled_from([
                {"resourceSpans": 5}, {"resourceSpans": [1, 2]}, {"resourceSpans": [{"resource": {"attributes": 5}}]},
                {"resourceSpans": [{"resource": {"attributes": [{"key": "a", "value": {"intValue": "x"}}]}}]},
@@ -338,7 +338,7 @@ def test_refusal_before_reading_the_body_keeps_the_connection_in_step(processor)
     c = OtlpClient(processor.grpc, processor.http, Ledger())
     try:
         body = h.steps_request("fuzz-keepalive", 0, [1]).SerializeToString()
-        assert c.http_raw("/v1/logs", body).status == 404
+        assert c.http_raw("/v1/profiles", body).status == 404
         answer = c.http_raw(TRACES, body)  # the same keep-alive connection
         assert (answer.status, answer.rejected) == (200, 0), answer
     finally:

@@ -12,4 +12,4 @@ def test_severity_literal_is_the_severities_in_ascending_order():
 
 
 def test_signal_literal_is_the_otlp_signals():
-    assert get_args(v.Signal) == v.SIGNALS == ("traces", "metrics")
+    assert get_args(v.Signal) == v.SIGNALS == ("traces", "metrics", "logs")

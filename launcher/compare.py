@@ -15,6 +15,9 @@ A change is *material* when it crosses these thresholds (see `Thresholds`):
 - Diagnosis: a different primary kind, severity or culprit rank.
 - Peak memory (allocated or reserved, largest rank): |delta| >= 10 % of A and
   >= 64 MiB, or available on one side only.
+- Lost time (the badput ledger's share of the window's rank-time): |delta| >= 5
+  points. Lost rank-time over each run, and each cause's share, are shown beside
+  it (a run's total grows with its length, so only the share can be material).
 A value measured on one side only is shown but never called material (it is a
 coverage difference, reported as such).
 """
@@ -41,6 +44,15 @@ COMPARED_METRICS: tuple[tuple[str, str], ...] = (
     ("residual_ms", "Residual"),
     ("traced_step_time_ms", "Traced Step Time"),
 )
+BADPUT_CAUSES: tuple[tuple[str, str], ...] = (
+    ("straggler_wait", "straggler wait"),
+    ("input_stall", "input stall"),
+    ("h2d", "H2D"),
+    ("communication", "communication"),
+    ("drift", "drift"),
+    ("restarts", "restarts"),
+)
+"""The ledger's causes (`traceml.schema.badput.LEDGER_CAUSES`) with their labels, in its order."""
 MEMORY_KEYS: tuple[tuple[str, str], ...] = (
     ("peak_allocated_bytes", "Peak allocated"),
     ("peak_reserved_bytes", "Peak reserved"),
@@ -56,13 +68,14 @@ class Thresholds:
     skew_points: float = 0.10
     memory_ratio: float = 0.10
     min_memory_bytes: int = 64 * 1024 * 1024
+    lost_share_points: float = 0.05
 
 
 @dataclass(frozen=True, slots=True)
 class Delta:
     name: str
     label: str
-    statistic: str  # "median" | "worst" | "skew" | "peak"
+    statistic: str  # "median" | "worst" | "skew" | "peak" | "share" | "rank_s"
     a: float | None
     b: float | None
     delta: float | None
@@ -93,11 +106,12 @@ class Comparison:
     diagnosis: DiagnosisChange
     warnings: tuple[str, ...]
     thresholds: Thresholds
+    badput: tuple[Delta, ...] = ()  # lost time before (A) and after (B): the ledger's figures
 
     @property
     def material_changes(self) -> tuple[str, ...]:
         out = [f"diagnosis {', '.join(self.diagnosis.changed)}"] if self.diagnosis.material else []
-        out += [f"{d.label} {d.statistic}" for d in (*self.metrics, *self.memory) if d.material]
+        out += [f"{d.label} {d.statistic}" for d in (*self.metrics, *self.memory, *self.badput) if d.material]
         return tuple(out)
 
     def to_json(self) -> dict[str, Any]:
@@ -108,6 +122,7 @@ class Comparison:
                           "changed": list(self.diagnosis.changed), "material": self.diagnosis.material},
             "metrics": [asdict(d) for d in self.metrics],
             "memory": [asdict(d) for d in self.memory],
+            "badput": [asdict(d) for d in self.badput],
             "material_changes": list(self.material_changes),
             "warnings": list(self.warnings),
             "thresholds": asdict(self.thresholds),
@@ -208,11 +223,23 @@ def compare(a: Mapping[str, Any], b: Mapping[str, Any], *, a_label: str = "A", b
             abs(d) >= thresholds.min_memory_bytes and base is not None
             and abs(d) >= thresholds.memory_ratio * base)))
 
+    badput = [_delta("lost_time", "Lost time", "share",
+                     _number(_get(a, "badput", "window", "total_share")),
+                     _number(_get(b, "badput", "window", "total_share")),
+                     lambda d: abs(d) >= thresholds.lost_share_points - 1e-9),
+              _delta("lost_time", "Lost time, run so far", "rank_s",
+                     _number(_get(a, "badput", "run", "total_rank_seconds")),
+                     _number(_get(b, "badput", "run", "total_rank_seconds")), lambda d: False)]
+    for cause, label in BADPUT_CAUSES:
+        badput.append(_delta(f"lost_{cause}", f"Lost to {label}", "share",
+                             _number(_get(a, "badput", "run", "causes", cause, "share")),
+                             _number(_get(b, "badput", "run", "causes", cause, "share")), lambda d: False))
+
     pa, pb = _primary(a), _primary(b)
     changed = tuple(k for k in ("kind", "severity", "culprit_rank") if pa.get(k) != pb.get(k))
     return Comparison(a_label, b_label, _get(a, "metadata", "run_id"), _get(b, "metadata", "run_id"),
                       tuple(metrics), tuple(memory), DiagnosisChange(pa, pb, changed),
-                      tuple(warnings), thresholds)
+                      tuple(warnings), thresholds, tuple(badput))
 
 
 # --- Presentation --------------------------------------------------------------------------
@@ -225,6 +252,10 @@ def _fmt(value: float | None, statistic: str) -> str:
         return f"{value:+.0%}"
     if statistic == "peak":
         return f"{value / 2**20:,.1f} MiB"
+    if statistic == "share":
+        return f"{value:.1%}"
+    if statistic == "rank_s":
+        return f"{value:,.1f} rank-s"
     return f"{value:.2f} ms"
 
 
@@ -235,6 +266,10 @@ def _fmt_delta(d: Delta) -> str:
         return f"{d.delta * 100:+.1f} pts"
     if d.statistic == "peak":
         return f"{d.delta / 2**20:+,.1f} MiB"
+    if d.statistic == "share":
+        return f"{d.delta * 100:+.1f} pts"
+    if d.statistic == "rank_s":
+        return f"{d.delta:+,.1f} rank-s" + ("" if d.relative is None else f" ({d.relative:+.0%})")
     rel = "" if d.relative is None else f" ({d.relative:+.0%})"
     return f"{d.delta:+.2f} ms{rel}"
 
@@ -271,8 +306,10 @@ def render(comparison: Comparison):
     for column, justify in (("metric", "left"), ("A", "right"), ("B", "right"), ("B - A", "right"),
                             ("material", "center")):
         table.add_column(column, justify=justify)
-    for d in (*comparison.metrics, *comparison.memory):
-        label = d.label if d.statistic in ("median", "peak") else f"{d.label} ({d.statistic})"
+    for d in (*comparison.metrics, *comparison.memory, *comparison.badput):
+        label = d.label if d.statistic in ("median", "peak", "share", "rank_s") else f"{d.label} ({d.statistic})"
+        if d.statistic == "share" and d.a is None and d.b is None:
+            continue  # a cause neither run could measure (or summaries older than the ledger)
         table.add_row(label, _fmt(d.a, d.statistic), _fmt(d.b, d.statistic), _fmt_delta(d),
                       Text("yes", style="bold yellow") if d.material else "")
     parts = [title, diag, table]
@@ -288,7 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="traceml compare",
         description="Compare two final summaries (A = baseline, B = candidate): step time and phase "
-                    "deltas, diagnosis changes, memory deltas, with material changes marked.")
+                    "deltas, diagnosis changes, memory deltas, lost time (badput) before and after, with "
+                    "material changes marked.")
     parser.add_argument("a", help="baseline final_summary.json, or a run folder holding one")
     parser.add_argument("b", help="candidate final_summary.json, or a run folder holding one")
     parser.add_argument("--json", action="store_true", help="print the comparison as JSON")

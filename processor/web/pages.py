@@ -14,13 +14,14 @@ import numbers
 from typing import Mapping, Sequence
 from urllib.parse import quote
 
+from traceml.processor.reporting.badput import CAUSE_LABELS, fmt_device_hours, fmt_rank_time, what_if_text
 from traceml.processor.reporting.input_note import BEFORE_FORWARD_SENTENCE
 from traceml.processor.reporting.resources import fmt_figure, trend_text
 from traceml.processor.web.assets import STYLE_CSS
 from traceml.processor.web.svg import bar_scale_max, esc, line_chart, phase_bars, phase_legend, trend_chart
 from traceml.processor.web.view import NODE_RESOURCE_COLUMNS, RANK_RESOURCE_COLUMNS
 
-RUN_FRAGMENTS = ("tm-hero", "tm-rail", "tm-phases", "tm-steps", "tm-memory", "tm-resources", "tm-stats",
+RUN_FRAGMENTS = ("tm-hero", "tm-badput", "tm-rail", "tm-phases", "tm-steps", "tm-memory", "tm-resources", "tm-stats",
                  "tm-ranks", "tm-telemetry")
 """Element ids of a run page the JSON endpoint's `html` map refreshes."""
 
@@ -139,7 +140,12 @@ def phases_section(view: Mapping) -> str:
             + '<p class="note">Collective wait (measured, in the statistics table) is no segment of its own: '
               "under DDP it lies inside backward (the gradient all-reduce); a collective between phases is "
               "taken out of residual, so such a bar is shorter than its step by that wait.</p>"
-            + _before_forward(view) + _not_drawn(view) + "</section>")
+            + _before_forward(view) + _sources(view) + _not_drawn(view) + "</section>")
+
+
+def _sources(view: Mapping) -> str:
+    """The card's source lines (a foreign mapping, what it cannot measure), beside the bars."""
+    return "".join(f'<p class="note" data-note="source">{esc(line)}</p>' for line in view.get("source_notes") or ())
 
 
 def _before_forward(view: Mapping) -> str:
@@ -276,6 +282,37 @@ def ranks_section(view: Mapping) -> str:
             + _not_drawn(view) + "</section>")
 
 
+def badput_section(view: Mapping) -> str:
+    """The badput ledger: lost rank-time per cause over the window and the run so far, and each
+    finding's what-if (figures from the summary's `badput` section, formatted only)."""
+    b = view.get("badput")
+    if not b or not b["available"]:
+        return ('<section class="badput"><h2>Lost time</h2><p class="note">no ledger yet: it needs aligned '
+                "steps with their step time measured</p></section>")
+    win, run = b["window"], b["run"]
+    share = "" if win["total_share"] is None else f" ({win['total_share']:.0%} of the window's rank-time)"
+    steps = "" if run["steps"] is None else f" ({run['steps']:,} steps)"
+    rows = []
+    for cause, entry in run["causes"].items():
+        w = win["causes"][cause]
+        rank = (f"waiting for rank {esc(entry['culprit_rank'])}" if entry["culprit_rank"] is not None
+                else (f"most on rank {esc(entry['worst_rank'])}" if entry["worst_rank"] is not None else ""))
+        pct = "—" if entry["share"] is None else f"{entry['share']:.1%}"
+        rows.append(f'<tr data-cause="{esc(cause)}"><td>{esc(CAUSE_LABELS.get(cause, cause))}</td>'
+                    f"<td>{esc(fmt_rank_time(w['rank_seconds']))}</td><td>{esc(fmt_rank_time(entry['rank_seconds']))}</td>"
+                    f"<td>{esc(pct)}</td><td>{rank}</td></tr>")
+    what_ifs = "".join(f'<li data-kind="{esc(w["kind"])}">{esc(what_if_text(w))}</li>' for w in b["what_if"])
+    return ('<section class="badput"><h2>Lost time (badput ledger)</h2>'
+            f'<p data-testid="lost-time"><b>{esc(fmt_rank_time(win["total_rank_seconds"]))}</b> over the window'
+            f"{esc(share)}; about <b>{esc(fmt_rank_time(run['total_rank_seconds']))}</b> over the run so far"
+            f"{esc(steps)}; {esc(fmt_device_hours(run['total_device_hours'], b['devices_known']))}</p>"
+            '<table class="stats"><thead><tr><th>cause</th><th>window</th><th>run so far</th><th>share</th>'
+            f'<th>rank</th></tr></thead><tbody>{"".join(rows)}</tbody></table>'
+            + (f'<h3>What if</h3><ul class="what-if">{what_ifs}</ul>' if what_ifs else "")
+            + '<p class="note">Rank-time: one rank idle for one second is one rank-second (docs/DIAGNOSIS.md, '
+              '"Badput ledger"); the run so far extrapolates the window over the run\'s steps.</p></section>')
+
+
 def telemetry_section(view: Mapping) -> str:
     t = view["telemetry"]
     finished = t["ranks_finished"]
@@ -298,7 +335,8 @@ def telemetry_section(view: Mapping) -> str:
 def run_fragments(view: Mapping) -> dict[str, str]:
     """id -> HTML of every refreshable part of a run page (what the JSON endpoint carries)."""
     return {
-        "tm-hero": hero(view), "tm-rail": rail(view), "tm-phases": phases_section(view),
+        "tm-hero": hero(view), "tm-badput": badput_section(view), "tm-rail": rail(view),
+        "tm-phases": phases_section(view),
         "tm-steps": steps_section(view), "tm-memory": memory_section(view),
         "tm-resources": resources_section(view), "tm-stats": stats_section(view),
         "tm-ranks": ranks_section(view), "tm-telemetry": telemetry_section(view),
@@ -307,7 +345,7 @@ def run_fragments(view: Mapping) -> dict[str, str]:
 
 def _run_body(fragments: Mapping[str, str]) -> str:
     div = lambda i: f'<div id="{i}">{fragments[i]}</div>'  # noqa: E731
-    return (f'<main><div class="primary">{div("tm-hero")}{div("tm-phases")}{div("tm-steps")}{div("tm-memory")}'
+    return (f'<main><div class="primary">{div("tm-hero")}{div("tm-badput")}{div("tm-phases")}{div("tm-steps")}{div("tm-memory")}'
             f'{div("tm-resources")}{div("tm-stats")}{div("tm-ranks")}</div><aside>{div("tm-rail")}{div("tm-telemetry")}</aside></main>')
 
 
@@ -380,9 +418,11 @@ def report_page(view: Mapping) -> str:
 
 def _delta_rows(comparison: Mapping) -> str:
     rows = []
-    for d in (*comparison["metrics"], *comparison["memory"]):
+    for d in (*comparison["metrics"], *comparison["memory"], *comparison.get("badput", ())):
         stat = d["statistic"]
-        label = d["label"] if stat in ("median", "peak") else f"{d['label']} ({stat})"
+        label = d["label"] if stat in ("median", "peak", "share", "rank_s") else f"{d['label']} ({stat})"
+        if stat == "share" and d["a"] is None and d["b"] is None:
+            continue  # a ledger cause neither run could measure
 
         def value(x):
             if x is None:
@@ -391,12 +431,18 @@ def _delta_rows(comparison: Mapping) -> str:
                 return f"{x:+.0%}"
             if stat == "peak":
                 return _bytes(x)
+            if stat == "share":
+                return f"{x:.1%}"
+            if stat == "rank_s":
+                return f"{x:,.1f} rank-s"
             return f"{x:.2f} ms"
 
         if d["delta"] is None:
             delta = d["note"] or "—"
-        elif stat == "skew":
+        elif stat in ("skew", "share"):
             delta = f"{d['delta'] * 100:+.1f} pts"
+        elif stat == "rank_s":
+            delta = f"{d['delta']:+,.1f} rank-s"
         elif stat == "peak":
             delta = f"{d['delta'] / 2**20:+,.1f} MiB"
         else:

@@ -22,6 +22,7 @@ from typing import Mapping, Sequence
 
 from traceml.processor.reporting.final_summary import PUBLIC_METRICS, project_final_summary
 from traceml.processor.reporting.inputs import RankMemory, RunMetadata, RunTelemetry
+from traceml.processor.reporting.source_note import source_lines
 from traceml.processor.reporting.resources import GPU_LINE, HOST_LINE, RANK_LINE, steepest_trend
 from traceml.processor.resources.model import (
     CUDA_ALLOCATED_BYTES,
@@ -289,6 +290,9 @@ def build_run_view(analysis: StepTimeAnalysis, inputs: ViewInputs = ViewInputs()
         },
         "resources": _resources(summary, ranks),
         "telemetry": _telemetry(summary["telemetry"]),
+        # Which mapping the steps came through and what it cannot measure (the card's lines).
+        "source_notes": source_lines(summary["telemetry"]["sources"]),
+        "badput": summary["badput"],  # a fixed set of causes and one what-if per finding: bounded
         "card": summary["card"],
     }
 

@@ -61,7 +61,8 @@ def test_compare_html_marks_the_material_changes(scenario_db, tmp_path):
     text = path.read_text()
     assert_self_contained(text)
     marked = re.findall(r'<tr class="material" data-name="([^"]+)" data-statistic="([^"]+)"', text)
-    expected = [(d["name"], d["statistic"]) for d in (*decided["metrics"], *decided["memory"]) if d["material"]]
+    expected = [(d["name"], d["statistic"]) for d in (*decided["metrics"], *decided["memory"], *decided["badput"])
+                if d["material"]]
     assert marked == expected and marked
     assert "diagnosis" in decided["material_changes"][0]
     shown = re.search(r'data-testid="material-changes">([^<]*)<', text).group(1)

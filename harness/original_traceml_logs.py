@@ -13,7 +13,7 @@ test that sends them checks the mapping against the documented shape.
 Per rank: one LoggerProvider whose Resource holds the rank process's stable facts (#396
 item 3), one LogRecord per step_timing record (#396 item 2: structured, no preformatted
 text), plus one runtime_context and one step_memory record (#394's other kinds). The
-timings are the records' values, not measured here: `--slow-rank` / `--slow-phase` /
+timings are the records' values, not measured here: a run's SLOW_RANK, `--slow-phase` and
 `--slow-ms` make one rank slow in one phase the way synchronous data-parallel training
 records it (the slow rank's own phase grows; every other rank waits that long inside
 backward's gradient all-reduce), so a run's verdict does not depend on this machine's load.
@@ -83,7 +83,6 @@ def main(argv: list[str] | None = None) -> int:
     from opentelemetry.sdk._logs import LoggerProvider
     from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
     from opentelemetry.sdk.resources import Resource
-
     from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter as GrpcLogExporter
     from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter as HttpLogExporter
 

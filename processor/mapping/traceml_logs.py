@@ -21,12 +21,13 @@ sent only when measured (optional in #394), so its absence is a null, never a 0.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping
 
 from traceml.processor.decode_attributes import Reject, Unsupported, any_value, attributes
 from traceml.processor.mapping.record import ForeignStep, PhaseTime
-from traceml.processor.store_records import WRONG_TYPE
+from traceml.processor.store_records import NEGATIVE, NON_FINITE, TOO_MANY_ATTRIBUTES, WRONG_TYPE
 from traceml.schema import vocabulary as v
 
 if TYPE_CHECKING:
@@ -93,7 +94,10 @@ def is_original(attrs: Mapping) -> bool:
 def _map_value(value, limits: "DecodeLimits", key: str, depth: int = 0):
     """An AnyValue -> a scalar or, for a key-value list (the body, its window), a dict."""
     if value.WhichOneof("value") == "kvlist_value" and depth < 2:
-        return {kv.key: _map_value(kv.value, limits, kv.key, depth + 1) for kv in value.kvlist_value.values}
+        values = value.kvlist_value.values
+        if len(values) > limits.max_attributes:
+            raise Reject(TOO_MANY_ATTRIBUTES, f"{key} holds {len(values)} keys (cap {limits.max_attributes})")
+        return {kv.key: _map_value(kv.value, limits, kv.key, depth + 1) for kv in values}
     return any_value(value, limits, key)
 
 
@@ -103,6 +107,16 @@ def _number(body: Mapping, key: str):
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise Reject(WRONG_TYPE, f"{key} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise Reject(NON_FINITE, f"{key} is {value}")
+    return value
+
+
+def _seconds(body: Mapping, key: str) -> float | None:
+    """A timestamp in seconds since the epoch: finite and not negative."""
+    value = _number(body, key)
+    if value is not None and value < 0:
+        raise Reject(NEGATIVE, f"{key} is {value}")
     return value
 
 
@@ -147,11 +161,11 @@ def read_step(record, identity: Mapping, limits: "DecodeLimits") -> ForeignStep 
         ms = _number(body, key)
         if ms is not None:
             phases[metric] = PhaseTime(float(ms), None)
-    end_s = _number(window, WINDOW_END)
+    end_s = _seconds(window, WINDOW_END)
     if end_s is None:
-        end_s = _number(body, BODY_TIMESTAMP)
+        end_s = _seconds(body, BODY_TIMESTAMP)
     end_ns = int(end_s * 1e9) if end_s is not None else record.time_unix_nano
-    start_s = _number(window, WINDOW_START)
+    start_s = _seconds(window, WINDOW_START)
     if start_s is not None:
         start_ns = int(start_s * 1e9)
     else:  # one step: it ended at its timestamp and lasted its wall time (input wait before it)

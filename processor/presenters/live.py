@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from traceml.processor.presenters.terminal_text import printable, printable_text
+from traceml.processor.reporting.badput import live_badput_text, project_window_badput
 from traceml.processor.reporting.input_note import before_forward_note
 from traceml.processor.reporting.resources import (
     live_resource_text,
@@ -101,6 +102,11 @@ def resource_section(result: LiveStepTimeResult) -> dict:
     return project_resources(resource_window_of(result.analysis))
 
 
+def badput_section(result: LiveStepTimeResult) -> dict:
+    """The analysis's badput ledger over the live window, as the final summary projects it."""
+    return project_window_badput(result.analysis)
+
+
 def freshness_text(result: LiveStepTimeResult) -> str:
     age = "" if result.age_s is None else f", {result.age_s:.1f}s old"
     err = "" if not result.error else f" ({printable(result.error)})"
@@ -166,13 +172,16 @@ def render_live(
                       "—" if share is None or name == "step_time" else f"{share:.0%}")
 
     resources = Text("\n".join(resource_lines(resource_section(result))), style="cyan")
+    lost = live_badput_text(badput_section(result))
     before_forward = result.analysis.input_before_forward_ranks
     note = Text(f"Note: {printable(before_forward_note(before_forward))}" if before_forward else "",
                 style="dim")
 
     state = "" if run_state is None else f"run {printable(run_state)} · "
     footer = Text(f"{state}freshness: {freshness_text(result)}", style=_FRESHNESS_STYLE.get(result.freshness, ""))
-    return Panel(Group(header, diagnosis, *((note,) if before_forward else ()), table, resources, footer),
+    lost_text = () if lost is None else (Text(printable(lost), style="magenta"),)
+    return Panel(Group(header, diagnosis, *((note,) if before_forward else ()), table, resources, *lost_text,
+                       footer),
                  title=printable_text(title or "TraceML Step Time"),
                  expand=False)
 
@@ -205,6 +214,9 @@ def format_live_line(
     resources = live_resource_text(resource_section(result))
     if resources is not None:
         parts.append(resources)
+    badput = badput_section(result)
+    if badput["available"] and badput["window"]["total_share"] is not None:
+        parts.append(f"lost {badput['window']['total_share']:.0%} of rank-time")
     rate = _rate(steps_per_s, samples_per_s)
     if rate:
         parts.append(rate)

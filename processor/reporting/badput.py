@@ -110,6 +110,15 @@ def project_badput(ledger) -> dict:
     }
 
 
+def project_window_badput(analysis) -> dict:
+    """The `badput` section of an analysis's window ledger alone (the live view: no run facts read,
+    so the run so far is the window); the ledger's owner makes the run ledger."""
+    from traceml.processor.diagnosis.ledger import WindowLedger, run_ledger
+
+    ledger = getattr(analysis, "ledger", None)
+    return project_badput(run_ledger(ledger) if isinstance(ledger, WindowLedger) else None)
+
+
 # --- Text -----------------------------------------------------------------------------------
 
 
@@ -182,6 +191,21 @@ def badput_lines(section: Mapping) -> list[str]:
     return lines
 
 
+def live_badput_text(section: Mapping) -> str | None:
+    """One line for the live view: the window's lost time, its largest causes, the first what-if.
+    None without a ledger."""
+    if not section["available"]:
+        return None
+    win = section["window"]
+    causes = sorted(((entry["share"] or 0.0, cause) for cause, entry in win["causes"].items()
+                     if (entry["share"] or 0.0) >= 0.005), reverse=True)[:3]
+    text = (f"Lost time: {fmt_rank_time(win['total_rank_seconds'])} over the window{_share(win['total_share'])}"
+            + (": " + ", ".join(cause_text(c, win["causes"][c]) for _, c in causes) if causes else ""))
+    if section["what_if"]:
+        text += f" | what if {what_if_text(section['what_if'][0])}"
+    return text
+
+
 def lost_total(summary: Mapping) -> float | None:
     """A summary's lost rank-seconds over the run so far (None: an older summary, or none measurable)."""
     section = summary.get("badput") if isinstance(summary, Mapping) else None
@@ -192,5 +216,6 @@ def lost_total(summary: Mapping) -> float | None:
 
 __all__ = [
     "CAUSE_KEYS", "CAUSE_LABELS", "RESTART_KEYS", "UNITS", "WHAT_IF_KEYS", "badput_lines", "cause_text",
-    "fmt_device_hours", "fmt_rank_time", "lost_total", "project_badput", "what_if_text",
+    "fmt_device_hours", "fmt_rank_time", "live_badput_text", "lost_total", "project_badput",
+    "project_window_badput", "what_if_text",
 ]

@@ -295,8 +295,8 @@ def test_bad_payloads_are_refused_clearly_and_lose_nothing_valid(sent):
         >= refused_before + 5
 
 
-def test_logs_need_the_bearer_token_like_every_signal(tmp_path):
-    service = make_service(tmp_path, auth=BearerAuth("s3cret"))
+def test_logs_get_the_token_check_and_admission_of_every_signal(tmp_path):
+    service = make_service(tmp_path, auth=BearerAuth("s3cret"), max_concurrent_requests=1)
     try:
         request = logs_pb2.ExportLogsServiceRequest()
         _record(request, "orig-auth", 0, 0)
@@ -311,5 +311,28 @@ def test_logs_need_the_bearer_token_like_every_signal(tmp_path):
         assert code == grpc.StatusCode.OK  # a resent record adds no row
         assert stored_step_keys(service.config.db, "orig-auth") == {("orig-auth", 0, 0)}
         assert _counter(service, v.METRIC_PROCESSOR_REQUESTS, v.REQUEST_REFUSED, v.REFUSED_UNAUTHENTICATED) == 2
+        # Over the concurrent-request limit: 429 with Retry-After before the body is read, which
+        # every OTLP client (and the Collector) retries. One request holds the only slot.
+        body = request.SerializeToString()
+        holder = http.client.HTTPConnection("127.0.0.1", service.http_port, timeout=30)
+        holder.putrequest("POST", "/v1/logs")
+        for key, value in (("Content-Type", PROTOBUF), ("Content-Length", str(len(body))),
+                           ("Authorization", "Bearer s3cret")):
+            holder.putheader(key, value)
+        holder.endheaders()
+        try:
+            assert wait_until(lambda: service.http.app.in_flight == 1, 10)
+            conn = http.client.HTTPConnection("127.0.0.1", service.http_port, timeout=30)
+            conn.request("POST", "/v1/logs", body=body, headers={"Content-Type": PROTOBUF,
+                                                                 "Authorization": "Bearer s3cret"})
+            refused = conn.getresponse()
+            assert refused.status == 429 and refused.getheader("Retry-After"), refused.status
+            refused.read()
+            conn.close()
+            holder.send(body)
+            assert holder.getresponse().status == 200
+        finally:
+            holder.close()
+        assert _counter(service, v.METRIC_PROCESSOR_REQUESTS, v.REQUEST_REFUSED, v.REFUSED_OVER_LIMIT) == 1
     finally:
         service.stop()

@@ -67,6 +67,7 @@ from traceml.processor.sqlite_layout import (
     SAMPLE_COLUMNS,
     SCHEMA_USER_VERSION,
 )
+from traceml.processor.store_records import bounded_unplaced
 from traceml.processor.step_time.model import ResourceIngestRecord, StepMemoryIngestRecord, StepTimeIngestRecord
 from traceml.schema import resources as sr
 
@@ -592,7 +593,8 @@ class StepTimeStore:
                     self._conn.execute(
                         "INSERT OR REPLACE INTO step_time_sources (run_id, global_rank, mapping, unmeasured,"
                         " unplaced, steps) VALUES (?, ?, ?, ?, ?, ?)",
-                        (*key, json.dumps(list(note.unmeasured)), json.dumps(unplaced, sort_keys=True), steps))
+                        (*key, json.dumps(list(note.unmeasured)),
+                         json.dumps(bounded_unplaced(unplaced), sort_keys=True), steps))
 
     # --- lifecycle ---------------------------------------------------------------------
 

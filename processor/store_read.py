@@ -25,7 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from traceml.processor.reporting.inputs import AttemptSpan, AttemptSteps, RankMemory, RankTelemetry, RunTelemetry
+from traceml.processor.reporting.inputs import (
+    AttemptSpan,
+    AttemptSteps,
+    RankMemory,
+    RankTelemetry,
+    RunSource,
+    RunTelemetry,
+)
 from traceml.processor.sqlite_layout import (
     ATTEMPT_SAMPLES_TABLE,
     DROPS_TABLE,
@@ -33,6 +40,7 @@ from traceml.processor.sqlite_layout import (
     RANKS_TABLE,
     RUNS_TABLE,
     SAMPLES_TABLE,
+    SOURCES_TABLE,
     connect_readonly,
 )
 from traceml.schema import vocabulary as v
@@ -284,6 +292,20 @@ def read_input_before_forward_ranks(conn: sqlite3.Connection, run_id: str) -> li
     return [int(rank) for (rank,) in rows]
 
 
+def read_sources(conn: sqlite3.Connection, run_id: str) -> list[RunSource]:
+    """The foreign mappings the run's ranks came through (`step_time_sources`), by rank then
+    mapping; none for a database written before the table existed."""
+    try:
+        rows = conn.execute(
+            f"SELECT global_rank, mapping, unmeasured, unplaced, steps FROM {SOURCES_TABLE} WHERE run_id = ?"
+            " ORDER BY global_rank, mapping", (run_id,)).fetchall()
+    except sqlite3.OperationalError:
+        return []
+    return [RunSource(int(rank), str(mapping), tuple(json.loads(unmeasured)),
+                      {str(k): int(n) for k, n in json.loads(unplaced).items()}, int(steps))
+            for rank, mapping, unmeasured, unplaced, steps in rows]
+
+
 def read_run_facts(db_path: str | Path, run_id: str, *, latest_memory: bool,
                    count_stored: bool = True) -> tuple[list[RankMemory], RunTelemetry]:
     """The readers above in one short read-only connection; nothing known before the tables exist."""
@@ -299,7 +321,8 @@ def read_run_facts(db_path: str | Path, run_id: str, *, latest_memory: bool,
                              first_step_stored=read_first_step_stored(conn, run_id),
                              attempt=attempt, attempts=attempts,
                              input_before_forward_ranks=before_forward,
-                             attempt_spans=tuple(spans), redone_steps=redone if count_stored else None))
+                             attempt_spans=tuple(spans), redone_steps=redone if count_stored else None,
+                             sources=tuple(read_sources(conn, run_id))))
     except sqlite3.OperationalError:
         return [], RunTelemetry()
     finally:

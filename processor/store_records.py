@@ -90,6 +90,29 @@ class DropReport:
     sample_time: float
 
 
+MAX_UNPLACED_LABELS = 32
+"""Labels (span names, attribute keys, from the wire) kept per stored mapping note; the counts of
+any further ones go to `OTHER_UNPLACED`, so a sender naming spans by id cannot grow the store."""
+MAX_UNPLACED_LABEL_CHARS = 128
+OTHER_UNPLACED = "(other names)"
+
+
+def bounded_unplaced(counts: Mapping[str, int]) -> dict[str, int]:
+    """`counts` with at most `MAX_UNPLACED_LABELS` labels (the largest kept, ties by name), each cut
+    to `MAX_UNPLACED_LABEL_CHARS`; the rest summed under `OTHER_UNPLACED`."""
+    merged: dict[str, int] = {}
+    for label, n in counts.items():
+        label = label if label == OTHER_UNPLACED else label[:MAX_UNPLACED_LABEL_CHARS]
+        merged[label] = merged.get(label, 0) + int(n)
+    other = merged.pop(OTHER_UNPLACED, 0)
+    ranked = sorted(merged.items(), key=lambda kv: (-kv[1], kv[0]))
+    out = dict(ranked[:MAX_UNPLACED_LABELS])
+    other += sum(n for _, n in ranked[MAX_UNPLACED_LABELS:])
+    if other:
+        out[OTHER_UNPLACED] = other
+    return out
+
+
 @dataclass
 class MappingNote:
     """How one rank's steps of one batch came in through a foreign mapping (`processor/mapping`):

@@ -9,7 +9,8 @@ earlier request. When the step span comes, its subtree is read:
 - a descendant a phase rule names adds its duration to that phase (microbatches summed,
   the count says how many); one nested inside a span of the same phase is already
   counted (a layer's forward inside a microbatch's);
-- a descendant no rule names, inside no placed phase and holding none, is counted
+- a descendant no rule names, inside no placed phase and holding none (a collective
+  wait explains no span around it: it is a sub-interval of others), is counted
   unplaced under its name (a forward-backward span without microbatch spans, a garbage
   collection inside the step): its time is left in the step's residual, never guessed
   into a phase;
@@ -38,7 +39,7 @@ from traceml.processor.mapping.builtin import BUILTIN
 from traceml.processor.mapping.record import ForeignStep, PhaseTime, place
 from traceml.processor.mapping.spec import UNITS, SpanMapping
 from traceml.processor.store_records import IGNORED_FOREIGN, IGNORED_UNPLACED, WRONG_TYPE, DecodedBatch
-from traceml.schema.vocabulary import METRIC_TRACED_STEP_TIME
+from traceml.schema.vocabulary import METRIC_COLLECTIVE_WAIT, METRIC_TRACED_STEP_TIME
 
 if TYPE_CHECKING:
     from traceml.processor.admission import RunAdmission
@@ -264,8 +265,10 @@ def _phases(mapping: SpanMapping, root: bytes, subtree: list[tuple[bytes, _Pendi
                     acc = sums[phase] = [0.0, 0]
                 acc[0] += max(0, entry.end - entry.start) / 1e6
                 acc[1] += 1
-                walk(span_id, phase)
-                placed_any = True
+                inner = walk(span_id, phase)
+                # Collective wait is a sub-interval other phases may hold (docs/wire-format.md): it
+                # explains no span around it, so a span holding only waits still counts unplaced.
+                placed_any = placed_any or inner or phase != METRIC_COLLECTIVE_WAIT
             elif walk(span_id, inside):
                 placed_any = True
             elif inside is None:

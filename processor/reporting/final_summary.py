@@ -25,6 +25,7 @@ from traceml.processor.reporting.badput import UNITS as BADPUT_UNITS
 from traceml.processor.reporting.badput import badput_lines, project_badput
 from traceml.processor.reporting.input_note import BEFORE_FORWARD_SENTENCE, RANKS_NAMED, before_forward_note
 from traceml.processor.reporting.inputs import RankMemory, RankTelemetry, RunMetadata, RunTelemetry
+from traceml.processor.reporting.source_note import source_lines, sources_section
 from traceml.processor.reporting.resources import UNITS as RESOURCE_UNITS
 from traceml.processor.reporting.resources import (
     project_resources,
@@ -264,6 +265,9 @@ def _telemetry_section(window: StepTimeWindow, telemetry: RunTelemetry,
                      for a in telemetry.attempts],
         # How input wait was measured where no DataLoader was seen (issue 30): the time before forward.
         "input_wait_before_forward_ranks": sorted(int(r) for r in telemetry.input_before_forward_ranks),
+        # Where the steps came from (issue 34): TraceML's own spans, or a foreign mapping with the
+        # phases it can never measure and what it could not place.
+        "sources": sources_section(window.expected_ranks, telemetry.sources),
     }
 
 
@@ -352,6 +356,7 @@ def render_card(summary: Mapping) -> str:
     before_forward = summary["telemetry"]["input_wait_before_forward_ranks"]
     if before_forward:
         lines.append(f"Note: {before_forward_note(before_forward)}")
+    lines += source_lines(summary["telemetry"]["sources"])
     # The median column is the cross-rank median, the statistic the diagnosis sentences
     # quote; `near` is the representative rank (the real rank nearest it).
     lines += ["", f"{'metric (ms)':<24}{'median':>10}{'near':>6}{'worst':>10}{'rank':>6}{'skew':>8}"]

@@ -67,6 +67,19 @@ class AttemptSteps:
 
 
 @dataclass(frozen=True, slots=True)
+class RunSource:
+    """How one rank's steps came in through a foreign mapping (`processor/mapping`), as stored
+    (`store_read.read_sources`): the mapping's name, the phases it can never measure, what it left
+    unplaced in the rank's steps (label -> count) and how many steps it placed."""
+
+    global_rank: int
+    mapping: str
+    unmeasured: tuple[str, ...] = ()
+    unplaced: Mapping[str, int] = field(default_factory=dict)
+    steps: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class AttemptSpan:
     """One elastic attempt of a run as the store holds it (`store_read.read_run_restarts`): what
     the badput ledger needs to count the steps and the time a restart lost."""
@@ -113,6 +126,9 @@ class RunTelemetry:
     # not read (the live re-export reads no attempts).
     attempt_spans: Sequence[AttemptSpan] = ()
     redone_steps: Mapping[int, tuple[int, float]] | None = None
+    # The ranks whose steps came through a foreign mapping (Megatron-LM, nemo-lens, a declared one,
+    # the original TraceML's logs); a rank with none sent TraceML's own spans.
+    sources: Sequence[RunSource] = ()
 
     @property
     def started_part_way(self) -> bool | None:

@@ -31,7 +31,8 @@ whose spans the consumer names (`managed_span('step', 'train.step', ...)` in its
 So a nemo-lens step is any span carrying `dl.iteration`; its phases are the children named
 for the groups: `*.forward_backward` holds phases, `*.optimizer` / `*.optimizer_step` is
 the optimizer; `*.forward` / `*.backward` are forward and backward (each microbatch's,
-summed). A span with `nemo.span.truncated` true was force-closed at shutdown: never timed.
+summed). A span with `nemo.span.truncated` true was force-closed at shutdown (the library's
+repository after 0.1.0, docs/design/semconv.mdx): never timed.
 """
 from __future__ import annotations
 

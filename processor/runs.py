@@ -1,12 +1,22 @@
 """Per-run live state: refresh each run's analysis, project its summary metrics, end runs.
 
-One `RunMonitor` thread refreshes a `LiveStepTimeSession` per active run on a
-short interval and keeps the latest projected points for `/metrics` and the OTLP
-push. A run ends when every rank of its world sent `traceml.run.end`, or when no
-data arrived for `idle_timeout_s`; its `final_summary.json` and text card are then
-written under `<summary_dir>/<sanitised run id>/` and its live session (the cache
-that grows with ranks x steps) is released. Data arriving after that reopens the
-run, and the summary is rewritten at its next end.
+One `RunMonitor` thread keeps a `LiveStepTimeSession` per active run and the latest
+projected points for `/metrics` and the OTLP push. A run ends when every rank of its
+world sent `traceml.run.end`, or when no data arrived for `idle_timeout_s`; its
+`final_summary.json` and text card are then written under
+`<summary_dir>/<sanitised run id>/` and its live session (the cache that grows with
+ranks x steps) is released. Data arriving after that reopens the run, and the summary
+is rewritten at its next end.
+
+Work wakes the thread, not a clock. A run is analysed again only when rows arrived
+for it since its last analysis, and then only when something needs the result: its
+first rows (the session opens), its end, or a reader of its points (`points()`: a
+`/metrics` scrape, the OTLP push), which wakes the thread and waits for that refresh
+at most `refresh_interval_s`. Rows arriving with nobody reading cost the commit's
+bookkeeping and nothing else; between rows the thread sleeps until the next run's
+idle or forget deadline, or until woken. With ingest workers in other processes
+(`poll_store`) nothing can wake it, so it reads the store's activity every
+`refresh_interval_s`.
 """
 from __future__ import annotations
 
@@ -101,6 +111,8 @@ class RunMonitor:
         self._lock = threading.Lock()
         self._runs: dict[str, RunState] = {}
         self._stop = threading.Event()
+        self._wake = threading.Event()  # work for the thread: a new or ending run, a reader, stop
+        self._readers: list[threading.Event] = []  # readers waiting for the dirty runs' refresh
         self._thread = threading.Thread(target=self._loop, name="traceml-run-monitor", daemon=True)
         self.refreshes = 0
         self.ticks = 0  # completed rounds (tests wait on it; nothing else depends on it)
@@ -109,6 +121,7 @@ class RunMonitor:
 
     def observe(self, batches: Sequence[DecodedBatch]) -> None:
         now = self._clock()
+        self._woken = False
         with self._lock:
             for batch in batches:
                 for record in batch.step_records:
@@ -133,14 +146,21 @@ class RunMonitor:
                     state.finished.add(marker.global_rank)
                     if marker.world_size:
                         state.world_size = max(state.world_size or 0, marker.world_size)
+                    self._woken = True  # the run may be over
+        if self._woken:
+            self._wake.set()
+
+    _woken = False  # set by `_state`/`observe` when the thread has something to do now
 
     def _state(self, run_id: str, now: float) -> RunState:
         state = self._runs.get(run_id)
         if state is None:
             state = self._runs[run_id] = RunState(run_id, now, now)
+            self._woken = True  # a new run: open its session
         elif state.ended is not None:
             LOG.info("run %r received data after it ended (%s); reopened", run_id, state.ended)
             state.ended = None
+            self._woken = True
         state.last_activity = now
         state.dirty = True
         return state
@@ -178,6 +198,9 @@ class RunMonitor:
     # --- read by /metrics and the OTLP pusher -----------------------------------------
 
     def points(self) -> list:
+        """Every run's latest points, after the runs with new rows were refreshed (the reader
+        waits for that at most `refresh_interval_s`; then it gets the points as they are)."""
+        self.refresh_for_reader()
         with self._lock:
             states = list(self._runs.values())
         out: list = []
@@ -201,6 +224,20 @@ class RunMonitor:
         with self._lock:
             return list(self._runs)
 
+    def refresh_for_reader(self, wait_s: float | None = None) -> bool:
+        """Have the thread refresh the active runs that received rows since their last refresh,
+        and wait for it at most `wait_s` (default `refresh_interval_s`); True when nothing was
+        left to refresh or it was done in time. Without the thread running, nothing is waited for."""
+        if not self._thread.is_alive() or self._stop.is_set():
+            return False
+        done = threading.Event()
+        with self._lock:
+            if not any(state.dirty and state.ended is None for state in self._runs.values()):
+                return True
+            self._readers.append(done)
+        self._wake.set()
+        return done.wait(self.refresh_interval_s if wait_s is None else wait_s)
+
     # --- the loop ---------------------------------------------------------------------
 
     def start(self) -> None:
@@ -208,7 +245,9 @@ class RunMonitor:
 
     def stop(self, *, summarise_open_runs: bool = True) -> None:
         self._stop.set()
+        self._wake.set()
         self._thread.join(30)
+        self._release_readers()
         if summarise_open_runs:
             for run_id in self.run_ids():
                 state = self.state(run_id)
@@ -222,17 +261,58 @@ class RunMonitor:
     ANALYSIS_PACING = 3.0
 
     def _loop(self) -> None:
-        while not self._stop.is_set():
+        stop, wake = self._stop, self._wake
+        next_round = 0.0
+        while not stop.is_set():
+            wake.wait(self._next_wait())
+            wake.clear()
+            if stop.is_set():
+                break
+            pause = next_round - time.monotonic()
+            if pause > 0 and stop.wait(pause):
+                break
             started = time.monotonic()
+            with self._lock:
+                readers, self._readers = self._readers, []
             try:
-                self.tick()
+                self.tick(refresh_dirty=bool(readers))
             except Exception:
                 LOG.exception("run monitor tick failed")
-            spent = time.monotonic() - started
-            self._stop.wait(max(self.refresh_interval_s - spent, self.ANALYSIS_PACING * spent))
+            finally:
+                for reader in readers:
+                    reader.set()
+            next_round = started + self.ANALYSIS_PACING * (time.monotonic() - started)
+        self._release_readers()
 
-    def tick(self) -> None:
-        """One round: refresh changed runs, end finished or idle ones, forget old ones."""
+    def _release_readers(self) -> None:
+        with self._lock:
+            readers, self._readers = self._readers, []
+        for reader in readers:
+            reader.set()
+
+    def _next_wait(self) -> float | None:
+        """Seconds until the thread has something to do (None: nothing until it is woken)."""
+        now = self._clock()
+        due: list[float] = [now + self.refresh_interval_s] if self._poll else []
+        with self._lock:
+            if self._readers:
+                return 0.0
+            for state in self._runs.values():
+                if state.ended is None:
+                    if state.dirty and (state.session is None or state.all_finished()):
+                        return 0.0
+                    due.append(state.last_activity + self.idle_timeout_s)
+                else:
+                    due.append(state.last_activity + self.retain_ended_s)
+        if not due:
+            return None
+        return max(0.0, min(due) - now) + 0.01  # just past the deadline, not a round before it
+
+    def tick(self, refresh_dirty: bool = True) -> None:
+        """One round: refresh changed runs, end finished or idle ones, forget old ones.
+
+        `refresh_dirty=False` (the thread's rounds that no reader asked for) refreshes only
+        the runs that need it anyway: a first session, or a run about to end."""
         if self._poll:
             self.poll_store()
         now = self._clock()
@@ -240,7 +320,8 @@ class RunMonitor:
             states = list(self._runs.values())
         for state in states:
             if state.ended is None:
-                if state.dirty or state.session is None:
+                ending = state.all_finished() or now - state.last_activity >= self.idle_timeout_s
+                if state.session is None or (state.dirty and (refresh_dirty or ending)):
                     self._refresh(state)
                 if state.all_finished():
                     self._end(state, END_BY_MARKERS)

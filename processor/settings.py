@@ -298,7 +298,9 @@ IDLE_TIMEOUT: Setting[float] = Setting(
     "end a run after this long without data", metavar="SECONDS")
 REFRESH_INTERVAL: Setting[float] = Setting(
     "refresh_interval_s", "--refresh-interval", env.TRACEML_PROCESSOR_REFRESH_INTERVAL, 0.5, seconds(0),
-    "live analysis refresh period of each active run", metavar="SECONDS")
+    "how long a /metrics scrape or the OTLP push waits for the live analysis of rows that arrived "
+    "since the last one (a run is analysed when rows arrived for it and its figures are read); with "
+    "--workers, how often the store is read for the workers' rows", metavar="SECONDS")
 AUTH_TOKEN_FILE: Setting[Path | None] = Setting(
     "auth_token_file", "--auth-token-file", None, None, FilePath("a file name"),
     "require 'Authorization: Bearer <token>', the token read from FILE (an empty or unreadable file "

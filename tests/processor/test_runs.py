@@ -75,8 +75,10 @@ def test_run_without_markers_ends_after_idle_timeout(tmp_path):
 
 def test_one_missing_end_marker_keeps_the_run_open(service):
     send_straggler_run(service.grpc_port, "run-half", end_markers=(1,))
-    seen = service.monitor.ticks
-    assert wait_until(lambda: service.monitor.ticks > seen + 1, 30)
+    assert wait_until(lambda: (service.monitor.state("run-half") or None) is not None
+                      and service.monitor.state("run-half").finished == {1}, 30)
+    # A round after the marker arrived (a reader's, or the one the marker woke): it would have ended the run.
+    assert service.monitor.refresh_for_reader(30)
     state = service.monitor.state("run-half")
     assert state.ended is None and state.finished == {1}
     send_straggler_run(service.grpc_port, "run-half", end_markers=(0,))

@@ -77,10 +77,12 @@ class MappingSet:
         self.max_age_s = max_age_s
         self._clock = clock
         self._lock = threading.Lock()
-        self._traces: dict[bytes, dict[bytes, _Pending]] = {}
+        self._traces: dict[bytes, dict[bytes, _Pending]] = {}  # trace -> span id -> waiting span
+        self._children: dict[bytes, dict[bytes, list[bytes]]] = {}  # trace -> parent id -> its children
         self._pending = 0
         self._last_sweep = clock()
         self._flags = frozenset(m.not_measured_flag for m in self.mappings if m.not_measured_flag)
+        self._candidates: dict[str, tuple[SpanMapping, ...]] = {}
 
     def names(self) -> tuple[str, ...]:
         return tuple(m.name for m in self.mappings)
@@ -94,24 +96,48 @@ class MappingSet:
         """Buffer one resource's foreign spans; its step spans are queued on `steps` for `settle`."""
         res = None
         now = self._clock()
+        candidates_of = self._candidates
+        flags = self._flags
         with self._lock:
+            traces, children_of = self._traces, self._children
             for span in spans:
-                mapping = self._step_mapping(span)
+                name = span.name
+                candidates = candidates_of.get(name)
+                if candidates is None:
+                    candidates = self._step_candidates(name)
+                keys = None
+                if span.attributes and (flags or (candidates and candidates[0].step_needs_number)):
+                    keys = {kv.key for kv in span.attributes}
+                mapping = None
+                for m in candidates:  # the mappings whose step globs match the name, in order
+                    if not m.step_needs_number or (keys is not None and not keys.isdisjoint(m.step_number)):
+                        mapping = m
+                        break
                 if mapping is not None:
                     if res is None:
                         res = resource_identity(resource.attributes, limits)
                     steps.append(_Step(mapping, span, resource, res))
                     continue
-                if not span.parent_span_id:
+                parent = span.parent_span_id
+                if not parent:
                     batch.ignored[IGNORED_FOREIGN] += 1  # a root that is no step holds no step
                     continue
-                trace = self._traces.get(span.trace_id)
+                trace_id, span_id = span.trace_id, span.span_id
+                trace = traces.get(trace_id)
                 if trace is None:
-                    trace = self._traces[span.trace_id] = {}
-                if span.span_id not in trace:
-                    self._pending += 1
-                trace[span.span_id] = _Pending(span.parent_span_id, span.name, span.start_time_unix_nano,
-                                               span.end_time_unix_nano, self._truncated(span), now)
+                    trace = traces[trace_id] = {}
+                    children_of[trace_id] = {}
+                if span_id in trace:
+                    continue  # a resend: the first copy waits already
+                self._pending += 1
+                truncated = keys is not None and not keys.isdisjoint(flags) and self._truncated(span)
+                trace[span_id] = _Pending(parent, name, span.start_time_unix_nano, span.end_time_unix_nano,
+                                          truncated, now)
+                siblings = children_of[trace_id].get(parent)
+                if siblings is None:
+                    children_of[trace_id][parent] = [span_id]
+                else:
+                    siblings.append(span_id)
             if self._pending > self.max_pending or now - self._last_sweep >= 1.0:
                 self._sweep(batch, now)
 
@@ -132,16 +158,12 @@ class MappingSet:
 
     # --- internals ---------------------------------------------------------------------------
 
-    def _step_mapping(self, span) -> SpanMapping | None:
-        name = span.name
-        for mapping in self.mappings:
-            if mapping.is_step(name):
-                if mapping.step_needs_number:
-                    keys = mapping.step_number
-                    if not any(kv.key in keys for kv in span.attributes):
-                        continue
-                return mapping
-        return None
+    def _step_candidates(self, name: str) -> tuple[SpanMapping, ...]:
+        """The mappings whose step globs match `name`, in order (memoised: names repeat every step)."""
+        found = tuple(m for m in self.mappings if m.is_step(name))
+        if len(self._candidates) < 4096:
+            self._candidates[name] = found
+        return found
 
     def _truncated(self, span) -> bool:
         flags = self._flags
@@ -154,18 +176,31 @@ class MappingSet:
         trace = self._traces.get(trace_id)
         if not trace:
             return []
-        children: dict[bytes, list[bytes]] = {}
-        for span_id, entry in trace.items():
-            children.setdefault(entry.parent, []).append(span_id)
+        children = self._children[trace_id]
         out, stack = [], [root]
         while stack:
-            for child in children.get(stack.pop(), ()):
-                out.append((child, trace.pop(child)))
-                stack.append(child)
+            for child in children.pop(stack.pop(), ()):
+                entry = trace.pop(child, None)
+                if entry is not None:
+                    out.append((child, entry))
+                    stack.append(child)
         self._pending -= len(out)
         if not trace:
             del self._traces[trace_id]
+            del self._children[trace_id]
         return out
+
+    def _reindex(self, trace_id: bytes) -> None:
+        """Rebuild one trace's children index after spans left it (a sweep: rare)."""
+        trace = self._traces.get(trace_id)
+        if not trace:
+            self._traces.pop(trace_id, None)
+            self._children.pop(trace_id, None)
+            return
+        children: dict[bytes, list[bytes]] = {}
+        for span_id, entry in trace.items():
+            children.setdefault(entry.parent, []).append(span_id)
+        self._children[trace_id] = children
 
     def _read_step(self, item: _Step, subtree: list[tuple[bytes, _Pending]], limits: "DecodeLimits") -> ForeignStep | None:
         mapping, span = item.mapping, item.span
@@ -215,14 +250,16 @@ class MappingSet:
             old = [k for k, e in trace.items() if e.received < cutoff]
             for k in old:
                 dropped.append(trace.pop(k))
-            if not trace:
-                del self._traces[trace_id]
+            if old:
+                self._reindex(trace_id)
         if self._pending - len(dropped) > self.max_pending:
             entries = sorted(((e.received, t, k) for t, tr in self._traces.items() for k, e in tr.items()))
+            touched = set()
             for _, t, k in entries[: self._pending - len(dropped) - self.max_pending]:
                 dropped.append(self._traces[t].pop(k))
-                if not self._traces[t]:
-                    del self._traces[t]
+                touched.add(t)
+            for t in touched:
+                self._reindex(t)
         self._pending -= len(dropped)
         for entry in dropped:
             named = any(m.phase_of(entry.name) or m.is_container(entry.name) for m in self.mappings

@@ -12,9 +12,12 @@ else is guessed:
   record that cannot be placed (another schema version, a body that is not a map,
   no step number in it) is counted `IGNORED_UNPLACED` with why, never stored;
 - a windowed record (#229/#231: one record per N steps, its timings the window's
-  per-step MEANS, never totals) becomes ONE row: step = the window's last step, bounds
-  = the window's, phase values = its mean per step. No per-step value is invented for
-  the window's other steps.
+  per-step MEANS, never totals) becomes ONE row: keyed by the window's FIRST step (so the
+  row claims no step before the steps it covers: a run whose first window is 0-4 starts at
+  step 0, not "part-way" at 4), bounds = the window's, phase values = its mean per step.
+  No per-step value is invented for the window's other steps; the analysis counts rows, so
+  its step gates count windows and a windowed run is judged more cautiously, never more
+  confidently.
 
 The original measures no collective wait, so that phase is said unmeasured; H2D is
 sent only when measured (optional in #394), so its absence is a null, never a 0.
@@ -151,9 +154,13 @@ def read_step(record, identity: Mapping, limits: "DecodeLimits") -> ForeignStep 
     if window is not None and not isinstance(window, dict):
         return NotPlaced(False, "step_timing window is not a map")
     window = window or {}
-    step = _int(body, BODY_STEP)
-    if step is None:
-        step = _int(window, WINDOW_END_STEP)
+    step = _int(window, WINDOW_START_STEP)
+    if step is None:  # no window start: the record's step (its window's last) less the others
+        last = _int(body, BODY_STEP)
+        if last is None:
+            last = _int(window, WINDOW_END_STEP)
+        count = _int(window, WINDOW_STEP_COUNT)
+        step = last if last is None or count is None or count < 1 else last - count + 1
     if step is None:
         return NotPlaced(False, "step_timing record has no step number")
     phases: dict[str, PhaseTime] = {}

@@ -162,9 +162,9 @@ def test_every_record_arrives_over_both_transports(sent):
     assert all(f"{WINDOWS * 4} step_timing records sent" in out for out in outputs), outputs
     for run in ("orig-straggler", "orig-balanced"):
         assert {rank for _, rank, _ in stored_step_keys(service.config.db, run)} == set(range(WORLD))
-    # A windowed record is one row at its window's last step: no step of the window is invented.
+    # A windowed record is one row keyed by its window's first step: no step of the window is invented.
     assert {step for _, _, step in stored_step_keys(service.config.db, "orig-straggler")} == \
-        {w * STRAGGLER_WINDOW + STRAGGLER_WINDOW - 1 for w in range(WINDOWS)}
+        {w * STRAGGLER_WINDOW for w in range(WINDOWS)}
     assert {step for _, _, step in stored_step_keys(service.config.db, "orig-balanced")} == set(range(WINDOWS))
     # runtime_context and step_memory (2 per rank and run, 4 runs) build no row and are counted.
     assert _counter(service, v.METRIC_PROCESSOR_RECORDS, v.RECORD_IGNORED) >= 2 * WORLD * 4
@@ -176,6 +176,7 @@ def test_the_slowed_rank_is_named_the_straggler(sent):
     assert summary["diagnosis"]["kind"] == "INPUT_STRAGGLER", summary["card"]
     assert summary["diagnosis"]["culprit_rank"] == 1
     assert summary["diagnosis"]["evidence"]["grown_phase"] == "input_wait"
+    assert summary["telemetry"]["started_part_way"] is False  # the first window (steps 0-4) is step 0
 
 
 def test_a_balanced_run_names_no_straggler(sent):

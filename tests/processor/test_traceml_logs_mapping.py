@@ -52,9 +52,9 @@ WINDOWED = {"step": 9, "timestamp": 1000.5, "data_wait_ms": 4.0, "forward_ms": 3
                        "end_timestamp": 1000.5, "flush_reason": "steps"}}
 
 
-def test_a_window_is_one_row_of_its_means_at_its_last_step():
+def test_a_window_is_one_row_of_its_means_at_its_first_step():
     step = m.read_step(_record(WINDOWED), IDENTITY, LIMITS)
-    assert (step.step, step.start_ns, step.end_ns) == (9, 1000 * 10**9, 1000_500_000_000)
+    assert (step.step, step.start_ns, step.end_ns) == (5, 1000 * 10**9, 1000_500_000_000)
     assert {k: p.ms for k, p in step.phases.items()} == {
         "input_wait": 4.0, "forward": 30.0, "backward": 45.0, "optimizer_step": 10.0, "traced_step_time": 87.0}
     assert "h2d" not in step.phases and "collective_wait" not in step.phases  # unmeasured: null, never 0
@@ -65,14 +65,19 @@ def test_a_window_is_one_row_of_its_means_at_its_last_step():
 def test_a_record_without_a_window_ended_at_its_timestamp_and_lasted_its_wall_time():
     body = {k: v for k, v in WINDOWED.items() if k != "window"}
     step = m.read_step(_record(body, **{"traceml.global_rank": 1}), IDENTITY, LIMITS)
-    assert step.end_ns == 1000_500_000_000
+    assert (step.step, step.end_ns) == (9, 1000_500_000_000)
     assert step.end_ns - step.start_ns == pytest.approx((87.0 + 4.0) * 1e6)
     assert step.rank == 1  # the record's own attribute wins over its resource's
 
 
-def test_a_window_without_a_body_step_uses_its_end_step():
-    body = {k: v for k, v in WINDOWED.items() if k != "step"}
-    assert m.read_step(_record(body), IDENTITY, LIMITS).step == 9
+@pytest.mark.parametrize(("body", "step"), [
+    ({k: v for k, v in WINDOWED.items() if k != "step"}, 5),
+    ({**WINDOWED, "window": {k: v for k, v in WINDOWED["window"].items() if k != "start_step"}}, 5),
+    ({k: v for k, v in WINDOWED.items() if k != "step"} | {"window": {"end_step": 9, "step_count": 5}}, 5),
+    ({**WINDOWED, "window": {"end_timestamp": 1000.5}}, 9),  # no window size: the record's step
+])
+def test_a_window_row_is_keyed_by_its_first_step_however_the_window_says_it(body, step):
+    assert m.read_step(_record(body), IDENTITY, LIMITS).step == step
 
 
 @pytest.mark.parametrize(("record", "unused"), [
@@ -97,7 +102,8 @@ def test_what_builds_no_row_says_why(record, unused):
     ({**WINDOWED, "forward_ms": math.nan}, NON_FINITE),
     ({**WINDOWED, "forward_ms": "30"}, WRONG_TYPE),
     ({**WINDOWED, "forward_ms": [30.0]}, WRONG_TYPE),
-    ({**WINDOWED, "step": 9.0}, WRONG_TYPE),
+    ({**WINDOWED, "window": {**WINDOWED["window"], "start_step": 5.0}}, WRONG_TYPE),
+    ({**WINDOWED, "step": 9.0, "window": {}}, WRONG_TYPE),
     ({f"k{i}": 1.0 for i in range(LIMITS.max_attributes + 1)}, TOO_MANY_ATTRIBUTES),
 ])
 def test_hostile_values_are_refused_with_their_reason(body, reason):

@@ -6,6 +6,11 @@ SQLite commit that holds the batch (acknowledge after commit), or raises
 answers UNAVAILABLE / 503 and the client retries later). The writer thread merges
 whatever is pending into one `StepTimeStore.write` call, so commits grow with
 load. Retried requests are harmless: the store ignores identical rows.
+
+When nothing is pending and no commit is running (a rank's exporter sending a few
+steps a second), the submitting thread commits its own batch: handing one small batch
+to the writer thread and back costs two thread wake-ups, about as much CPU as the
+commit itself. One commit runs at a time either way (`_busy`), in arrival order.
 """
 from __future__ import annotations
 
@@ -84,6 +89,7 @@ class IngestQueue:
         self._pending: deque[_Ticket] = deque()
         self._pending_records = 0
         self._stopping = False
+        self._busy = False  # a commit is running (the writer's or a submitter's own)
         self.in_flight_records = 0  # records the writer is committing right now
         self._thread = threading.Thread(target=self._run, name="traceml-ingest-writer", daemon=True)
         self.commits = 0
@@ -116,10 +122,17 @@ class IngestQueue:
                 self._stats.refused(batch.signal, v.REFUSED_BACKPRESSURE)
                 raise Backpressure(
                     f"ingest queue holds {self._pending_records} records (bound {self._max_pending})")
-            self._pending.append(ticket)
-            self._pending_records += size
-            self._cond.notify()
-        if not ticket.done.wait(self._submit_timeout):
+            inline = not self._pending and not self._busy
+            if inline:  # nothing ahead of it: commit it on this thread (see the module docstring)
+                self._busy = True
+                self.in_flight_records = size
+            else:
+                self._pending.append(ticket)
+                self._pending_records += size
+                self._cond.notify()
+        if inline:
+            self._commit_taken([ticket])
+        elif not ticket.done.wait(self._submit_timeout):
             # The writer still owns the ticket; the client retries, duplicates are harmless.
             raise self._unavailable(batch, "commit did not finish in time")
         if ticket.error is not None:
@@ -142,10 +155,11 @@ class IngestQueue:
 
     def _take(self) -> list[_Ticket] | None:
         with self._cond:
-            while not self._pending and not self._stopping:
+            while self._busy or not self._pending:
+                if self._stopping and not self._busy and not self._pending:
+                    return None
                 self._cond.wait()
-            if not self._pending:
-                return None
+            self._busy = True
             taken, total = [], 0
             while self._pending and (not taken or total + self._pending[0].size <= self._max_commit):
                 ticket = self._pending.popleft()
@@ -160,15 +174,23 @@ class IngestQueue:
             tickets = self._take()
             if tickets is None:
                 return
-            try:
-                self._commit(tickets)
-            except BaseException as exc:  # never lose the thread: fail these tickets, go on
-                LOG.exception("ingest commit failed for %d batch(es)", len(tickets))
-                for ticket in tickets:
-                    ticket.error = exc
-                    ticket.done.set()
-            finally:
-                self.in_flight_records = 0
+            self._commit_taken(tickets)
+
+    def _commit_taken(self, tickets: list[_Ticket]) -> None:
+        """Commit tickets taken under `_busy` (on the writer or the submitting thread), then free it."""
+        try:
+            self._commit(tickets)
+        except BaseException as exc:  # never lose the thread: fail these tickets, go on
+            LOG.exception("ingest commit failed for %d batch(es)", len(tickets))
+            for ticket in tickets:
+                ticket.error = exc
+                ticket.done.set()
+        finally:
+            self.in_flight_records = 0
+            with self._cond:
+                self._busy = False
+                if self._pending or self._stopping:
+                    self._cond.notify_all()  # the writer takes what queued meanwhile, or stops
 
     def _commit(self, tickets: list[_Ticket]) -> None:
         steps, memory, resources = [], [], []

@@ -137,6 +137,7 @@ DECODER_IMPORTERS = frozenset({
     "processor/decode.py", "processor/decode_spans.py", "processor/decode_metrics.py",
     "processor/decode_attributes.py", "processor/decode_logs.py",
     "processor/mapping/traceml_logs.py",  # the original TraceML's log records: read as the decoders read
+    "processor/mapping/record.py", "processor/mapping/spans.py",  # foreign steps, judged by the decoders' rules
     "processor/admission.py",  # refuses with the decoders' `Reject`
     "processor/otlp_intake.py", "processor/workers.py", "processor/service.py",  # the ingest path
     "processor/cli.py",  # `DecodeLimits` from the flags

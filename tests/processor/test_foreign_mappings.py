@@ -28,6 +28,8 @@ from harness.rotel_relay import RotelRelay
 from harness.waiting import wait_until
 from traceml.processor.mapping import load_mapping_file
 from traceml.processor.summary_section import build_final_summary
+from traceml.processor.web.pages import report_page
+from traceml.processor.web.report import build_report_view
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("foreign_mappings")]
 
@@ -100,7 +102,11 @@ def summaries(tmp_path_factory) -> dict[str, dict]:
         assert wait_until(lambda: service.stats.snapshot().get(("accepted", "traces"), 0) >= expected, 20, 0.1), \
             service.stats.snapshot()
         run_ids = [r["run_id"] for runs in RUNS.values() for r in runs]
-        return {run: build_final_summary(tmp / "traceml.db", run) for run in run_ids}
+        out = {run: build_final_summary(tmp / "traceml.db", run) for run in run_ids}
+        # The web view's run page (the one-file report draws the same page) of two runs.
+        out["pages"] = {run: report_page(build_report_view(tmp / "traceml.db", run))
+                        for run in ("mg-per-step", "mixed")}
+        return out
     finally:
         service.stop()
 
@@ -179,3 +185,11 @@ def test_a_mixed_run_is_diagnosed_and_says_where_each_rank_came_from(summaries):
     assert summary["global"]["window"]["steps"] == STEPS
     # Rank 1 measured no input wait: one basis for every rank, the traced step.
     assert summary["global"]["median"]["traced_step_time_ms"]["value"] is not None
+
+
+def test_the_web_view_says_which_mapping_and_what_it_could_not_place(summaries):
+    page, mixed = summaries["pages"]["mg-per-step"], summaries["pages"]["mixed"]
+    assert ('<p class="note" data-note="source">Source: megatron-lm (r0, r1), 48 step(s) mapped; not measured by '
+            "this mapping: input_wait, h2d (no finding can be about them); not placed in any phase (left in "
+            "residual): megatron.train.gc_collect x48, megatron.train.iteration.forward_backward x48</p>") in page
+    assert "Mixed sources: megatron-lm r1; traceml r0." in mixed

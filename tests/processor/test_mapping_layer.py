@@ -138,3 +138,15 @@ def test_unplaced_labels_are_bounded_before_they_are_stored():
     counts = {f"span-{i:03d}": 1 for i in range(40)} | {"x" * 300: 5}
     out = bounded_unplaced(counts)
     assert len(out) == 33 and out["(other names)"] == 9 and out["x" * 128] == 5  # 41 names: 32 kept
+
+
+def test_wire_names_in_the_source_lines_are_escaped_on_the_page_and_the_card():
+    from traceml.processor.reporting.source_note import source_lines
+    from traceml.processor.web import pages
+    from traceml.processor.presenters.terminal_text import printable
+
+    lines = source_lines([{"mapping": "declared:x", "ranks": [0], "steps": 3, "unmeasured_phases": [],
+                           "unplaced": {"<script>alert(1)</script>\x1b[2J": 3}}])
+    html = pages._sources({"source_notes": lines})
+    assert "<script>" not in html and "&lt;script&gt;" in html
+    assert "\x1b" not in printable("\n".join(lines))

@@ -31,7 +31,7 @@ from traceml.processor.summary_section import build_final_summary
 from traceml.processor.web.pages import report_page
 from traceml.processor.web.report import build_report_view
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("foreign_mappings")]
+pytestmark = pytest.mark.slow  # one module run of 10 emitter processes and rotel (about 17 s)
 
 ROOT = Path(__file__).resolve().parents[2]
 EMITTERS = Path(__file__).parent / "foreign_emitters"

@@ -12,6 +12,7 @@ from typing import Mapping
 
 from traceml.processor.diagnosis.policy import DEFAULT_POLICY
 from traceml.processor.metric_point import SPECS
+from traceml.processor.settings import REPEAT_OFFENDER_RUNS as REPEAT_OFFENDER_RUNS_SETTING
 from traceml.processor.step_time.model import FRESHNESS_STATES
 from traceml.schema import diagnosis as d
 from traceml.schema import vocabulary as v
@@ -67,6 +68,9 @@ class Names:
     runs: str = metric(v.METRIC_PROCESSOR_RUNS)
     export_failures: str = metric(v.METRIC_PROCESSOR_EXPORT_FAILURES)
     series_left_out: str = metric(v.METRIC_PROCESSOR_SERIES_LEFT_OUT)
+    fleet_flagged_runs: str = metric(v.METRIC_FLEET_HOST_FLAGGED_RUNS)
+    fleet_runs: str = metric(v.METRIC_FLEET_HOST_RUNS)
+    fleet_lost_time: str = metric(v.METRIC_FLEET_HOST_LOST_TIME)
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,7 @@ class Labels:
     reason: str = label(v.ATTR_REASON)
     connection_event: str = label(v.ATTR_CONNECTION_EVENT)
     step: str = label(v.ATTR_STEP)
+    host: str = label(v.ATTR_HOST)
 
 
 M = Names()
@@ -110,6 +115,8 @@ WARN_SHARE = DEFAULT_POLICY.warn_share
 CRIT_SHARE = DEFAULT_POLICY.crit_share
 GPU_UTIL_WARN = DEFAULT_POLICY.gpu_util_warn
 GPU_UTIL_CRIT = DEFAULT_POLICY.gpu_util_crit
+REPEAT_OFFENDER_RUNS = REPEAT_OFFENDER_RUNS_SETTING.default
+"""K of the repeat-offender rule: the alert's threshold on the runs flagged across replicas."""
 
 
 def sel(**matchers: str) -> str:

@@ -23,6 +23,7 @@ commands:
   summary   rebuild final_summary.json and the card from a run folder or database
   compare   compare two final summaries (step time, phases, diagnosis, memory)
   top       watch a processor database live from another terminal
+  fleet     hosts and GPUs that keep being a run's straggler (runs flagged, time lost)
 
 `traceml <command> --help` describes each command; docs/cli.md has them all.
 """
@@ -58,15 +59,22 @@ def _top(argv: Sequence[str]) -> int:
     return top.main(argv)
 
 
+def _fleet(argv: Sequence[str]) -> int:
+    from traceml.launcher import fleet
+
+    return fleet.main(argv)
+
+
 COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "run": _run,
     "demo": _demo,
     "summary": _summary,
     "compare": _compare,
     "top": _top,
+    "fleet": _fleet,
 }
 
-NEEDS_PROCESSOR_SIDE = frozenset({"demo", "summary", "compare", "top"})
+NEEDS_PROCESSOR_SIDE = frozenset({"demo", "summary", "compare", "top", "fleet"})
 """Subcommands that always run processor code (`run` needs it only for its embedded processor,
 and checks that itself): refused with the install line when the `processor` extra is missing."""
 

@@ -18,8 +18,10 @@ import importlib
 _OWNERS: dict[str, tuple[str, ...]] = {
     # Reading a store: which runs it holds, how far one got.
     "store_read": ("StoredRun", "StoreReadError", "StoreUnavailable", "NotAStore",
-                   "list_runs", "read_run_progress"),
+                   "list_runs", "read_run_progress", "read_fleet"),
     "runs": ("run_is_over",),
+    # Repeat offenders across runs (`read_fleet` above): the listing's rows.
+    "fleet": ("FleetEntry", "FLEET_COLUMNS", "fleet_rows"),
     # The live analysis and what it yields.
     "step_time.pipeline": ("LiveStepTimeSession",),
     "step_time.model": ("LiveStepTimeResult",),

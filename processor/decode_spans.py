@@ -269,6 +269,8 @@ class SpanDecoder:
             events=events,
             training_strategy=_step_strategy(ident, res.strategy),
             attempt=res.attempt,
+            trace_id=span.trace_id or None,  # kept for exemplars (the worst step's span)
+            span_id=span.span_id or None,
         ), memory
 
     def _span_memory(self, attrs: Mapping, run_id: str, rank: int, step: int,

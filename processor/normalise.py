@@ -5,7 +5,9 @@ Raw event names (`_traceml_internal:*`) become the canonical metric columns here
 decodes JSON. The raw events are kept as JSON text in `payload` (raw event name
 -> [cpu_ms, gpu_ms, count]) for audit and for event names this version does not
 know. Each step row also gets the `packed` BLOB (`sqlite_layout.PACKED_FORMAT`)
-and a content digest, by which the writer recognises a resend. A resource record
+and a content digest, by which the writer recognises a resend (the step span's trace and span
+ids ride along for exemplars, outside the digest: a resend is the same step whatever its
+ids). A resource record
 (`schema.resources`) is one `resource_samples` row as it is.
 
 What arrives is what the decoders (`decode`) let through, and it is not checked again here:
@@ -101,8 +103,8 @@ def normalise_step_record(record: StepTimeIngestRecord, receive_time: float) -> 
     h.update(head[-1])
     _, local_rank, node_rank, world_size, local_world_size, hostname, strategy, _ = head
     row = (run_id, rank, local_rank, node_rank, world_size, local_world_size, hostname,
-           step, start_time, sample_time, receive_time, strategy, *flat, payload_text, packed,
-           h.hexdigest())
+           step, start_time, sample_time, receive_time, strategy, *flat, record.trace_id, record.span_id,
+           payload_text, packed, h.hexdigest())
     return row, unknown
 
 

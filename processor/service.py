@@ -57,6 +57,9 @@ class ProcessorConfig:
     http_limits: HttpLimits = field(default_factory=HttpLimits)  # OTLP/HTTP timeouts and connection cap
     rank_series_top_k: int = s.RANK_SERIES_TOP_K.default  # per-rank series: ranks by score beyond the culprits
     max_series: int = s.MAX_SERIES.default  # per scrape / push; whole runs beyond it are left out, counted
+    repeat_offender_runs: int = s.REPEAT_OFFENDER_RUNS.default  # K of the repeat-offender rule
+    repeat_offender_window: int = s.REPEAT_OFFENDER_WINDOW.default  # N: a host's last runs counted
+    fleet_period_s: float = s.FLEET_PERIOD.default  # culprit history behind the fleet series
     mapping: SpanMapping | None = None  # a declared foreign-step mapping (--mapping-file), before the built-ins
 
     def mapping_set(self) -> MappingSet:
@@ -65,7 +68,8 @@ class ProcessorConfig:
 
     def __post_init__(self) -> None:
         for setting in (s.IDLE_TIMEOUT, s.REFRESH_INTERVAL, s.MAX_CONCURRENT_REQUESTS, s.WORKERS,
-                        s.RANK_SERIES_TOP_K, s.MAX_SERIES):
+                        s.RANK_SERIES_TOP_K, s.MAX_SERIES, s.REPEAT_OFFENDER_RUNS, s.REPEAT_OFFENDER_WINDOW,
+                        s.FLEET_PERIOD):
             setting.check(getattr(self, setting.name), f"ProcessorConfig.{setting.name}")
         for setting, value in ((s.MAX_RUNS, self.limits.max_runs),
                                (s.MAX_RANKS_PER_RUN, self.limits.max_ranks_per_run)):
@@ -104,15 +108,25 @@ class ProcessorConfig:
                                    max_connections=settings[s.HTTP_MAX_CONNECTIONS]),
             rank_series_top_k=settings[s.RANK_SERIES_TOP_K],
             max_series=settings[s.MAX_SERIES],
+            repeat_offender_runs=settings[s.REPEAT_OFFENDER_RUNS],
+            repeat_offender_window=settings[s.REPEAT_OFFENDER_WINDOW],
+            fleet_period_s=settings[s.FLEET_PERIOD],
             mapping=None if settings[s.MAPPING_FILE] is None else load_mapping_file(settings[s.MAPPING_FILE]),
         )
 
 
 class StepTimeBackend:
-    """The Step Time read side, diagnosis and reporting as the RunMonitor uses them."""
+    """The Step Time read side, diagnosis and reporting as the RunMonitor uses them.
 
-    def __init__(self, rank_series_top_k: int = s.RANK_SERIES_TOP_K.default):
+    `record_culprits`: where a summarised run's confirmed culprits go (the store's writer),
+    for the repeat-offender rule of later runs and the fleet listing; None: not recorded."""
+
+    def __init__(self, rank_series_top_k: int = s.RANK_SERIES_TOP_K.default, *,
+                 repeat_offenders: tuple[int, int] = (s.REPEAT_OFFENDER_RUNS.default, s.REPEAT_OFFENDER_WINDOW.default),
+                 record_culprits=None):
         self.rank_series_top_k = rank_series_top_k
+        self.repeat_offenders = repeat_offenders
+        self.record_culprits = record_culprits
 
     def open_session(self, db_path: Path, run_id: str):
         from traceml.processor.step_time.pipeline import LiveStepTimeSession
@@ -125,9 +139,12 @@ class StepTimeBackend:
         return live_points(result, db_path, top_k=self.rank_series_top_k)
 
     def write_summary(self, db_path: Path, run_id: str, folder: Path) -> list[Path]:
-        from traceml.processor.summary_section import write_final_summary
+        from traceml.processor.summary_section import write_summary
 
-        return list(write_final_summary(db_path, run_id, folder))
+        paths, culprits = write_summary(db_path, run_id, folder, repeat_offenders=self.repeat_offenders)
+        if self.record_culprits is not None:
+            self.record_culprits(run_id, culprits)
+        return list(paths)
 
 
 class ProcessorService:
@@ -160,8 +177,14 @@ class ProcessorService:
         self.admission = RunAdmission(config.limits, known)
         self.decoder = Decoder(config.limits, self.admission)
         self.decoder.spans.mappings = config.mapping_set()
+        from traceml.processor.fleet_series import FleetSeries
+
+        self.fleet = FleetSeries(config.db, config.fleet_period_s)
         self.monitor = RunMonitor(
-            Path(config.db), backend or StepTimeBackend(config.rank_series_top_k), summary_dir=config.summary_dir,
+            Path(config.db), backend or StepTimeBackend(
+                config.rank_series_top_k,
+                repeat_offenders=(config.repeat_offender_runs, config.repeat_offender_window),
+                record_culprits=self._record_culprits), summary_dir=config.summary_dir,
             refresh_interval_s=config.refresh_interval_s, idle_timeout_s=config.idle_timeout_s,
             poll_store=config.workers > 1, on_forgotten=self.admission.forget)
         self.monitor.adopt(known)
@@ -201,10 +224,16 @@ class ProcessorService:
             conn.close()
         return recent
 
+    def _record_culprits(self, run_id: str, culprits) -> None:
+        """A summarised run's culprits into the store; the fleet series are read again."""
+        self.store.record_culprits(run_id, culprits)
+        self.fleet.invalidate()
+
     # --- points for /metrics and OTLP ---------------------------------------------------
 
     def points(self) -> list:
         points = self.monitor.points()
+        points.extend(self.fleet.points())  # per culprit host: bounded by the fleet, not by runs
         # Requests and records by outcome (and refusal reason): every series, zeros included.
         points.extend(MetricPoint(key.metric, key.attributes(), float(count))
                       for key, count in self.stats.counts().items())

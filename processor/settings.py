@@ -334,6 +334,17 @@ RANK_SERIES_TOP_K: Setting[int] = Setting(
     "per-rank series for the K ranks of each run with the highest deviation score, beyond the culprits, "
     "victims, worst and representative rank (all ranks stay in the summary)", metavar="K",
     zero="only those named ranks")
+REPEAT_OFFENDER_RUNS: Setting[int] = Setting(
+    "repeat_offender_runs", "--repeat-offender-runs", env.TRACEML_PROCESSOR_REPEAT_OFFENDER_RUNS, 3, at_least(1),
+    "K: a run whose confirmed straggler's host (or GPU) was the culprit in at least K of the host's last N "
+    "summarised runs, this one included, gets REPEAT_OFFENDER_HOST", metavar="K")
+REPEAT_OFFENDER_WINDOW: Setting[int] = Setting(
+    "repeat_offender_window", "--repeat-offender-window", env.TRACEML_PROCESSOR_REPEAT_OFFENDER_WINDOW, 5,
+    at_least(1), "N: the host's latest runs the repeat-offender rule counts (K above N never fires)", metavar="N")
+FLEET_PERIOD: Setting[float] = Setting(
+    "fleet_period_s", "--fleet-period", env.TRACEML_PROCESSOR_FLEET_PERIOD, 7 * 86400.0, seconds(0),
+    "culprit history the fleet series on /metrics and the push, and the web view's fleet page, cover",
+    metavar="SECONDS")
 MAX_SERIES: Setting[int] = Setting(
     "max_series", "--max-series", env.TRACEML_PROCESSOR_MAX_SERIES, 100_000, at_least(1),
     "series per /metrics scrape or push; whole runs beyond it are left out and counted", metavar="N")
@@ -368,7 +379,8 @@ LOG_LEVEL: Setting[str] = Setting(
 SETTINGS: tuple[Setting, ...] = (
     DB, OTLP_GRPC, OTLP_HTTP, PROMETHEUS, UI, EXPORT_ENDPOINT, EXPORT_PROTOCOL, EXPORT_INTERVAL, EXPORT_TIMEOUT,
     SUMMARY_DIR, IDLE_TIMEOUT, REFRESH_INTERVAL, AUTH_TOKEN_FILE, AUTH_TOKEN, TLS_CERT, TLS_KEY, MAX_RUNS,
-    MAX_RANKS_PER_RUN, WORKERS, MAPPING_FILE, RANK_SERIES_TOP_K, MAX_SERIES, MAX_CONCURRENT_REQUESTS, HTTP_HEADER_TIMEOUT,
+    MAX_RANKS_PER_RUN, WORKERS, MAPPING_FILE, RANK_SERIES_TOP_K, REPEAT_OFFENDER_RUNS, REPEAT_OFFENDER_WINDOW,
+    FLEET_PERIOD, MAX_SERIES, MAX_CONCURRENT_REQUESTS, HTTP_HEADER_TIMEOUT,
     HTTP_BODY_TIMEOUT, HTTP_BODY_CHUNK_TIMEOUT, HTTP_KEEPALIVE_TIMEOUT, HTTP_MAX_CONNECTIONS, LOG_LEVEL)
 
 # --- internal sizes: no flag, stated here so that their users share one value ------------

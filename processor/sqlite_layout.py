@@ -22,9 +22,16 @@ from urllib.parse import quote
 
 from traceml.schema.vocabulary import CANONICAL_METRICS, METRIC_COLLECTIVE_WAIT
 
-SCHEMA_USER_VERSION = 6
+SCHEMA_USER_VERSION = 7
 """`PRAGMA user_version` of a database laid out as below (`LAYOUT_CHANGES` lists what each
 version added, so `sqlite_guard` can recognise every older layout exactly).
+
+7: the `trace_id` / `span_id` columns of `step_time_samples` / `step_time_attempt_samples`
+(the step span's OpenTelemetry ids, so a re-exported series can name its worst step as an
+exemplar; NULL for rows written before and for foreign steps without a span) and the
+`fleet_culprits` table (each summarised run's confirmed culprits, by host and GPU, with the
+ledger's lost time: the repeat-offender history across runs). Columns are added and the
+table created in place.
 
 6: the `step_time_sources` table (which foreign mapping a rank's steps came through, the
 phases it cannot measure, what it left unplaced; a new table, so a version-5 file is
@@ -71,6 +78,9 @@ ATTEMPT_MEMORY_TABLE = "step_memory_attempt_samples"
 RESOURCES_TABLE = "resource_samples"
 """Process, host and GPU samples (a rank's own, or a foreign sender's joined by host)."""
 DROPS_TABLE = "step_time_drops"
+CULPRITS_TABLE = "fleet_culprits"
+"""One row per (run, culprit rank): the host and GPU a summarised run's confirmed straggler ran
+on and the rank-time the ledger says the others lost waiting for it (`processor/fleet.py`)."""
 SOURCES_TABLE = "step_time_sources"
 """Per (run, rank, mapping): the foreign mapping (`processor/mapping`) a rank's steps came
 through; a rank with no row sent TraceML's own spans."""
@@ -110,7 +120,7 @@ wrote (missing, short or out-of-range `packed`).
 SAMPLE_COLUMNS: tuple[str, ...] = (
     "run_id", "global_rank", "local_rank", "node_rank", "world_size", "local_world_size",
     "hostname", "step", "start_time", "sample_time", "receive_time", "training_strategy",
-    *METRIC_VALUE_COLUMNS, "payload", "packed", "digest",
+    *METRIC_VALUE_COLUMNS, "trace_id", "span_id", "payload", "packed", "digest",
 )
 """Column order of one `step_time_samples` row tuple (`id` is SQLite's)."""
 
@@ -142,6 +152,8 @@ _SAMPLE_COLUMNS_DDL = f"""run_id TEXT NOT NULL,
     receive_time REAL NOT NULL,
     training_strategy TEXT,
     {_METRIC_DDL},
+    trace_id BLOB,
+    span_id BLOB,
     payload TEXT NOT NULL,
     packed BLOB,
     digest TEXT NOT NULL"""
@@ -257,6 +269,21 @@ CREATE TABLE IF NOT EXISTS {SOURCES_TABLE} (
     steps INTEGER NOT NULL,
     PRIMARY KEY (run_id, global_rank, mapping)
 );
+
+-- Repeat offenders: a summarised run's confirmed culprits (`device` '' when no GPU id was known),
+-- with the badput ledger's lost time; rewritten when the run is summarised again.
+CREATE TABLE IF NOT EXISTS {CULPRITS_TABLE} (
+    run_id TEXT NOT NULL,
+    global_rank INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    host TEXT NOT NULL,
+    device TEXT NOT NULL,
+    ended_time REAL NOT NULL,
+    lost_rank_seconds REAL,
+    lost_device_hours REAL,
+    PRIMARY KEY (run_id, global_rank)
+);
+CREATE INDEX IF NOT EXISTS fleet_culprits_host ON {CULPRITS_TABLE} (host, ended_time);
 """
 
 @dataclass(frozen=True)
@@ -281,6 +308,9 @@ LAYOUT_CHANGES: tuple[LayoutChange, ...] = (
     LayoutChange(4, tables=(RESOURCES_TABLE,)),
     LayoutChange(5),  # APPLICATION_ID: no table changed
     LayoutChange(6, tables=(SOURCES_TABLE,)),
+    LayoutChange(7, columns=tuple((table, column, "BLOB") for table in (SAMPLES_TABLE, ATTEMPT_SAMPLES_TABLE)
+                                  for column in ("trace_id", "span_id")),
+                 tables=(CULPRITS_TABLE,)),
 )
 """The layout's history, oldest first: `DDL` less every change from one on is the layout
 that version wrote (version 1: `DDL` less all of them). The last entry's version is
@@ -320,7 +350,7 @@ def connect_readonly(path: str | Path) -> sqlite3.Connection:
 
 
 __all__ = [
-    "ADDED_COLUMNS", "APPLICATION_ID", "ATTEMPT_MEMORY_TABLE", "ATTEMPT_SAMPLES_TABLE", "BUSY_TIMEOUT_S", "DDL",
+    "ADDED_COLUMNS", "APPLICATION_ID", "ATTEMPT_MEMORY_TABLE", "ATTEMPT_SAMPLES_TABLE", "BUSY_TIMEOUT_S", "CULPRITS_TABLE", "DDL",
     "DROPS_TABLE", "FIRST_USER_VERSION", "LAYOUT_CHANGES", "LayoutChange", "MEMORY_TABLE", "RANKS_TABLE", "RESOURCES_TABLE", "RUNS_TABLE", "SAMPLES_TABLE", "SOURCES_TABLE", "RESOURCE_COLUMNS", "LEGACY_PACKED_FIELDS", "LEGACY_PACKED_METRICS", "MEMORY_COLUMNS", "METRIC_VALUE_COLUMNS", "PACKED_FIELDS",
     "PACKED_FORMAT", "PACKED_METRICS", "PACKED_RANK", "PACKED_SAMPLE_TIME", "PACKED_STEP",
     "PACKED_VALUES", "SAMPLE_COLUMNS", "SCHEMA_OBJECTS", "SCHEMA_USER_VERSION", "connect_readonly", "metric_columns",

@@ -596,6 +596,19 @@ class StepTimeStore:
                         (*key, json.dumps(list(note.unmeasured)),
                          json.dumps(bounded_unplaced(unplaced), sort_keys=True), steps))
 
+    def record_culprits(self, run_id: str, culprits) -> None:
+        """Store a summarised run's confirmed culprits (`fleet.CulpritRecord`s), replacing what an
+        earlier summary of the run recorded (a reopened run is summarised again)."""
+        with self._lock, self._noting_damage():
+            self._check_open()
+            with self._conn:
+                self._conn.execute("DELETE FROM fleet_culprits WHERE run_id = ?", (run_id,))
+                self._conn.executemany(
+                    "INSERT INTO fleet_culprits (run_id, global_rank, kind, host, device, ended_time,"
+                    " lost_rank_seconds, lost_device_hours) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    [(run_id, c.global_rank, c.kind, c.host, c.device, c.ended_time, c.lost_rank_seconds,
+                      c.lost_device_hours) for c in culprits])
+
     # --- lifecycle ---------------------------------------------------------------------
 
     def close(self) -> None:

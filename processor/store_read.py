@@ -33,8 +33,10 @@ from traceml.processor.reporting.inputs import (
     RunSource,
     RunTelemetry,
 )
+from traceml.processor.fleet import FleetEntry, HostRun
 from traceml.processor.sqlite_layout import (
     ATTEMPT_SAMPLES_TABLE,
+    CULPRITS_TABLE,
     DROPS_TABLE,
     MEMORY_TABLE,
     RANKS_TABLE,
@@ -369,6 +371,80 @@ def _count(counts: dict | None, key: str) -> int | None:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 else None
 
 
+# --- repeat offenders and exemplars ---------------------------------------------------------------
+
+
+def read_host_runs(conn: sqlite3.Connection, host: str, *, before_run: str, limit: int) -> list[HostRun]:
+    """The host's stored runs other than `before_run` that began no later than it, newest first, at
+    most `limit`: whether a recorded culprit of each ran on the host, its GPU ids and lost time."""
+    if limit <= 0:
+        return []
+    rows = conn.execute(
+        f"SELECT r.run_id, r.first_receive_time FROM {RUNS_TABLE} r"
+        f" WHERE r.run_id != ? AND EXISTS (SELECT 1 FROM {RANKS_TABLE} k WHERE k.run_id = r.run_id"
+        " AND k.hostname = ?) AND r.first_receive_time <= coalesce((SELECT first_receive_time FROM"
+        f" {RUNS_TABLE} WHERE run_id = ?), r.first_receive_time)"
+        " ORDER BY r.first_receive_time DESC, r.run_id DESC LIMIT ?",
+        (before_run, host, before_run, limit)).fetchall()
+    runs = []
+    for run_id, first_seen in rows:
+        culprits = conn.execute(
+            f"SELECT device, lost_rank_seconds, lost_device_hours FROM {CULPRITS_TABLE}"
+            " WHERE run_id = ? AND host = ?", (run_id, host)).fetchall()
+        runs.append(HostRun(
+            run_id, float(first_seen), bool(culprits), tuple(sorted({c[0] for c in culprits if c[0]})),
+            _sum_known(c[1] for c in culprits), _sum_known(c[2] for c in culprits)))
+    return runs
+
+
+def read_fleet(db_path: str | Path, *, since: float, latest_runs: int = 3) -> list[FleetEntry]:
+    """Hosts, and GPUs of them, that were a recorded culprit since `since` (unix seconds): runs flagged,
+    runs seen on the host, lost time; most runs flagged first, then most time lost.
+
+    Raises `StoreUnavailable` or `NotAStore` (a file of a layout before the culprits table too)."""
+    with _reading(db_path) as conn:
+        rows = conn.execute(
+            f"SELECT host, device, run_id, ended_time, lost_rank_seconds, lost_device_hours FROM {CULPRITS_TABLE}"
+            " WHERE ended_time >= ? ORDER BY ended_time DESC", (since,)).fetchall()
+        hosts = sorted({row[0] for row in rows})
+        seen = {host: conn.execute(
+            f"SELECT count(DISTINCT k.run_id) FROM {RANKS_TABLE} k JOIN {RUNS_TABLE} r ON r.run_id = k.run_id"
+            " WHERE k.hostname = ? AND r.last_receive_time >= ?", (host, since)).fetchone()[0] for host in hosts}
+    groups: dict[tuple[str, str], list[tuple]] = {}
+    for row in rows:
+        groups.setdefault((row[0], ""), []).append(row)
+        if row[1]:
+            groups.setdefault((row[0], row[1]), []).append(row)
+    entries = []
+    for (host, device), members in groups.items():
+        by_run: dict[str, tuple] = {}
+        for member in members:  # newest first: a run's culprits on the host count once
+            by_run.setdefault(member[2], member)
+        flagged = len(by_run)
+        entries.append(FleetEntry(
+            host=host, device=device, runs_flagged=flagged,
+            runs_seen=max(int(seen.get(host) or 0), flagged) if not device else flagged,
+            lost_rank_seconds=_sum_known(m[4] for m in members),
+            lost_device_hours=_sum_known(m[5] for m in members),
+            last_flagged=float(members[0][3]), latest_runs=tuple(list(by_run)[:latest_runs])))
+    entries.sort(key=lambda e: (-e.runs_flagged, -(e.lost_rank_seconds or 0.0), e.host, e.device))
+    return entries
+
+
+def read_step_span(conn: sqlite3.Connection, run_id: str, rank: int, step: int) -> tuple[bytes, bytes] | None:
+    """The stored (trace id, span id) of one step of one rank, or None when it came without them."""
+    row = conn.execute(f"SELECT trace_id, span_id FROM {SAMPLES_TABLE} WHERE run_id = ? AND global_rank = ?"
+                       " AND step = ?", (run_id, rank, step)).fetchone()
+    if row is None or not isinstance(row[0], bytes) or not isinstance(row[1], bytes):
+        return None
+    return row[0], row[1]
+
+
+def _sum_known(values) -> float | None:
+    known = [float(value) for value in values if value is not None]
+    return sum(known) if known else None
+
+
 class _reading:
     """`with _reading(path) as conn`: one read-only connection, errors as `StoreReadError`s."""
 
@@ -392,7 +468,7 @@ class _reading:
 
 __all__ = [
     "NotAStore", "RankEnds", "RunActivity", "RunProgress", "StoreReadError", "StoreUnavailable", "StoredRun",
-    "list_runs", "read_attempts", "read_first_step_stored", "read_rank_ends", "read_rank_memory",
+    "list_runs", "read_attempts", "read_fleet", "read_host_runs", "read_step_span", "read_first_step_stored", "read_rank_ends", "read_rank_memory",
     "read_rank_telemetry", "read_restarts", "read_run_activity", "read_run_facts", "read_run_progress",
     "read_run_restarts",
     "read_step_memory",

@@ -17,18 +17,34 @@ from pathlib import Path
 from typing import Sequence
 
 from traceml.processor.endings import LauncherEnding
+from traceml.processor.fleet import confirmed_culprits, repeat_offence, with_repeat_offences
+from traceml.processor.settings import REPEAT_OFFENDER_RUNS, REPEAT_OFFENDER_WINDOW
 from traceml.processor.reporting.inputs import RunMetadata
 from traceml.processor.store_read import read_run_facts
 from traceml.schema.distribution import package_version
 
+REPEAT_OFFENDER_DEFAULTS = (REPEAT_OFFENDER_RUNS.default, REPEAT_OFFENDER_WINDOW.default)
+"""(K, N) of the repeat-offender rule when no processor setting says otherwise (`traceml summary`)."""
+
 
 def build_final_summary(db_path: Path, run_id: str, *, generated_at: float | None = None,
-                        launcher: LauncherEnding | None = None) -> dict:
+                        launcher: LauncherEnding | None = None,
+                        repeat_offenders: tuple[int, int] | None = REPEAT_OFFENDER_DEFAULTS) -> dict:
     """The public final-summary object of one run, from the complete database.
 
     `launcher`: the exit codes `traceml run` saw (how each rank ended joins them with
     the end markers). A run with no stored step gets NO_STEPS, saying why, instead of
-    the window's WARMUP gate."""
+    the window's WARMUP gate. `repeat_offenders`: (K, N) of the repeat-offender rule
+    (`fleet`), judged against the culprits the store recorded for other runs; None: not judged."""
+    return summarise(db_path, run_id, generated_at=generated_at, launcher=launcher,
+                     repeat_offenders=repeat_offenders)[0]
+
+
+def summarise(db_path: Path, run_id: str, *, generated_at: float | None = None,
+              launcher: LauncherEnding | None = None,
+              repeat_offenders: tuple[int, int] | None = REPEAT_OFFENDER_DEFAULTS) -> tuple[dict, tuple]:
+    """`build_final_summary`, and the run's confirmed culprits (`fleet.CulpritRecord`s) for the
+    processor to record at the run's end."""
     from traceml.processor.reporting.final_summary import project_final_summary
     from traceml.processor.step_time.model import SUMMARY_WINDOW_STEPS
     from traceml.processor.step_time.pipeline import PROFILE_SUMMARY, StepTimePipeline, StepTimeRequest
@@ -45,19 +61,56 @@ def build_final_summary(db_path: Path, run_id: str, *, generated_at: float | Non
                                {t.global_rank: t.export_failures for t in telemetry.ranks},
                                {t.global_rank: t.step_boundary for t in telemetry.ranks})
         analysis = with_no_steps(analysis, issue)
-    metadata = RunMetadata(run_id=run_id, generated_at=time.time() if generated_at is None else generated_at,
+    generated_at = time.time() if generated_at is None else generated_at
+    from traceml.processor.diagnosis.ledger import run_ledger_from  # the ledger's owner: lost time
+
+    culprits = confirmed_culprits(analysis, run_ledger_from(analysis, telemetry), generated_at)
+    if repeat_offenders is not None and culprits:
+        analysis = with_repeat_offences(analysis, _offences(Path(db_path), culprits, *repeat_offenders))
+    metadata = RunMetadata(run_id=run_id, generated_at=generated_at,
                            traceml_version=package_version(), profile=PROFILE_SUMMARY,
                            max_steps=analysis.window.max_steps or SUMMARY_WINDOW_STEPS)  # cut beyond the cell cap
-    return project_final_summary(analysis, metadata, memory=memory, telemetry=telemetry)
+    return project_final_summary(analysis, metadata, memory=memory, telemetry=telemetry), culprits
+
+
+def _offences(db_path: Path, culprits, k: int, n: int) -> list:
+    """The repeat offences among `culprits`, from the other runs the store recorded on their hosts
+    (a store of a layout before the culprits table has no history: none)."""
+    import sqlite3
+
+    from traceml.processor.sqlite_layout import connect_readonly
+    from traceml.processor.store_read import read_host_runs
+
+    offences = []
+    conn = connect_readonly(db_path)
+    try:
+        for culprit in culprits:
+            history = read_host_runs(conn, culprit.host, before_run=culprit.run_id, limit=n - 1)
+            offence = repeat_offence(culprit, history, k=k, n=n)
+            if offence is not None:
+                offences.append(offence)
+    except sqlite3.OperationalError:
+        return []
+    finally:
+        conn.close()
+    return offences
 
 
 def write_final_summary(db_path: Path, run_id: str, folder: Path, *,
-                        launcher: LauncherEnding | None = None) -> tuple[Path, Path]:
+                        launcher: LauncherEnding | None = None,
+                        repeat_offenders: tuple[int, int] | None = REPEAT_OFFENDER_DEFAULTS) -> tuple[Path, Path]:
     """Build the run's final summary from the store and write `final_summary.json` + the text card
     into `folder` (atomic writes, by `reporting.write_summary_files`)."""
+    return write_summary(db_path, run_id, folder, launcher=launcher, repeat_offenders=repeat_offenders)[0]
+
+
+def write_summary(db_path: Path, run_id: str, folder: Path, *, launcher: LauncherEnding | None = None,
+                  repeat_offenders: tuple[int, int] | None = REPEAT_OFFENDER_DEFAULTS) -> tuple[tuple[Path, Path], tuple]:
+    """`write_final_summary`, and the run's confirmed culprits (what the processor records at a run's end)."""
     from traceml.processor.reporting.final_summary import write_summary_files
 
-    return write_summary_files(folder, build_final_summary(Path(db_path), run_id, launcher=launcher))
+    summary, culprits = summarise(Path(db_path), run_id, launcher=launcher, repeat_offenders=repeat_offenders)
+    return write_summary_files(folder, summary), culprits
 
 
 def live_points(result, db_path: Path, *, top_k: int | None = None) -> Sequence:

@@ -210,6 +210,12 @@ TRACEML_PROCESSOR_MAPPING_FILE = "TRACEML_PROCESSOR_MAPPING_FILE"
 TRACEML_PROCESSOR_RANK_SERIES_TOP_K = "TRACEML_PROCESSOR_RANK_SERIES_TOP_K"
 """Ranks per run with per-rank series by deviation score, beyond the culprits, victims, worst and
 representative rank, which always have them."""
+TRACEML_PROCESSOR_REPEAT_OFFENDER_RUNS = "TRACEML_PROCESSOR_REPEAT_OFFENDER_RUNS"
+"""K: a host (or GPU) named the culprit in at least K of its last N runs gets REPEAT_OFFENDER_HOST."""
+TRACEML_PROCESSOR_REPEAT_OFFENDER_WINDOW = "TRACEML_PROCESSOR_REPEAT_OFFENDER_WINDOW"
+"""N: how many of a host's latest runs the repeat-offender rule looks at."""
+TRACEML_PROCESSOR_FLEET_PERIOD = "TRACEML_PROCESSOR_FLEET_PERIOD"
+"""Seconds of culprit history the fleet series (/metrics, the push) and the web view's fleet page cover."""
 TRACEML_PROCESSOR_MAX_SERIES = "TRACEML_PROCESSOR_MAX_SERIES"
 """Series one /metrics scrape or summary push carries at most; whole runs beyond it are left out and
 counted."""

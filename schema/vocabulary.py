@@ -319,6 +319,8 @@ ATTR_OUTCOME = "traceml.outcome"
 ATTR_SIGNAL = "traceml.signal"
 ATTR_REASON = "traceml.reason"
 """Why an export request was refused (one of `REFUSAL_REASONS`); absent on accepted ones."""
+ATTR_HOST = "traceml.host"
+"""The host (`host.name` of its ranks) a fleet series is about: bounded by the fleet's host count."""
 
 # The processor's self-metric values: closed sets, so every series is bounded
 # (processor/self_telemetry.py counts them, as the Collector's obsreport does).
@@ -365,6 +367,14 @@ METRIC_PROCESSOR_RUN_LAG = "traceml.processor.run.lag"
 METRIC_PROCESSOR_RUNS = "traceml.processor.runs"
 METRIC_PROCESSOR_EXPORT_FAILURES = "traceml.processor.export.failures"
 METRIC_PROCESSOR_SERIES_LEFT_OUT = "traceml.processor.series.left_out"
+
+# Repeat offenders across runs (processor/fleet.py): per host that was a confirmed culprit in a
+# run this processor summarised within the fleet period. One series per such host and name, so
+# the count is bounded by the fleet's host count, not by runs; each replica exports its own runs
+# and the recording rules sum them (deploy/prometheus).
+METRIC_FLEET_HOST_FLAGGED_RUNS = "traceml.fleet.host.flagged_runs"
+METRIC_FLEET_HOST_RUNS = "traceml.fleet.host.runs"
+METRIC_FLEET_HOST_LOST_TIME = "traceml.fleet.host.lost_time"
 
 # The summary metrics' names (specs: SUMMARY_METRICS below). Every module that builds,
 # renders or queries one of these series names it through these constants.
@@ -525,6 +535,15 @@ PROCESSOR_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(METRIC_PROCESSOR_SERIES_LEFT_OUT, "{series}",
                "Series left out of the latest /metrics scrape or push because the series limit was reached "
                "(whole runs, the most recently first seen first).", ()),
+    MetricSpec(METRIC_FLEET_HOST_FLAGGED_RUNS, "{run}",
+               "Runs summarised by this processor within the fleet period whose confirmed straggler ran on "
+               "the host (hosts that were a culprit at least once in the period).", (ATTR_HOST,)),
+    MetricSpec(METRIC_FLEET_HOST_RUNS, "{run}",
+               "Runs summarised by this processor within the fleet period that had a rank on the host "
+               "(for the hosts of the flagged-runs series).", (ATTR_HOST,)),
+    MetricSpec(METRIC_FLEET_HOST_LOST_TIME, "s",
+               "Rank-seconds the other ranks lost waiting for the host's culprit ranks (the badput ledger's "
+               "straggler wait over each flagged run) within the fleet period.", (ATTR_HOST,)),
 )
 
 # What each rank's exporter sends as metrics: bounded attributes only (run, rank and

@@ -102,6 +102,10 @@ class StepTimeIngestRecord:
     events: Mapping[str, RawEventValue]  # raw event name -> values
     training_strategy: str | None = None
     attempt: int = 0  # elastic restart attempt of the sending process (`traceml.run.attempt`)
+    # The step span's OpenTelemetry ids (16 and 8 bytes), kept so a re-exported series can name
+    # its worst step as an exemplar; None where the step came without a span id (foreign rows).
+    trace_id: bytes | None = None
+    span_id: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)

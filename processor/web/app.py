@@ -7,7 +7,8 @@ the request's method, path, raw query string and headers and writing back the
 status, headers and body it returns.
 
 Routes under the prefix: `/` (index of runs), `/run?id=RUN` (one run),
-`/api/runs` and `/api/run?id=RUN` (the JSON the pages refresh from), and
+`/api/runs` and `/api/run?id=RUN` (the JSON the pages refresh from), `/fleet` and
+`/api/fleet` (hosts and GPUs that keep being a run's straggler), and
 `/assets/<name>` for the names of `assets.ASSETS` only (nothing else of the host
 is reachable). GET and HEAD only.
 
@@ -30,7 +31,8 @@ from urllib.parse import parse_qs, urlencode
 from traceml.processor.security import BearerAuth
 from traceml.processor.web.assets import ASSETS
 from traceml.processor.web.feed import RunFeed
-from traceml.processor.web.pages import index_page, run_page
+from traceml.processor.settings import FLEET_PERIOD
+from traceml.processor.web.pages import fleet_page, index_page, run_page
 from traceml.processor.web.svg import esc
 
 LOG = logging.getLogger(__name__)
@@ -82,8 +84,9 @@ class WebApp:
     """Routes, the token check and the answers; the data comes from one `RunFeed`."""
 
     def __init__(self, feed: RunFeed, *, auth: BearerAuth = BearerAuth(), secure: bool = False,
-                 prefix: str = DEFAULT_PREFIX):
+                 prefix: str = DEFAULT_PREFIX, fleet_period_s: float = FLEET_PERIOD.default):
         self.feed = feed
+        self.fleet_period_s = fleet_period_s  # the fleet page's period (`--fleet-period`)
         self.auth = auth
         self.secure = secure  # served over TLS: the cookie gets Secure
         self.prefix = prefix.rstrip("/")
@@ -160,6 +163,8 @@ class WebApp:
             if route == "/api/run":
                 return _response(200, JSON, body)
             return _response(200, HTML, run_page(view, prefix=self.prefix, refresh_s=self.feed.tick_s))
+        if route in ("/fleet", "/api/fleet"):
+            return self._fleet(route == "/api/fleet")
         if route.startswith("/assets/"):
             asset = ASSETS.get(route[len("/assets/"):])
             if asset is None:
@@ -167,5 +172,20 @@ class WebApp:
             return _response(200, asset[0], asset[1])
         return _message_page(404, "Not found", "no such page")
 
+
+    def _fleet(self, as_json: bool) -> WebResponse:
+        """Hosts and GPUs by runs flagged and time lost over the fleet period (the store's history)."""
+        import time
+        from dataclasses import asdict
+
+        from traceml.processor.store_read import StoreReadError, read_fleet
+
+        try:
+            entries = read_fleet(self.feed.db_path, since=time.time() - self.fleet_period_s)
+        except StoreReadError:  # no database yet, or no history table in it: nothing flagged
+            entries = []
+        if as_json:
+            return _response(200, JSON, json.dumps([asdict(entry) for entry in entries]))
+        return _response(200, HTML, fleet_page(entries, prefix=self.prefix, period_s=self.fleet_period_s))
 
 __all__ = ["COOKIE_NAME", "DEFAULT_PREFIX", "PAGE_CSP", "WebApp", "WebResponse"]

@@ -392,8 +392,30 @@ def index_page(runs: Sequence[Mapping], *, prefix: str, refresh_s: float) -> str
                                  f'<script src="{esc(prefix)}/assets/app.js" defer></script>')
     return (head + f'<body><div id="traceml-index" data-api="{esc(prefix)}/api/runs" '
             f'data-refresh-s="{refresh_s:g}"><header class="top"><b>TraceML runs</b>'
-            f'<span id="refresh-status"></span></header><main class="single"><div id="tm-runs">'
+            f'<a href="{esc(prefix)}/fleet">fleet</a><span id="refresh-status"></span></header><main class="single"><div id="tm-runs">'
             f"{index_fragment(runs, prefix)}</div></main></div></body></html>")
+
+
+def fleet_page(entries: Sequence, *, prefix: str, period_s: float) -> str:
+    """The fleet page: hosts and their GPUs named as a run's confirmed straggler within the period
+    (`fleet.fleet_rows`), most runs flagged first; every wire string escaped."""
+    from traceml.processor.fleet import FLEET_COLUMNS, fleet_rows
+
+    head = _head("TraceML fleet", f'<link rel="stylesheet" href="{esc(prefix)}/assets/style.css">')
+    days = period_s / 86400.0
+    rows = fleet_rows(entries)
+    if rows:
+        body = ("<table data-testid=\"fleet\"><thead><tr>" + "".join(f"<th>{esc(h)}</th>" for h in FLEET_COLUMNS)
+                + "</tr></thead><tbody>"
+                + "".join("<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>" for row in rows)
+                + "</tbody></table>")
+    else:
+        body = f"<p>No host was a confirmed straggler in the last {days:g} days.</p>"
+    return (head + f'<body><header class="top"><b>TraceML fleet</b><a href="{esc(prefix)}/">runs</a></header>'
+            f'<main class="single"><section><h2>Repeat offenders, last {days:g} days</h2>'
+            "<p>Hosts and GPUs by runs whose confirmed straggler ran there, and the rank-time the other "
+            "ranks lost waiting for them (the badput ledger's straggler wait).</p>"
+            f"{body}</section></main></body></html>")
 
 
 # --- One-file reports ------------------------------------------------------------------------

@@ -85,7 +85,7 @@ def web_app_for(service) -> WebApp:
         return out
 
     feed = RunFeed(cfg.db, session_source=session_of, run_states=run_states)
-    return WebApp(feed, auth=cfg.auth, secure=cfg.tls.enabled)
+    return WebApp(feed, auth=cfg.auth, secure=cfg.tls.enabled, fleet_period_s=cfg.fleet_period_s)
 
 
 def start_ui(service, host: str, port: int) -> UiServer:

@@ -112,4 +112,5 @@ def test_every_panel_and_alert_is_explained_in_the_deployment_doc():
         assert f"| {query.panel} |" in doc, f"docs/deployment.md does not explain panel {query.panel!r}"
     for group in load_yaml(PROMETHEUS_DIR / "rules" / "traceml.rules.yml")["groups"]:
         for rule in group["rules"]:
-            assert f"`{rule['alert']}`" in doc, rule["alert"]
+            name = rule.get("alert") or rule["record"]  # recording rules are explained too
+            assert f"`{name}`" in doc, name

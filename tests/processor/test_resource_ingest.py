@@ -176,7 +176,11 @@ def test_a_version_3_database_is_brought_up_to_date(tmp_path):
     db = tmp_path / "old.db"
     conn = sqlite3.connect(db)
     conn.executescript(DDL)
-    conn.executescript("DROP TABLE resource_samples; DROP TABLE step_time_sources; PRAGMA user_version = 3;")
+    conn.executescript("DROP TABLE resource_samples; DROP TABLE step_time_sources; DROP TABLE fleet_culprits;"
+                       + "".join(f"ALTER TABLE {table} DROP COLUMN {column};"  # version 7's span ids
+                                 for table in ("step_time_samples", "step_time_attempt_samples")
+                                 for column in ("trace_id", "span_id"))
+                       + "PRAGMA user_version = 3;")
     conn.close()
     assert SCHEMA_USER_VERSION > 3
     assert check_database(db).new is False  # ours, older: accepted

@@ -182,6 +182,7 @@ class SpanDecoder:
                     if name == v.SPAN_STEP:
                         record, memory = self._step_span(span, res)
                         batch.step_records.append(record)
+                        mappings.own.add(record.run_id, record.identity.global_rank)
                         if memory is not None:
                             batch.memory_records.append(memory)
                     else:

@@ -56,6 +56,10 @@ guessed into a phase."""
 IGNORED_UNUSED_RECORD = "unused_record"
 """A foreign record of a known emitter's shape that no row is built from (the original TraceML's
 `step_memory` and `runtime_context` log records, `mapping/traceml_logs.py`)."""
+IGNORED_OWN_SPANS_WIN = "traceml_spans_win"
+"""A foreign step of a (run, rank) that also sends TraceML's own step spans (a job with both
+TraceML and, say, Megatron-LM's telemetry under one run id): ours are the row, the mapped one
+is counted, so two readings of one step never replace each other in the store."""
 IGNORED_UNKNOWN_HOST = "unknown_host"
 """A foreign resource point (`hostmetrics`, DCGM) on a host where no run the store knows has a
 rank (or, for a process's figures, no rank with that pid): counted by the ingest queue after

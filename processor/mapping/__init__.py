@@ -10,9 +10,9 @@ offers it every span that is not TraceML's; other intake (log records) builds
 docs/wire-format.md ("Foreign step records") describe the contract.
 """
 from traceml.processor.mapping.builtin import BUILTIN, MEGATRON_LM, NEMO_LENS
-from traceml.processor.mapping.record import ForeignStep, PhaseTime, ingest_record, place
+from traceml.processor.mapping.record import ForeignStep, OwnRanks, PhaseTime, ingest_record, place
 from traceml.processor.mapping.spans import MappingSet
 from traceml.processor.mapping.spec import MappingFileError, SpanMapping, load_mapping_file
 
-__all__ = ["BUILTIN", "ForeignStep", "MEGATRON_LM", "MappingFileError", "MappingSet", "NEMO_LENS", "PhaseTime",
+__all__ = ["BUILTIN", "ForeignStep", "MEGATRON_LM", "MappingFileError", "MappingSet", "NEMO_LENS", "OwnRanks", "PhaseTime",
            "SpanMapping", "ingest_record", "load_mapping_file", "place"]

@@ -16,6 +16,7 @@ the CPU clock, never the GPU's.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping
 
@@ -30,6 +31,7 @@ from traceml.processor.store_records import (
     MISSING_TIMESTAMP,
     NEGATIVE,
     NO_EVENTS,
+    IGNORED_OWN_SPANS_WIN,
     NON_FINITE,
     WRONG_TYPE,
     DecodedBatch,
@@ -166,19 +168,50 @@ def ingest_record(step: ForeignStep, res: ResourceIdentity | None, limits: "Deco
 
 
 def place(batch: DecodedBatch, step: ForeignStep, res: ResourceIdentity | None, limits: "DecodeLimits",
-          admission: "RunAdmission", unmeasured: tuple[str, ...] = ()) -> bool:
+          admission: "RunAdmission", unmeasured: tuple[str, ...] = (), *,
+          own: "OwnRanks | None" = None) -> bool:
     """The layer's one entry: `step` becomes a step row of `batch`, with its mapping note.
 
     A step that breaks a rule is rejected whole in `batch.rejected` (its reason word) and
     False returned; nothing raises. `unmeasured`: the phases the mapping can never measure.
+    `own`: the (run, rank)s that send TraceML's own step spans; a step of one of them is
+    counted (`traceml_spans_win`), not stored.
     """
     try:
         record = ingest_record(step, res, limits, admission)
     except Reject as exc:
         batch.reject(exc.reason, f"{step.mapping} step: {exc.detail}")
         return False
+    if own is not None and own.sends(record.run_id, record.identity.global_rank):
+        batch.ignored[IGNORED_OWN_SPANS_WIN] += 1
+        return False
     batch.step_records.append(record)
     batch.note_mapping(record.run_id, record.identity.global_rank, step.mapping, unmeasured, step.unplaced)
     if record.identity.world_size is not None:
         batch.world_sizes[record.run_id] = record.identity.world_size
     return True
+
+
+class OwnRanks:
+    """The (run, rank)s this processor has seen sending TraceML's own step spans (bounded).
+
+    A rank with both TraceML and a framework's own telemetry under one run id would give two
+    readings of each step with the same key; ours are the row (`place`'s `own`). Kept for the
+    processor's lifetime, at most `limit` pairs (past it, the oldest are forgotten first).
+    """
+
+    def __init__(self, limit: int = 100_000):
+        self.limit = limit
+        self._seen: dict[tuple[str, int], None] = {}
+        self._lock = threading.Lock()
+
+    def add(self, run_id: str, rank: int) -> None:
+        key = (run_id, rank)
+        if key not in self._seen:  # the hot path: one lookup per step span
+            with self._lock:
+                if len(self._seen) >= self.limit:
+                    self._seen.pop(next(iter(self._seen)))
+                self._seen[key] = None
+
+    def sends(self, run_id: str, rank: int) -> bool:
+        return (run_id, rank) in self._seen

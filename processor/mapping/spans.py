@@ -36,7 +36,7 @@ from traceml.processor.decode_attributes import (
     resource_identity,
 )
 from traceml.processor.mapping.builtin import BUILTIN
-from traceml.processor.mapping.record import ForeignStep, PhaseTime, place
+from traceml.processor.mapping.record import ForeignStep, OwnRanks, PhaseTime, place
 from traceml.processor.mapping.spec import UNITS, SpanMapping
 from traceml.processor.store_records import IGNORED_FOREIGN, IGNORED_UNPLACED, WRONG_TYPE, DecodedBatch
 from traceml.schema.vocabulary import METRIC_COLLECTIVE_WAIT, METRIC_TRACED_STEP_TIME
@@ -83,6 +83,7 @@ class MappingSet:
         self._last_sweep = clock()
         self._flags = frozenset(m.not_measured_flag for m in self.mappings if m.not_measured_flag)
         self._candidates: dict[str, tuple[SpanMapping, ...]] = {}
+        self.own = OwnRanks()  # the span decoder adds the (run, rank)s of TraceML's own step spans
 
     def names(self) -> tuple[str, ...]:
         return tuple(m.name for m in self.mappings)
@@ -154,7 +155,7 @@ class MappingSet:
             if step is None:  # the step span itself was force-closed: nothing in it is measured
                 batch.ignored[IGNORED_UNPLACED] += 1 + len(subtree)
                 continue
-            place(batch, step, item.res, limits, admission, item.mapping.unmeasured)
+            place(batch, step, item.res, limits, admission, item.mapping.unmeasured, own=self.own)
 
     # --- internals ---------------------------------------------------------------------------
 

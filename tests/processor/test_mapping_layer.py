@@ -150,3 +150,15 @@ def test_wire_names_in_the_source_lines_are_escaped_on_the_page_and_the_card():
     html = pages._sources({"source_notes": lines})
     assert "<script>" not in html and "&lt;script&gt;" in html
     assert "\x1b" not in printable("\n".join(lines))
+
+
+def test_a_rank_that_sends_traceml_spans_keeps_them_as_its_rows_and_its_mapped_steps_are_counted():
+    from harness.otlp_payloads import steps_request
+
+    decoder = Decoder()
+    own = decoder.decode_traces(steps_request("r", 0, range(2)))
+    assert len(own.step_records) == 2
+    t = os.urandom(16)
+    mapped = decoder.decode_traces(_request(
+        _span("megatron.train.iteration", t, b"st000000", b"tr000000", 0, 40, megatron__iteration=1)))
+    assert mapped.step_records == [] and dict(mapped.ignored) == {"traceml_spans_win": 1}

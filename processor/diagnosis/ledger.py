@@ -203,10 +203,14 @@ def standout_rank(per_rank: Mapping[int, float]) -> int | None:
     'most on rank 0' of two equal halves would send a reader to the wrong machine."""
     if not per_rank:
         return None
-    worst = max(per_rank, key=lambda r: (per_rank[r], -r))
-    top = per_rank[worst]
-    others = [v for r, v in per_rank.items() if r != worst]
-    if not top > 0 or (others and not top > 2.0 * float(np.median(others))):
+    ranks = np.fromiter(per_rank.keys(), dtype=np.int64, count=len(per_rank))
+    values = np.fromiter(per_rank.values(), dtype=np.float64, count=len(per_rank))
+    top = float(values.max())
+    if not top > 0:
+        return None
+    worst = int(ranks[values == top].min())  # ties: the lower rank id
+    others = values[ranks != worst]
+    if others.size and not top > 2.0 * float(np.median(others)):
         return None
     return worst
 
@@ -265,6 +269,14 @@ class _Ledger:
             facts = [self.window.rank_facts[r] for r in self.cohort]
             self._matrices[metric] = rank_step_matrix(facts, metric)
         return self._matrices[metric]
+
+    def columns(self, metric: str, ranks: Sequence[int]) -> np.ndarray:
+        """(aligned steps, len(ranks)) per-step values of `metric` for a few ranks: a straggler's
+        what-if reads its culprit and victim only, not every rank of a wide window."""
+        if metric in self._matrices:
+            index = self._index()
+            return self._matrices[metric][:, [index[r] for r in ranks]]
+        return rank_step_matrix([self.window.rank_facts[r] for r in ranks], metric)
 
     def drift(self) -> dict[int, float] | None:
         """Per rank (ms over the window): growth after the drift's onset of the time no other cause
@@ -371,14 +383,13 @@ class _Ledger:
         index = self._index()
         if culprit not in index or victim not in index:
             return None
-        c, v = index[culprit], index[victim]
+        pair = (victim, culprit)
         if issue.evidence.get("wait_basis") == METRIC_COLLECTIVE_WAIT:
-            waits = np.nan_to_num(self.matrix(METRIC_COLLECTIVE_WAIT), nan=0.0)
-            gap = waits[:, v] - waits[:, c]
+            waits = np.nan_to_num(self.columns(METRIC_COLLECTIVE_WAIT, pair), nan=0.0)
         else:
-            visible = sum(self.matrix(p) for p in visible_phases(self.ctx))
-            gap = visible[:, v] - visible[:, c]
-        now = self.matrix(self.basis)[:, v]  # the victim's step, the score's denominator
+            waits = sum(self.columns(p, pair) for p in visible_phases(self.ctx))
+        gap = waits[:, 0] - waits[:, 1]
+        now = self.columns(self.basis, (victim,))[:, 0]  # the victim's step, the score's denominator
         lost = totals.get(CAUSE_STRAGGLER_WAIT)
         lost_ms = None if lost is None else sum(lost.values())
         own_metric = _OWN_EXCESS_COMPONENTS.get(issue.component or "")

@@ -51,12 +51,14 @@ def source_lines(sources: Sequence[Mapping]) -> list[str]:
         text = f"Source: {s['mapping']} ({ranks_text(s['ranks'])}), {s['steps']} step(s) mapped"
         if s["unmeasured_phases"]:
             text += (f"; not measured by this mapping: {', '.join(s['unmeasured_phases'])} "
-                     "(no finding can be about them)")
+                     "(no finding can be about them; the fixes INCOMPLETE_DATA names are for a job running TraceML)")
         if s["unplaced"]:
             items = sorted(s["unplaced"].items(), key=lambda kv: (-kv[1], kv[0]))
             named = ", ".join(f"{label} x{n}" for label, n in items[:UNPLACED_NAMED])
             more = f" and {len(items) - UNPLACED_NAMED} more" if len(items) > UNPLACED_NAMED else ""
             text += f"; not placed in any phase (left in residual): {named}{more}"
+        # A foreign emitter sends no `traceml.run.end`: how its ranks ended is not known.
+        text += "; its telemetry has no end-of-run marker, so its ranks' endings read as lost"
         lines.append(text)
     if len(sources) > 1:
         lines.append("Mixed sources: " + "; ".join(f"{s['mapping']} {ranks_text(s['ranks'])}" for s in sources)

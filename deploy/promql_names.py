@@ -12,6 +12,7 @@ from typing import Mapping
 
 from traceml.processor.diagnosis.policy import DEFAULT_POLICY
 from traceml.processor.metric_point import SPECS
+from traceml.processor.reporting.step_exemplars import EXEMPLAR_METRICS
 from traceml.processor.settings import REPEAT_OFFENDER_RUNS as REPEAT_OFFENDER_RUNS_SETTING
 from traceml.processor.step_time.model import FRESHNESS_STATES
 from traceml.schema import diagnosis as d
@@ -68,6 +69,8 @@ class Names:
     runs: str = metric(v.METRIC_PROCESSOR_RUNS)
     export_failures: str = metric(v.METRIC_PROCESSOR_EXPORT_FAILURES)
     series_left_out: str = metric(v.METRIC_PROCESSOR_SERIES_LEFT_OUT)
+    run_steps: str = metric(v.METRIC_RUN_STEPS)
+    run_metric_time: str = metric(v.METRIC_RUN_METRIC_TIME)
     fleet_flagged_runs: str = metric(v.METRIC_FLEET_HOST_FLAGGED_RUNS)
     fleet_runs: str = metric(v.METRIC_FLEET_HOST_RUNS)
     fleet_lost_time: str = metric(v.METRIC_FLEET_HOST_LOST_TIME)
@@ -102,6 +105,8 @@ INPUT_WAIT = v.METRIC_INPUT_WAIT
 BACKWARD = v.METRIC_BACKWARD
 PHASES: tuple[str, ...] = (v.METRIC_INPUT_WAIT, v.METRIC_H2D, v.METRIC_FORWARD, v.METRIC_BACKWARD,
                            v.METRIC_OPTIMIZER_STEP, v.METRIC_RESIDUAL)
+EXEMPLAR_PHASES: tuple[str, ...] = tuple(m for m in EXEMPLAR_METRICS if m != v.METRIC_STEP_TIME)
+"""The phases with step counters (`traceml_run_metric_time_seconds_total`), which carry exemplars."""
 MEDIAN, WORST, AVERAGE = v.STATISTICS
 STRAGGLER_KINDS = d.STRAGGLER_KINDS
 MEMORY_CREEP, LOW_GPU_UTILIZATION = d.MEMORY_CREEP, d.LOW_GPU_UTILIZATION

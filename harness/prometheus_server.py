@@ -5,7 +5,8 @@
         value = prom.query_value('sum(traceml_rank_metric_seconds)')
 
 Its own config and storage live under the given folder; scrape interval 1 s by
-default; optional rule files are loaded (and checked by Prometheus at start).
+default; optional rule files are loaded (and checked by Prometheus at start); `features`
+turns on Prometheus feature flags (`exemplar-storage` for `exemplars()`).
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def prometheus_available() -> bool:
 class PrometheusServer:
     def __init__(self, folder: Path, targets: Sequence[str], *, scrape_interval: str = "1s",
                  job: str = "traceml", rule_files: Sequence[Path] = (), evaluation_interval: str = "1s",
-                 metrics_path: str = "/metrics"):
+                 metrics_path: str = "/metrics", features: Sequence[str] = ()):
         self.folder = Path(folder)
         self.targets = list(targets)
         self.scrape_interval = scrape_interval
@@ -39,6 +40,7 @@ class PrometheusServer:
         self.job = job
         self.rule_files = [Path(p) for p in rule_files]
         self.metrics_path = metrics_path
+        self.features = list(features)  # --enable-feature=... (e.g. exemplar-storage)
         self.port = free_port()
         self._proc: subprocess.Popen | None = None
         self._log = None
@@ -67,7 +69,8 @@ class PrometheusServer:
         self._proc = subprocess.Popen(
             [PROMETHEUS_BIN, f"--config.file={config}", f"--storage.tsdb.path={self.folder / 'data'}",
              f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn",
-             "--storage.tsdb.retention.time=1h", "--web.enable-lifecycle"],
+             "--storage.tsdb.retention.time=1h", "--web.enable-lifecycle",
+             *(f"--enable-feature={feature}" for feature in self.features)],
             stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + ready_timeout_s
         while time.monotonic() < deadline:
@@ -122,6 +125,11 @@ class PrometheusServer:
     def query_value(self, promql: str) -> float | None:
         result = self.query(promql)
         return float(result[0]["value"][1]) if result else None
+
+    def exemplars(self, promql: str, start: float = 0.0, end: float | None = None) -> list[dict]:
+        """`/api/v1/query_exemplars` (needs `features=["exemplar-storage"]`): per series selected by
+        `promql`, its `seriesLabels` and `exemplars` (each `labels`, `value`, `timestamp`)."""
+        return self.api("query_exemplars", query=promql, start=start, end=time.time() + 60 if end is None else end)
 
     def targets_health(self) -> list[str]:
         return [t["health"] for t in self.api("targets")["activeTargets"]]

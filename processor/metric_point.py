@@ -20,12 +20,27 @@ SPECS: Mapping[str, v.MetricSpec] = {s.name: s for s in (*v.SUMMARY_METRICS, *v.
 
 
 @dataclass(frozen=True, slots=True)
+class StepExemplar:
+    """The step a point stands for: the window's worst step, as an exemplar (OpenMetrics on
+    `/metrics` for counters, OTLP on the push for any point) leading to its span in a trace backend."""
+
+    trace_id: str  # 32 lower-case hex digits (W3C / OTLP)
+    span_id: str  # 16 hex digits: the step span (`traceml.step`) of that rank and step
+    value: float  # the step's value of the point's metric, in the point's unit
+    time: float  # unix seconds: the step's end
+    rank: int
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
 class MetricPoint:
-    """One gauge or counter value with its data-point attributes (keys in the spec's order)."""
+    """One gauge or counter value with its data-point attributes (keys in the spec's order), and
+    the step it stands for when one is known (`exemplar`)."""
 
     name: str
     attributes: Mapping[str, str]
     value: float
+    exemplar: StepExemplar | None = None
 
     def check(self) -> "MetricPoint":
         """Raise ValueError unless the name and attribute keys are exactly an exported spec's."""

@@ -39,7 +39,7 @@ import logging
 from typing import Callable, Iterable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, make_wsgi_app
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, Exemplar, GaugeMetricFamily, Metric
 
 from traceml.processor.http_front import Accept, HttpFront, HttpLimits, Reply, RequestHead
 from traceml.processor.listener import ServerThread
@@ -85,11 +85,30 @@ def metric_families(families: Mapping[str, Mapping[tuple, object]],
             family = GaugeMetricFamily(prom, spec.description, labels=labels,
                                        unit=unit if unit and prom.endswith("_" + unit) else "")
             sample_name = prom
+        counter = spec.kind == "counter"
         for key, point in families[name].items():
             family.add_sample(sample_name, {label: str(value) for label, value in zip(labels, key)
-                                            if value is not None}, float(point.value))
+                                            if value is not None}, float(point.value),
+                              exemplar=_exemplar(point.exemplar) if counter else None)
         out.append(family)
     return out
+
+
+EXEMPLAR_TRACE_LABEL, EXEMPLAR_SPAN_LABEL = "trace_id", "span_id"
+"""The exemplar's label names: what Grafana's `exemplarTraceIdDestinations` (deploy/grafana) and
+Tempo read."""
+
+
+def _exemplar(step) -> Exemplar | None:
+    """A point's step (`metric_point.StepExemplar`) as an OpenMetrics exemplar: `trace_id` and
+    `span_id` labels (the names Grafana's trace links and Tempo read), the step's value and end.
+    Only counters get one: OpenMetrics allows exemplars on counters and histogram buckets, and
+    Prometheus refuses a whole scrape that puts one on a gauge. The text format (0.0.4) has no
+    exemplars: `prometheus_client` writes them only when the scraper asked for OpenMetrics."""
+    if step is None:
+        return None
+    return Exemplar({EXEMPLAR_TRACE_LABEL: step.trace_id, EXEMPLAR_SPAN_LABEL: step.span_id}, float(step.value),
+                    float(step.time))
 
 
 class SummaryCollector:
@@ -194,6 +213,6 @@ class PrometheusEndpoint(ServerThread):
         super().__init__(front, host, "traceml-prometheus")
 
 
-__all__ = ["BUILD_INFO", "METRICS_MAX_CONNECTIONS", "METRICS_POOL_THREADS", "PrometheusEndpoint",
+__all__ = ["BUILD_INFO", "EXEMPLAR_SPAN_LABEL", "EXEMPLAR_TRACE_LABEL", "METRICS_MAX_CONNECTIONS", "METRICS_POOL_THREADS", "PrometheusEndpoint",
            "SummaryCollector", "front_route", "make_registry", "metric_families", "metrics_app"]
 

@@ -127,6 +127,7 @@ class StepTimeBackend:
         self.rank_series_top_k = rank_series_top_k
         self.repeat_offenders = repeat_offenders
         self.record_culprits = record_culprits
+        self._totals: dict = {}  # run id -> its step counters (`reporting.step_exemplars.StepTotals`)
 
     def open_session(self, db_path: Path, run_id: str):
         from traceml.processor.step_time.pipeline import LiveStepTimeSession
@@ -134,9 +135,16 @@ class StepTimeBackend:
         return LiveStepTimeSession(db_path, run_id)
 
     def project(self, db_path: Path, result):
+        from traceml.processor.reporting.step_exemplars import StepTotals, advance
         from traceml.processor.summary_section import live_points
 
-        return live_points(result, db_path, top_k=self.rank_series_top_k)
+        window = result.analysis.window
+        totals = self._totals[window.run_id] = advance(self._totals.get(window.run_id, StepTotals()), window)
+        return live_points(result, db_path, top_k=self.rank_series_top_k, totals=totals)
+
+    def forget(self, run_id: str) -> None:
+        """The run left the monitor: its step counters go (they start again if it returns)."""
+        self._totals.pop(run_id, None)
 
     def write_summary(self, db_path: Path, run_id: str, folder: Path) -> list[Path]:
         from traceml.processor.summary_section import write_summary
@@ -186,7 +194,7 @@ class ProcessorService:
                 repeat_offenders=(config.repeat_offender_runs, config.repeat_offender_window),
                 record_culprits=self._record_culprits), summary_dir=config.summary_dir,
             refresh_interval_s=config.refresh_interval_s, idle_timeout_s=config.idle_timeout_s,
-            poll_store=config.workers > 1, on_forgotten=self.admission.forget)
+            poll_store=config.workers > 1, on_forgotten=self._forget_run)
         self.monitor.adopt(known)
         self.ingest = IngestQueue(self.store, stats=self.stats, on_committed=self.monitor.observe,
                                   max_pending_records=config.max_pending_records)
@@ -223,6 +231,13 @@ class ProcessorService:
         finally:
             conn.close()
         return recent
+
+    def _forget_run(self, run_id: str) -> None:
+        """A run the monitor forgot: its admission slot and its step counters are freed."""
+        self.admission.forget(run_id)
+        forget = getattr(self.monitor.backend, "forget", None)
+        if forget is not None:
+            forget(run_id)
 
     def _record_culprits(self, run_id: str, culprits) -> None:
         """A summarised run's culprits into the store; the fleet series are read again."""

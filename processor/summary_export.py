@@ -209,7 +209,7 @@ def build_metrics_data(points: Iterable, *, resource, start_time_ns: int, now_ns
         data_points = [
             NumberDataPoint(attributes={k: val for k, val in zip(spec.attributes, key) if val is not None},
                             start_time_unix_nano=start_time_ns, time_unix_nano=now_ns,
-                            value=float(point.value))
+                            value=float(point.value), exemplars=_exemplars(point.exemplar))
             for key, point in series.items()]
         data = (Sum(data_points=data_points, aggregation_temporality=AggregationTemporality.CUMULATIVE,
                     is_monotonic=True) if spec.kind == "counter" else Gauge(data_points=data_points))
@@ -218,6 +218,17 @@ def build_metrics_data(points: Iterable, *, resource, start_time_ns: int, now_ns
     return MetricsData(resource_metrics=[ResourceMetrics(
         resource=resource, schema_url="",
         scope_metrics=[ScopeMetrics(scope=scope, metrics=metrics, schema_url="")])])
+
+
+def _exemplars(step) -> list:
+    """A point's step (`metric_point.StepExemplar`) as the OTLP exemplar of its data point: the
+    worst step's trace and span id, value and end time. OTLP allows one on gauges and sums alike."""
+    if step is None:
+        return []
+    from opentelemetry.sdk.metrics import Exemplar
+
+    return [Exemplar(filtered_attributes={}, value=float(step.value), time_unix_nano=int(step.time * 1e9),
+                     span_id=int(step.span_id, 16), trace_id=int(step.trace_id, 16))]
 
 
 def make_metric_exporter(config: SummaryExportConfig):

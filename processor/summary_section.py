@@ -113,9 +113,11 @@ def write_summary(db_path: Path, run_id: str, folder: Path, *, launcher: Launche
     return write_summary_files(folder, summary), culprits
 
 
-def live_points(result, db_path: Path, *, top_k: int | None = None) -> Sequence:
+def live_points(result, db_path: Path, *, top_k: int | None = None, totals=None) -> Sequence:
     """Summary metric points of one live refresh (latest memory peaks, reported drops);
-    `top_k`: ranks exported by score beyond the ones that always are (None: the default)."""
+    `top_k`: ranks exported by score beyond the ones that always are (None: the default);
+    `totals`: the run's step counters (`reporting.step_exemplars.StepTotals`), None for none.
+    The window's worst steps become the points' exemplars (their stored span ids)."""
     from traceml.processor.reporting.summary_metrics import DEFAULT_RANK_SERIES_TOP_K, summary_metric_points
 
     # The live metrics read drops, not stored-step counts: no scan of the run's rows per refresh.
@@ -123,4 +125,38 @@ def live_points(result, db_path: Path, *, top_k: int | None = None) -> Sequence:
                                        count_stored=False)
     return summary_metric_points(result.analysis, freshness=result.freshness, memory=memory,
                                  telemetry=telemetry.ranks, first_step_stored=telemetry.first_step_stored,
-                                 top_k=DEFAULT_RANK_SERIES_TOP_K if top_k is None else top_k)
+                                 top_k=DEFAULT_RANK_SERIES_TOP_K if top_k is None else top_k,
+                                 exemplars=step_exemplars(result.analysis.window, db_path), totals=totals)
+
+
+def step_exemplars(window, db_path: Path) -> dict:
+    """Per Step Time metric, the window's worst step as a `StepExemplar` (its stored trace and span
+    id; a step stored without them, e.g. a foreign row, gives none): one indexed read per metric."""
+    import sqlite3
+
+    from traceml.processor.metric_point import StepExemplar
+    from traceml.processor.reporting.step_exemplars import worst_steps
+    from traceml.processor.sqlite_layout import connect_readonly
+    from traceml.processor.store_read import read_step_span
+
+    worst = worst_steps(window)
+    if not worst:
+        return {}
+    out = {}
+    conn = connect_readonly(db_path)
+    try:
+        ids: dict[tuple[int, int], tuple[bytes, bytes] | None] = {}
+        for metric, cell in worst.items():
+            key = (cell.rank, cell.step)
+            if key not in ids:
+                ids[key] = read_step_span(conn, window.run_id, cell.rank, cell.step)
+            if ids[key] is not None:
+                trace_id, span_id = ids[key]
+                out[metric] = StepExemplar(trace_id.hex(), span_id.hex(), cell.value_ms / 1000.0,
+                                           cell.end_time if cell.end_time is not None else time.time(),
+                                           cell.rank, cell.step)
+    except sqlite3.OperationalError:  # a store of a layout without the span ids: no exemplars
+        return {}
+    finally:
+        conn.close()
+    return out

@@ -404,6 +404,11 @@ METRIC_RANK_PROCESS_CPU_UTILIZATION = "traceml.rank.process.cpu.utilization"
 METRIC_RANK_PROCESS_MEMORY_USAGE = "traceml.rank.process.memory.usage"
 METRIC_RANK_GPU_UTILIZATION = "traceml.rank.gpu.utilization"
 METRIC_RANK_GPU_MEMORY_USAGE = "traceml.rank.gpu.memory.usage"
+# Counters over the aligned steps the live analysis counted, one per run (and Step Time metric):
+# the series that carry the window's worst step as an exemplar on /metrics, where OpenMetrics
+# allows exemplars on counters and histogram buckets only (a gauge's exemplar fails the scrape).
+METRIC_RUN_STEPS = "traceml.run.steps"
+METRIC_RUN_METRIC_TIME = "traceml.run.metric.time"
 
 STATISTICS: tuple[str, ...] = ("median", "worst", "average")
 
@@ -466,6 +471,13 @@ SUMMARY_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(METRIC_RUN_EXPORTED_RANKS, "{rank}",
                "Ranks of the run that have per-rank series (culprits, worst, representative, top-k by score).",
                (ATTR_RUN_ID,)),
+    MetricSpec(METRIC_RUN_STEPS, "{step}",
+               "Aligned steps of the run the live analysis counted (every rank completed them); the exemplar "
+               "is the window's worst step (its step time, trace and span id).", (ATTR_RUN_ID,), kind="counter"),
+    MetricSpec(METRIC_RUN_METRIC_TIME, "s",
+               "A Step Time metric's per-step median over ranks, summed over the counted aligned steps; the "
+               "exemplar is the window's worst step for that metric (its value, trace and span id).",
+               (ATTR_RUN_ID, ATTR_METRIC), kind="counter"),
     # Resource figures over the window (the analysis's `ResourceWindow`; which figure feeds which
     # name: processor/reporting/summary_metrics.py): the median and the worst rank or host of the
     # run, per rank for the exported ranks only. Under `traceml.run.` / `traceml.rank.`, never the

@@ -106,6 +106,14 @@ def window(metric: str, statistic: str) -> str:
     return f"{M.window_metric}{sel(run=RUN, metric=metric, statistic=statistic)}"
 
 
+def per_step(metric: str) -> str:
+    """Mean per-step time of `metric` (a value, or `~regex`) over the rate interval: the run's summed
+    per-step medians over its counted steps; the counters carry the worst step as an exemplar."""
+    rate = "[$__rate_interval]"
+    return (f"rate({M.run_metric_time}{sel(run=RUN, metric=metric)}{rate}) / ignoring({L.metric}) group_left "
+            f"rate({M.run_steps}{sel(run=RUN)}{rate})")
+
+
 def per_rank_and_run(rank_name: str, run_name: str, worst_legend: str = "worst rank") -> list[prometheus.Dataquery]:
     """A resource figure of the selected ranks (exported ranks only) beside the run's median and
     worst rank (every rank)."""
@@ -168,6 +176,15 @@ def run_dashboard() -> dash.Dashboard:
         .with_panel(series("Step time by statistic", "Median, worst and average rank step time over time.", "s",
                            q(f"{M.window_metric}{sel(run=RUN, metric=n.STEP_TIME)}", f"{{{{{L.statistic}}}}}"),
                            width=8))
+        .with_panel(series(
+            "Time per step, linked to the worst step's trace",
+            "Mean per-step time over the last rate interval (median over ranks) of step time and each phase, "
+            "from the run's step counters. Exemplars (dots) are the window's worst step of each: hover for its "
+            "trace and span id, click to open that step's span in the trace data source (Tempo or Jaeger, "
+            "docs/deployment.md). Needs Prometheus with --enable-feature=exemplar-storage.", "s",
+            q(per_step(n.STEP_TIME), "step time").exemplar(True),
+            q(per_step("~" + n.regex(n.EXEMPLAR_PHASES)), f"{{{{{L.metric}}}}}", ref="B").exemplar(True),
+            width=8))
         .with_panel(series("Progress (aligned steps per second)",
                            "Rate at which the latest aligned step advances: the whole job's step rate, "
                            "held back by its slowest rank. Flat zero while the run is stalled.", "none",

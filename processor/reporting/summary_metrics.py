@@ -21,12 +21,13 @@ import math
 import statistics
 from typing import Mapping, Sequence
 
-from traceml.processor.metric_point import SPECS, MetricPoint
+from traceml.processor.metric_point import SPECS, MetricPoint, StepExemplar
 from traceml.processor.settings import RANK_SERIES_TOP_K
 from traceml.processor.reporting.final_summary import PUBLIC_METRICS
 from traceml.processor.reporting.inputs import RankMemory, RankTelemetry
 from traceml.processor.reporting.resources import resource_window_of
 from traceml.processor.resources import model as res
+from traceml.schema.diagnosis import STRAGGLER_KINDS
 from traceml.processor.step_time.model import FRESHNESS_STATES, StepTimeAnalysis, StepTimeWindow, finite_ratio
 from traceml.schema.vocabulary import (
     ATTR_CULPRIT_RANK,
@@ -58,7 +59,9 @@ from traceml.schema.vocabulary import (
     METRIC_RUN_HOST_MEMORY_UTILIZATION,
     METRIC_RUN_MEMORY_PEAK,
     METRIC_RUN_PROCESS_CPU_UTILIZATION,
+    METRIC_RUN_METRIC_TIME,
     METRIC_RUN_PROCESS_MEMORY_USAGE,
+    METRIC_RUN_STEPS,
     METRIC_RUN_TELEMETRY_DROPPED,
     METRIC_STEP_TIME,
     METRIC_WINDOW_LAST_STEP,
@@ -117,6 +120,8 @@ _BUILT_ORDER: Mapping[str, tuple[str, ...]] = {
     METRIC_RUN_TELEMETRY_DROPPED: (ATTR_RUN_ID, ATTR_QUEUE),
     METRIC_RUN_MEMORY_PEAK: (ATTR_RUN_ID, ATTR_STATISTIC),
     METRIC_RUN_EXPORTED_RANKS: (ATTR_RUN_ID,),
+    METRIC_RUN_STEPS: (ATTR_RUN_ID,),
+    METRIC_RUN_METRIC_TIME: (ATTR_RUN_ID, ATTR_METRIC),
     **{name: (ATTR_RUN_ID, ATTR_STATISTIC)
        for name in (*RUN_RANK_FIGURE_METRICS.values(), *RUN_NODE_FIGURE_METRICS.values())},
     **{name: (ATTR_RUN_ID, ATTR_RANK) for name in RANK_FIGURE_METRICS.values()},
@@ -134,9 +139,9 @@ NO_RANK = ""
 """`traceml.diagnosis.culprit_rank` of an issue that names no rank (an absent Prometheus label)."""
 
 
-def _point(name: str, values: tuple, value: float) -> MetricPoint:
+def _point(name: str, values: tuple, value: float, exemplar: StepExemplar | None = None) -> MetricPoint:
     """Attributes zipped from the spec's own keys: correct by construction, no per-point check."""
-    return MetricPoint(name, dict(zip(SPECS[name].attributes, values)), value)
+    return MetricPoint(name, dict(zip(SPECS[name].attributes, values)), value, exemplar)
 
 
 def _s(ms: float) -> float:
@@ -202,6 +207,8 @@ def summary_metric_points(
     telemetry: Sequence[RankTelemetry] = (),
     first_step_stored: int | None = None,
     top_k: int = DEFAULT_RANK_SERIES_TOP_K,
+    exemplars: Mapping[str, StepExemplar] | None = None,
+    totals=None,
 ) -> tuple[MetricPoint, ...]:
     """Every summary point for one run, diagnosis points in issue order.
 
@@ -210,7 +217,11 @@ def summary_metric_points(
     `traceml.run.first_step`: above 0 for a run the processor first saw part-way.
     Per-rank points (`traceml.rank.*`) exist for `exported_ranks(analysis, top_k)`
     only; memory, resources and drops of every rank reach the `traceml.run.*` aggregates.
+    `exemplars`: per Step Time metric, the window's worst step (`reporting.step_exemplars`),
+    carried by that metric's window points, the straggler findings (step time's) and the
+    counters of `totals` (a `StepTotals`; None: no counters).
     """
+    exemplars = exemplars or {}
     window = analysis.window
     run = window.run_id
     points: list[MetricPoint] = []
@@ -225,7 +236,8 @@ def summary_metric_points(
         for statistic in ("median", "worst", "average"):
             value = getattr(stats, statistic)
             if value is not None:
-                points.append(_point(METRIC_WINDOW_METRIC, (run, metric, statistic), _s(value)))
+                points.append(_point(METRIC_WINDOW_METRIC, (run, metric, statistic), _s(value),
+                                     exemplars.get(metric)))
         if stats.skew is not None:
             points.append(_point(METRIC_WINDOW_SKEW, (run, metric), float(stats.skew)))
 
@@ -245,6 +257,10 @@ def summary_metric_points(
     points.append(_point(METRIC_WINDOW_STEPS, (run,), float(window.step_count)))
     points.append(_point(METRIC_WINDOW_RANKS, (run,), float(len(window.expected_ranks))))
     points.append(_point(METRIC_RUN_EXPORTED_RANKS, (run,), float(len(ranks))))
+    if totals is not None and totals.steps:
+        points.append(_point(METRIC_RUN_STEPS, (run,), float(totals.steps), exemplars.get(METRIC_STEP_TIME)))
+        for metric, total_ms in totals.metric_ms.items():
+            points.append(_point(METRIC_RUN_METRIC_TIME, (run, metric), _s(total_ms), exemplars.get(metric)))
     if window.steps:
         points.append(_point(METRIC_WINDOW_LAST_STEP, (run,), float(window.steps[-1])))
     if first_step_stored is not None:
@@ -274,7 +290,8 @@ def summary_metric_points(
     for issue in analysis.diagnosis.issues:
         culprit = NO_RANK if issue.culprit_rank is None else str(issue.culprit_rank)
         points.append(_point(METRIC_DIAGNOSIS_ACTIVE, (run, issue.kind, issue.severity, issue.status, culprit),
-                             float(issue.score or 0.0)))
+                             float(issue.score or 0.0),
+                             exemplars.get(METRIC_STEP_TIME) if issue.kind in STRAGGLER_KINDS else None))
 
     totals = dict.fromkeys(QUEUE_NAMES, 0)
     for t in sorted(telemetry, key=lambda t: t.global_rank):

@@ -162,7 +162,11 @@ def promtool_read_openmetrics(body: str, folder) -> subprocess.CompletedProcess:
     `x_total` samples as a second, help-less family), so the OpenMetrics body is checked by
     the parser Prometheus scrapes it with, and by prometheus_client's strict parser above.
     """
-    stamped = "".join(line if line.startswith("#") or not line.strip() else line.rstrip("\n") + " 1700000000\n"
+    def stamp(line: str) -> str:  # the sample's timestamp goes before its exemplar (` # {...} value ts`)
+        sample, sep, exemplar = line.rstrip("\n").partition(" # ")
+        return f"{sample} 1700000000{sep}{exemplar}\n"
+
+    stamped = "".join(line if line.startswith("#") or not line.strip() else stamp(line)
                       for line in body.splitlines(keepends=True))
     (folder / "metrics.om").write_text(stamped)
     return subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "metrics.om", "blocks"],

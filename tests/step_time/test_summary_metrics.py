@@ -32,10 +32,14 @@ def by_name(points, name):
 
 def test_only_vocabulary_names_and_attribute_keys_and_never_a_step():
     specs = {s.name: s for s in SUMMARY_METRICS}
+    from traceml.processor.reporting.step_exemplars import StepTotals, advance
+
+    analysis = dataclasses.replace(straggler(), resources=busy_gpu_run("run-test"))
     points = summary_metric_points(
-        dataclasses.replace(straggler(), resources=busy_gpu_run("run-test")), freshness="live",
+        analysis, freshness="live",
         memory=[RankMemory(0, "cuda:0", 1024, 2048)],
-        telemetry=[RankTelemetry(1, False, {"spans": 4})], first_step_stored=0)
+        telemetry=[RankTelemetry(1, False, {"spans": 4})], first_step_stored=0,
+        totals=advance(StepTotals(), analysis.window))
     assert {p.name for p in points} == set(specs)  # every summary metric is produced here
     for p in points:
         assert p.check() is p

@@ -23,9 +23,10 @@ The worker is woken by work, not by a clock. Everything that gives it something 
 records arrive it exports every `export_interval_s` (the bound on how long a queued
 record waits) or as soon as a batch is full. A round that finds nothing to send parks
 the worker: it sleeps with no timeout, and the next record queued wakes it and is sent
-at once. A parked worker keeps one timed wake-up only while its counters changed since
-they were last sent (they go out `telemetry_interval_s` after the previous ones), so an
-idle job's exporter costs nothing. The records are handed over on the samplers' threads,
+at once. A parked worker keeps a timed wake-up only while its counters changed since they were
+last sent (they go out `telemetry_interval_s` after the previous ones), and one to
+release its transport after `TRANSPORT_IDLE_S` (an open gRPC channel keeps grpc's own
+threads waking), so an idle job's exporter costs nothing. The records are handed over on the samplers' threads,
 so the wake-up (one `Event.set` after a park) is never the training thread's.
 """
 from __future__ import annotations
@@ -54,6 +55,11 @@ QUEUE_METRICS = "metrics"  # the memory snapshots' and resource snapshots' queue
 RESOURCE_QUEUE_SIZE = 1024
 """Resource snapshots held at most (or the queue size, if smaller) while the endpoint is away:
 over an hour at the default 5 s interval, about 1 kB each."""
+
+TRANSPORT_IDLE_S = 10.0
+"""After this long parked, the worker releases its transport (a gRPC channel's grpc threads cost
+about 0.1 % of a core while it is open); the next export connects again, a few milliseconds on
+this thread. Long enough that a job with steps a few seconds apart keeps its channel."""
 
 MEMORY_JOIN_WAIT_S = 2.0
 """How long a step waits for its memory snapshot: a few sampler intervals (both
@@ -113,6 +119,8 @@ class OtlpStepExporter:
         self._wake_at = max(1, min(settings.max_batch, settings.queue_size // 2))
         self._wake = threading.Event()  # set by `_notify`: work arrived (see the module docstring)
         self._parked = False  # the worker sleeps until `_notify`; producers read it after queueing
+        self._parked_since: float | None = None  # monotonic; None while not parked
+        self._transport_held = True  # False once released while idle, until the next export
         self.parks = 0  # rounds that ended parked (tests, benchmarks)
         self._flush_waiters: list[threading.Event] = []
         self._closing = False
@@ -237,6 +245,8 @@ class OtlpStepExporter:
             waiters, self._flush_waiters = self._flush_waiters, []
             closing = self._closing
             sent = 0
+            if self._parked and not closing and not waiters:
+                self._release_transport_if_idle()
             try:
                 sent = self._drain(final=closing or bool(waiters))
                 if closing:
@@ -259,17 +269,39 @@ class OtlpStepExporter:
     def _next_wait(self, sent: int, next_counters: float) -> float | None:
         """How long the worker may sleep: an export interval while records arrive or wait;
         after a round that sent nothing and with nothing queued, until `_notify` (parked), or
-        until the counters are due when they changed since they were last sent."""
+        until the counters are due when they changed since they were last sent, or until the
+        transport is to be released."""
         if sent or self._queued() or self._flush_waiters:
+            self._parked_since = None
             return self.settings.export_interval_s
         self._parked = True
         if self._queued() or self._flush_waiters or self._closing:  # queued while parking: do not sleep
             self._parked = False
+            self._parked_since = None
             return 0.0
         self.parks += 1
+        now = time.monotonic()
+        if self._parked_since is None:
+            self._parked_since = now
+        waits = []
         if self._counters_snapshot() != self._last_counters:
-            return max(0.0, next_counters - time.monotonic())
-        return None
+            waits.append(max(0.0, next_counters - now))
+        if self._transport_held:
+            waits.append(max(0.0, self._parked_since + TRANSPORT_IDLE_S - now))
+        return min(waits) if waits else None
+
+    def _release_transport_if_idle(self) -> None:
+        """Parked for `TRANSPORT_IDLE_S`: let the transport go (it reconnects on the next export)."""
+        since = self._parked_since
+        if not self._transport_held or since is None or time.monotonic() - since < TRANSPORT_IDLE_S:
+            return
+        release = getattr(self._transport, "release", None)
+        if release is not None:
+            try:
+                release()
+            except Exception as exc:
+                self._note_failure(f"releasing the idle transport failed: {type(exc).__name__}: {exc}")
+        self._transport_held = False
 
     def _deadline(self) -> float:
         deadline = time.monotonic() + self.settings.timeout_s
@@ -451,6 +483,7 @@ class OtlpStepExporter:
         self._run_end_sent = outcome.delivered
 
     def _export(self, signal: str, request, items: int, rejected_unit: int = 1) -> ExportOutcome:
+        self._transport_held = True  # the transport connects again if it was released
         try:
             outcome = self._transport.export(signal, request, self._deadline())
         except Exception as exc:

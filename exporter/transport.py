@@ -150,11 +150,25 @@ class GrpcTransport:
 
     def __init__(self, settings: SignalSettings, stop: threading.Event):
         import grpc
+
+        self._grpc = grpc
+        self._settings = settings
+        self._timeout_s = settings.timeout_s
+        self._metadata = tuple(settings.headers) or None
+        self._retry = _RetryLoop(stop)
+        c = grpc.StatusCode
+        self._retryable = frozenset({c.UNAVAILABLE, c.DEADLINE_EXCEEDED, c.ABORTED, c.CANCELLED,
+                                     c.OUT_OF_RANGE, c.DATA_LOSS})
+        self._exhausted = c.RESOURCE_EXHAUSTED
+        self._channel = None
+        self._connect()
+
+    def _connect(self) -> None:
+        """Build the channel and the two services' stubs (at start, and again after `release`)."""
+        grpc, settings = self._grpc, self._settings
         from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
         from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
-        self._grpc = grpc
-        self._timeout_s = settings.timeout_s
         compression = (grpc.Compression.Gzip if settings.compression == COMPRESSION_GZIP
                        else grpc.Compression.NoCompression)
         # gRPC's default reconnect backoff grows to 120 s: after a collector restart the channel
@@ -182,14 +196,21 @@ class GrpcTransport:
             v.SIGNAL_TRACES: trace_service_pb2_grpc.TraceServiceStub(self._channel),
             v.SIGNAL_METRICS: metrics_service_pb2_grpc.MetricsServiceStub(self._channel),
         }
-        self._metadata = tuple(settings.headers) or None
-        self._retry = _RetryLoop(stop)
-        c = grpc.StatusCode
-        self._retryable = frozenset({c.UNAVAILABLE, c.DEADLINE_EXCEEDED, c.ABORTED, c.CANCELLED,
-                                     c.OUT_OF_RANGE, c.DATA_LOSS})
-        self._exhausted = c.RESOURCE_EXHAUSTED
+
+    def release(self) -> None:
+        """Close the channel while the exporter idles: an open gRPC channel keeps grpc's timer and
+        poller threads waking (about 0.1 % of a core here). The next export connects again."""
+        if self._channel is not None:
+            self.close()
+            self._channel = None
 
     def export(self, signal: str, request, deadline: float) -> ExportOutcome:
+        if self._channel is None:
+            try:
+                self._connect()
+            except Exception as exc:  # a channel that cannot be built is a failed export, never a crash
+                self._channel = None
+                return ExportOutcome(False, 0, error=f"{type(exc).__name__}: {exc}")
         stub = self._stubs[signal]
         deadline = min(deadline, time.monotonic() + self._timeout_s)
         retries = 0
@@ -214,7 +235,8 @@ class GrpcTransport:
 
     def close(self) -> None:
         try:
-            self._channel.close()
+            if self._channel is not None:
+                self._channel.close()
         except Exception:
             pass
 
@@ -300,6 +322,13 @@ class SignalRoutes:
 
     def export(self, signal: str, request, deadline: float) -> ExportOutcome:
         return self._routes[signal].export(signal, request, deadline)
+
+    def release(self) -> None:
+        """Let go of what costs while nothing is sent (a gRPC channel's threads); exports reconnect."""
+        for transport in self._transports:
+            release = getattr(transport, "release", None)
+            if release is not None:
+                release()
 
     def close(self) -> None:
         for transport in self._transports:

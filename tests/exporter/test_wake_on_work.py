@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from harness.exporter_records import identity, step_record
 from traceml.exporter import OtlpStepExporter, resolve_settings
+from traceml.exporter.encoding import OtlpEncoder
 from traceml.exporter.transport import ExportOutcome
 from traceml.records import ResourceSnapshot
 from traceml.schema import vocabulary as v
@@ -28,6 +29,11 @@ class _Transport:
 
     def close(self) -> None:
         pass
+
+    released = 0
+
+    def release(self) -> None:
+        self.released += 1
 
     def count(self, signal) -> int:
         with self.lock:
@@ -100,3 +106,36 @@ def test_records_arriving_steadily_go_out_each_interval_and_the_worker_parks_whe
         assert rounds[0] == parked_rounds
     finally:
         exporter.shutdown(5.0)
+
+
+def test_an_exporter_idle_for_a_while_releases_its_transport_and_the_next_record_reconnects(monkeypatch):
+    """An open gRPC channel keeps grpc's own threads waking: parked long enough, the worker lets it go."""
+    from traceml.exporter import step_exporter
+
+    monkeypatch.setattr(step_exporter, "TRANSPORT_IDLE_S", 0.1)
+    exporter, transport, rounds = _exporter(export_interval_s=0.02, telemetry_interval_s=3600.0)
+    try:
+        assert _until(lambda: transport.released == 1)
+        after = rounds[0]
+        time.sleep(0.3)
+        assert transport.released == 1 and rounds[0] == after  # released once, then no timed wake-up at all
+        exporter.on_step_time(step_record(0))
+        assert _until(lambda: transport.count(v.SIGNAL_TRACES) == 1, 5.0)
+        assert _until(lambda: transport.released == 2)  # idle again: released again
+    finally:
+        exporter.shutdown(5.0)
+
+
+def test_a_released_grpc_transport_connects_again_on_the_next_export(fresh_receiver):
+    from traceml.exporter.transport import make_transport
+
+    settings = resolve_settings(fresh_receiver.grpc_endpoint, "grpc", environ={})
+    transport = make_transport(settings, threading.Event())
+    try:
+        request = OtlpEncoder(identity("regrpc"), settings).trace_request([])
+        assert transport.export(v.SIGNAL_TRACES, request, time.monotonic() + 10).delivered
+        transport.release()
+        transport.release()  # twice is harmless
+        assert transport.export(v.SIGNAL_TRACES, request, time.monotonic() + 10).delivered
+    finally:
+        transport.close()

@@ -233,7 +233,7 @@ class MappingSet:
                         resource_attrs = attributes(item.resource.attributes, limits)
                     value = _first(resource_attrs, keys)
                 if kind == "run":
-                    run_id = value if value is None or isinstance(value, str) else str(value)
+                    run_id = value  # a non-string is refused by `place` (wrong_attribute_type)
                 elif kind == "rank":
                     rank = _int_or_digits(value)
                 else:

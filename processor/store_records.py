@@ -170,13 +170,14 @@ class DecodedBatch:
         return runs
 
     def note_mapping(self, run_id: str, rank: int, mapping: str, unmeasured: tuple[str, ...],
-                     unplaced: Mapping[str, int]) -> None:
-        """One step of `rank` came in through foreign `mapping` (`mapping.record.place`)."""
+                     unplaced: Mapping[str, int], steps: int = 1) -> None:
+        """One row of `rank` came in through foreign `mapping` (`mapping.record.place`), standing
+        for `steps` training steps (more than 1: a window's mean per step)."""
         key = (run_id, rank, mapping)
         note = self.mapped.get(key)
         if note is None:
             note = self.mapped[key] = MappingNote(run_id, rank, mapping, tuple(unmeasured))
-        note.steps += 1
+        note.steps += steps
         if unplaced:
             note.unplaced.update(unplaced)
 

@@ -58,6 +58,9 @@ class ForeignStep:
     `phases` maps canonical phase names (`vocabulary.CANONICAL_METRICS`) to their summed
     time; a phase the step did not measure is absent (stored null, never 0).
     `traced_step_time` is the whole step. Identity left None is taken from the resource.
+    `steps`: the training steps the row stands for: 1, or N for a record of an N-step window
+    (the original TraceML's windowed step records), whose phases are then the window's mean
+    per step, never invented per-step values; the mapping note counts training steps by it.
     """
 
     mapping: str
@@ -71,6 +74,7 @@ class ForeignStep:
     world_size: int | None = None
     local_rank: int | None = None
     hostname: str | None = None
+    steps: int = 1
 
 
 def _checked_ms(metric: str, value, limits: "DecodeLimits") -> float:
@@ -179,6 +183,7 @@ def place(batch: DecodedBatch, step: ForeignStep, res: ResourceIdentity | None, 
     """
     try:
         record = ingest_record(step, res, limits, admission)
+        steps = _checked_int("steps", step.steps, 1, limits.max_step)
     except Reject as exc:
         batch.reject(exc.reason, f"{step.mapping} step: {exc.detail}")
         return False
@@ -186,7 +191,8 @@ def place(batch: DecodedBatch, step: ForeignStep, res: ResourceIdentity | None, 
         batch.ignored[IGNORED_OWN_SPANS_WIN] += 1
         return False
     batch.step_records.append(record)
-    batch.note_mapping(record.run_id, record.identity.global_rank, step.mapping, unmeasured, step.unplaced)
+    batch.note_mapping(record.run_id, record.identity.global_rank, step.mapping, unmeasured, step.unplaced,
+                       steps)
     if record.identity.world_size is not None:
         batch.world_sizes[record.run_id] = record.identity.world_size
     return True

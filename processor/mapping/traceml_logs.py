@@ -154,12 +154,12 @@ def read_step(record, identity: Mapping, limits: "DecodeLimits") -> ForeignStep 
     if window is not None and not isinstance(window, dict):
         return NotPlaced(False, "step_timing window is not a map")
     window = window or {}
+    count = _int(window, WINDOW_STEP_COUNT)  # None: one step (the layer refuses a count below 1)
     step = _int(window, WINDOW_START_STEP)
     if step is None:  # no window start: the record's step (its window's last) less the others
         last = _int(body, BODY_STEP)
         if last is None:
             last = _int(window, WINDOW_END_STEP)
-        count = _int(window, WINDOW_STEP_COUNT)
         step = last if last is None or count is None or count < 1 else last - count + 1
     if step is None:
         return NotPlaced(False, "step_timing record has no step number")
@@ -183,4 +183,4 @@ def read_step(record, identity: Mapping, limits: "DecodeLimits") -> ForeignStep 
         mapping=MAPPING_NAME, step=step, start_ns=start_ns, end_ns=end_ns, phases=phases,
         run_id=merged.get(KEY_SESSION_ID), rank=merged.get(KEY_GLOBAL_RANK),
         world_size=merged.get(KEY_WORLD_SIZE), local_rank=merged.get(KEY_LOCAL_RANK),
-        hostname=merged.get(KEY_HOST_NAME))
+        hostname=merged.get(KEY_HOST_NAME), steps=count if count is not None else 1)

@@ -177,6 +177,10 @@ def test_the_slowed_rank_is_named_the_straggler(sent):
     assert summary["diagnosis"]["culprit_rank"] == 1
     assert summary["diagnosis"]["evidence"]["grown_phase"] == "input_wait"
     assert summary["telemetry"]["started_part_way"] is False  # the first window (steps 0-4) is step 0
+    # Which mapping the run came through, and the training steps its rows stand for (24 windows of 5).
+    [source] = summary["telemetry"]["sources"]
+    assert (source["mapping"], source["ranks"], source["steps"], source["unmeasured_phases"]) == \
+        ("traceml-logs", list(range(WORLD)), WORLD * WINDOWS * STRAGGLER_WINDOW, ["collective_wait"])
 
 
 def test_a_balanced_run_names_no_straggler(sent):

@@ -60,12 +60,13 @@ def test_a_window_is_one_row_of_its_means_at_its_first_step():
     assert "h2d" not in step.phases and "collective_wait" not in step.phases  # unmeasured: null, never 0
     assert (step.run_id, step.rank, step.world_size, step.hostname) == ("s", 3, 4, "h")
     assert step.mapping == m.MAPPING_NAME and m.UNMEASURED == ("collective_wait",)
+    assert step.steps == 5  # the row stands for the window's five steps
 
 
 def test_a_record_without_a_window_ended_at_its_timestamp_and_lasted_its_wall_time():
     body = {k: v for k, v in WINDOWED.items() if k != "window"}
     step = m.read_step(_record(body, **{"traceml.global_rank": 1}), IDENTITY, LIMITS)
-    assert (step.step, step.end_ns) == (9, 1000_500_000_000)
+    assert (step.step, step.end_ns, step.steps) == (9, 1000_500_000_000, 1)
     assert step.end_ns - step.start_ns == pytest.approx((87.0 + 4.0) * 1e6)
     assert step.rank == 1  # the record's own attribute wins over its resource's
 

@@ -166,7 +166,7 @@ def test_alert_rules_load_and_evaluate_without_error_on_real_data(stack):
             break
         assert time.monotonic() < deadline, rules
         time.sleep(0.5)
-    assert len(rules) == 7
+    assert len(rules) == 11  # 8 alerts and the 3 fleet recording rules
     for rule in rules:
         assert rule["health"] == "ok", (rule["name"], rule.get("lastError"))
     # The malformed span makes the reject alert fire at once (no `for`).

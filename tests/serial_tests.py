@@ -38,6 +38,11 @@ SERIAL: dict[str, str] = {
         "the fast rank must wait 30 ms more than the slow one in each step's gather",
     "tests/launcher/test_demo_and_surfaces.py::test_demo_diagnosis_names_the_injected_problem_and_rank":
         "the balanced demo must name no rank; its runs are the module's shared demo runs",
+    "tests/launcher/test_demo_and_surfaces.py::"
+    "test_an_injected_stragglers_ledger_attributes_most_lost_time_to_it_and_predicts_the_run_without_it":
+        "the what-if of one run must hold a second run's step time within the first's step-to-step spread",
+    "tests/launcher/test_demo_and_surfaces.py::test_a_balanced_runs_ledger_is_near_zero":
+        "nothing is injected: a rank slowed by another test's load would lose time to straggler wait",
     "tests/launcher/test_demo_and_surfaces.py::test_live_view_in_a_real_terminal_shows_the_diagnosis":
         "the loader's delay must cover the gap for the verdict the live view shows",
     "tests/launcher/test_input_kinds.py::test_a_balanced_run_names_nobody":

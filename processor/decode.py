@@ -51,7 +51,8 @@ class Decoder:
         self.admission = admission or RunAdmission(self.limits)
         self.spans = SpanDecoder(self.limits, self.admission)
         self.metrics = MetricDecoder(self.limits, self.admission)
-        self.logs = LogDecoder(self.limits, self.admission)
+        # A rank that sends TraceML's own step spans keeps them as its rows over its log records too.
+        self.logs = LogDecoder(self.limits, self.admission, own_ranks=lambda: self.spans.mappings.own)
 
     def decode_traces(self, request) -> DecodedBatch:
         """`ExportTraceServiceRequest` -> step rows, per-step memory and run-end markers."""

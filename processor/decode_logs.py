@@ -9,17 +9,19 @@ recognises is ignored and counted as foreign, exactly as a foreign span is; one 
 the original's shape that builds no row is counted unused or unplaced, never guessed
 into a phase; one with a value that breaks a rule is rejected with its reason; a part
 of the request protobuf or the JSON parser could not read is rejected with its record
-count (`otlp_read.PartlyReadable`). Like the span and metric decoders this never
+count (`otlp_read.PartlyReadable`). A (run, rank) that also sends TraceML's own step
+spans keeps those as its rows (the layer's `own`), as it does over foreign spans. Like
+the span and metric decoders this never
 raises on content: the receivers turn the batch's counts into the OTLP partial
 success (`rejected_log_records`) and self-metrics.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from traceml.processor.decode_attributes import Reject, attributes, resource_identity
 from traceml.processor.mapping import traceml_logs
-from traceml.processor.mapping.record import place
+from traceml.processor.mapping.record import OwnRanks, place
 from traceml.processor.store_records import (
     IGNORED_FOREIGN,
     IGNORED_UNPLACED,
@@ -38,14 +40,17 @@ _KIND_KEY = traceml_logs.KEY_RECORD_KIND
 class LogDecoder:
     """Stateless per request except for the shared run/rank admission caps."""
 
-    def __init__(self, limits: "DecodeLimits", admission: "RunAdmission"):
+    def __init__(self, limits: "DecodeLimits", admission: "RunAdmission",
+                 own_ranks: Callable[[], OwnRanks | None] = lambda: None):
         self.limits = limits
         self.admission = admission
+        self._own_ranks = own_ranks  # the span decoder's (run, rank)s of TraceML's own step spans
 
     def decode_logs(self, request) -> DecodedBatch:
         """`ExportLogsServiceRequest` -> the batch its records contributed."""
         batch = DecodedBatch(v.SIGNAL_LOGS)
         limits = self.limits
+        own = self._own_ranks()
         for part in getattr(request, "unreadable", ()):  # `otlp_read.PartlyReadable`
             batch.reject(part.reason, part.describe("log records"), part.items)
         for resource_logs in request.resource_logs:
@@ -70,5 +75,5 @@ class LogDecoder:
                 if isinstance(step, traceml_logs.NotPlaced):
                     batch.ignored[IGNORED_UNUSED_RECORD if step.unused else IGNORED_UNPLACED] += 1
                     continue
-                place(batch, step, res, limits, self.admission, traceml_logs.UNMEASURED)
+                place(batch, step, res, limits, self.admission, traceml_logs.UNMEASURED, own=own)
         return batch

@@ -29,6 +29,7 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2 as logs_pb2
 from opentelemetry.proto.common.v1 import common_pb2
 
 from harness.child_python import child_env, module_command
+from harness.otlp_payloads import steps_request
 from harness.processor_service import make_service
 from harness.rotel_relay import RotelRelay
 from harness.stored_rows import count_rows, stored_step_keys
@@ -101,6 +102,16 @@ def _post(service, body: bytes, content_type: str = PROTOBUF, headers: dict | No
     conn = http.client.HTTPConnection("127.0.0.1", service.http_port, timeout=30)
     try:
         conn.request("POST", "/v1/logs", body=body, headers={"Content-Type": content_type, **(headers or {})})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def _post_traces(service, body: bytes):
+    conn = http.client.HTTPConnection("127.0.0.1", service.http_port, timeout=30)
+    try:
+        conn.request("POST", "/v1/traces", body=body, headers={"Content-Type": PROTOBUF})
         response = conn.getresponse()
         return response.status, response.read()
     finally:
@@ -245,6 +256,21 @@ def test_shapes_that_cannot_be_placed_are_counted_not_guessed(sent, transport):
     assert rejected == 1 and "negative_value=1" in message, message
     assert "unplaced_foreign=3" in message and "unused_record=1" in message and "not_traceml=1" in message, message
     assert stored_step_keys(service.config.db, run) == {(run, 0, 0)}
+
+
+def test_a_rank_that_sends_our_own_step_spans_keeps_them_over_its_log_records(sent):
+    service, _ = sent
+    run = "orig-mixed"
+    status, body = _post_traces(service, steps_request(run, 0, [0], world_size=2).SerializeToString())
+    assert status == 200, body
+    before = _summary(service, run)["groups"][0]["metrics"]
+    request = logs_pb2.ExportLogsServiceRequest()
+    _record(request, run, 0, 0, backward_ms=500.0)  # the same step, read another way
+    _record(request, run, 1, 0)  # rank 1 sends only log records: kept
+    code, response = _grpc(service, request.SerializeToString())
+    assert code == grpc.StatusCode.OK and "traceml_spans_win=1" in response.partial_success.error_message
+    assert stored_step_keys(service.config.db, run) == {(run, 0, 0), (run, 1, 0)}
+    assert _summary(service, run)["groups"][0]["metrics"]["backward_ms"] == before["backward_ms"]
 
 
 def test_bad_payloads_are_refused_clearly_and_lose_nothing_valid(sent):

@@ -109,6 +109,11 @@ class _RankSteps(Sequence[StepTimeStepFacts]):
 def rank_step_matrix(facts: Sequence, metric: str) -> np.ndarray:
     """(aligned steps, ranks) values of `metric` for the given rank facts (NaN = unavailable):
     the window's own arrays where it has them, else built from the typed steps."""
+    if facts and all(isinstance(f.steps, _RankSteps) for f in facts):
+        table = facts[0].steps._table
+        if all(f.steps._table is table for f in facts):  # one window's arrays: no loop per rank
+            array = np.asarray(table[WINDOW_METRICS.index(metric)], dtype=np.float64)
+            return array[:, [f.steps._column for f in facts]]  # a copy: callers may write into it
     columns = []
     for f in facts:
         steps = f.steps

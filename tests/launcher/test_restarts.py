@@ -62,6 +62,12 @@ def test_a_later_attempt_moves_the_earlier_rows_apart_and_late_ones_follow(tmp_p
     assert summary["telemetry"]["attempt"] == 1
     assert summary["telemetry"]["attempts"] == [{"attempt": 0, "steps": {"0": 10}}, {"attempt": 1, "steps": {"0": 3}}]
     assert "Attempts: 2 (elastic restarts); figures cover attempt 1 only" in summary["card"]
+    # The badput ledger: attempt 1 began again at step 0, so all 10 steps of attempt 0 were done
+    # again (0.5 s each); its steps overlap attempt 1's in time, so no time lies between them.
+    restarts = summary["badput"]["restarts"]
+    assert (restarts["attempts"], restarts["redone_steps"], restarts["redone_rank_seconds"]) == (2, 10, 5.0)
+    assert restarts["downtime_s"] == 0.0
+    assert summary["badput"]["run"]["causes"]["restarts"]["rank_seconds"] == 5.0
 
 
 def test_the_resource_carries_the_restart_count():
@@ -87,3 +93,11 @@ def test_a_forced_restart_is_summarised_on_its_last_attempt_with_every_attempt_c
     assert summary["global"]["window"]["steps"] == 5 and summary["groups"][0]["steps"] == 5
     assert tel["rank_endings"]["0"]["outcome"] == "finished"
     assert "attempt 0: r0 8 step(s); attempt 1: r0 5 step(s)" in summary["card"]
+    # The badput ledger counts the 8 steps attempt 1 did again (it began at step 0 again) and the
+    # time between the attempts (the restart itself), on the one rank.
+    restarts = summary["badput"]["restarts"]
+    assert (restarts["attempts"], restarts["redone_steps"]) == (2, 8)
+    assert restarts["downtime_s"] > 0 and restarts["downtime_rank_seconds"] == restarts["downtime_s"]
+    assert summary["badput"]["run"]["causes"]["restarts"]["rank_seconds"] == pytest.approx(
+        restarts["redone_rank_seconds"] + restarts["downtime_rank_seconds"], abs=2e-3)
+    assert "restarts: 1 restart(s), 8 rank-step(s) done again" in summary["card"]

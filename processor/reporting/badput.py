@@ -11,7 +11,7 @@ measured zero is 0.0.
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from typing import Mapping
 
 from traceml.schema.badput import CAUSE_RESTARTS, LEDGER_CAUSES
 

@@ -12,4 +12,4 @@ PYTHON_UNDER_TEST=$(bash scripts/wheel_venv.sh)
 export TRACEML_TEST_DIST="$PWD/dist"
 # Two pytest-xdist workers; a module's tests that share a module-scoped fixture stay on one worker,
 # and the tests that measure time run with nothing beside them (tests/serial_tests.py).
-exec "$PYTHON_UNDER_TEST" -m pytest -q -n 2 --dist loadgroup "$@"
+exec "$PYTHON_UNDER_TEST" -m pytest -q -n 2 --dist loadscope "$@"

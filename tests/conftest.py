@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.serial_tests import SerialLock, group_shared_fixtures, mark_serial
+from tests.serial_tests import SerialLock, group_shared_fixtures, mark_serial, module_group_scheduling
 
 _SERIAL_LOCK = pytest.StashKey["SerialLock"]()
 
@@ -24,11 +24,16 @@ def pytest_addoption(parser):
     )
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups and `-m` selects
+@pytest.hookimpl(tryfirst=True)  # before `-m` and `-k` deselect: a module's groups count all its tests
 def pytest_collection_modifyitems(config, items):
     mark_serial(items, config.rootpath)
-    if config.pluginmanager.hasplugin("xdist"):
-        group_shared_fixtures(items)
+    if getattr(config, "workerinput", None) is not None and config.option.basetemp:
+        group_shared_fixtures(items, Path(config.option.basetemp).parent)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """With `-n`, the modules whose tests share a fixture run on one worker (tests/serial_tests.py)."""
+    return module_group_scheduling(config, log)
 
 
 @pytest.hookimpl(tryfirst=True, wrapper=True)

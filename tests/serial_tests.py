@@ -18,6 +18,7 @@ an error, so a renamed test cannot silently fall out of the list.
 from __future__ import annotations
 
 import fcntl
+import os
 from pathlib import Path
 
 import pytest
@@ -63,18 +64,52 @@ def _matches(nodeid: str, entry: str) -> bool:
     return nodeid == entry or nodeid.startswith(entry + "[") or nodeid.startswith(entry + "::")
 
 
-def group_shared_fixtures(items: list[pytest.Item]) -> None:
-    """Keep a module's tests on one xdist worker when they share a module- or class-scoped fixture.
+def group_shared_fixtures(items: list[pytest.Item], folder: Path) -> None:
+    """Write down the modules whose tests share a module-, class- or package-scoped fixture.
 
     Such a fixture is one expensive thing (a training run, a receiver, a demo) read by many
-    tests; spread over workers, each worker would build it again. Applies under
-    `--dist loadgroup` (scripts/test.sh); other modes ignore the group.
+    tests; spread over workers, each worker would build it again. pytest-xdist's own
+    `xdist_group` marker cannot say so under pytest 9.2, where a node's id no longer comes
+    from the `_nodeid` that xdist 3.8 rewrites (the marker is accepted and silently ignored),
+    so each worker writes the list into the session's shared temporary root and
+    `ModuleGroupScheduling`, on the controller, reads it before it hands out the first test.
     """
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        defs = info.name2fixturedefs.values() if info is not None else ()
-        if any(d and d[-1].scope in ("module", "class", "package") for d in defs):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+    grouped = sorted({item.nodeid.split("::", 1)[0] for item in items if _shares_a_fixture(item)})
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = folder / f"{_GROUPS_PREFIX}{os.getpid()}.tmp"
+    partial.write_text("\n".join(grouped))
+    partial.replace(folder / f"{_GROUPS_PREFIX}{os.getpid()}.txt")
+
+
+def _shares_a_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else ()
+    return any(d and d[-1].scope in ("module", "class", "package") for d in defs)
+
+
+_GROUPS_PREFIX = "module-groups-"
+
+
+def module_group_scheduling(config: pytest.Config, log=None):
+    """pytest-xdist's load-by-scope scheduler where a scope is a whole module for the modules
+    whose tests share a fixture (as the workers wrote them down) and a single test otherwise,
+    so independent heavy tests of one module still run on both workers."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleGroupScheduling(LoadScopeScheduling):
+        def __init__(self) -> None:
+            super().__init__(config, log)
+            self._folder = config._tmp_path_factory.getbasetemp()
+            self._grouped: set[str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self._grouped is None:  # every worker has collected before the first test is handed out
+                self._grouped = {line for path in self._folder.glob(f"{_GROUPS_PREFIX}*.txt")
+                                 for line in path.read_text().splitlines() if line}
+            module = nodeid.split("::", 1)[0]
+            return module if module in self._grouped else nodeid
+
+    return ModuleGroupScheduling()
 
 
 def mark_serial(items: list[pytest.Item], root: Path) -> None:

@@ -71,6 +71,7 @@ class Names:
     series_left_out: str = metric(v.METRIC_PROCESSOR_SERIES_LEFT_OUT)
     run_steps: str = metric(v.METRIC_RUN_STEPS)
     run_metric_time: str = metric(v.METRIC_RUN_METRIC_TIME)
+    run_badput_time: str = metric(v.METRIC_RUN_BADPUT_TIME)
     fleet_flagged_runs: str = metric(v.METRIC_FLEET_HOST_FLAGGED_RUNS)
     fleet_runs: str = metric(v.METRIC_FLEET_HOST_RUNS)
     fleet_lost_time: str = metric(v.METRIC_FLEET_HOST_LOST_TIME)
@@ -94,6 +95,7 @@ class Labels:
     connection_event: str = label(v.ATTR_CONNECTION_EVENT)
     step: str = label(v.ATTR_STEP)
     host: str = label(v.ATTR_HOST)
+    cause: str = label(v.ATTR_BADPUT_CAUSE)
 
 
 M = Names()

@@ -139,7 +139,8 @@ class StepTimeBackend:
         from traceml.processor.summary_section import live_points
 
         window = result.analysis.window
-        totals = self._totals[window.run_id] = advance(self._totals.get(window.run_id, StepTotals()), window)
+        totals = self._totals[window.run_id] = advance(self._totals.get(window.run_id, StepTotals()), window,
+                                                       ledger=result.analysis.ledger)
         return live_points(result, db_path, top_k=self.rank_series_top_k, totals=totals)
 
     def forget(self, run_id: str) -> None:

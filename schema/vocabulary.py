@@ -409,6 +409,9 @@ METRIC_RANK_GPU_MEMORY_USAGE = "traceml.rank.gpu.memory.usage"
 # allows exemplars on counters and histogram buckets only (a gauge's exemplar fails the scrape).
 METRIC_RUN_STEPS = "traceml.run.steps"
 METRIC_RUN_METRIC_TIME = "traceml.run.metric.time"
+METRIC_RUN_BADPUT_TIME = "traceml.run.badput.time"
+ATTR_BADPUT_CAUSE = "traceml.badput.cause"
+"""A badput-ledger cause (`schema.badput.WINDOW_CAUSES`: five values, so the label stays bounded)."""
 
 STATISTICS: tuple[str, ...] = ("median", "worst", "average")
 
@@ -478,6 +481,10 @@ SUMMARY_METRICS: tuple[MetricSpec, ...] = (
                "A Step Time metric's per-step median over ranks, summed over the counted aligned steps; the "
                "exemplar is the window's worst step for that metric (its value, trace and span id).",
                (ATTR_RUN_ID, ATTR_METRIC), kind="counter"),
+    MetricSpec(METRIC_RUN_BADPUT_TIME, "s",
+               "Rank-seconds the run lost to a badput-ledger cause, added for each counted aligned step at the "
+               "live window's per-step rate; the exemplar is the window's worst step (its step time, trace and "
+               "span id).", (ATTR_RUN_ID, ATTR_BADPUT_CAUSE), kind="counter"),
     # Resource figures over the window (the analysis's `ResourceWindow`; which figure feeds which
     # name: processor/reporting/summary_metrics.py): the median and the worst rank or host of the
     # run, per rank for the exported ranks only. Under `traceml.run.` / `traceml.rank.`, never the

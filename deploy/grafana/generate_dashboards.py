@@ -185,6 +185,14 @@ def run_dashboard() -> dash.Dashboard:
             q(per_step(n.STEP_TIME), "step time").exemplar(True),
             q(per_step("~" + n.regex(n.EXEMPLAR_PHASES)), f"{{{{{L.metric}}}}}", ref="B").exemplar(True),
             width=8))
+        .with_panel(series(
+            "Rank-time lost per cause",
+            "Rank-seconds lost per second of the run, by badput-ledger cause (straggler wait, input stall, H2D, "
+            "communication, drift): how many ranks' worth of time each cause costs. From the run's badput "
+            "counters; exemplars are the window's worst step (click for its span). docs/DIAGNOSIS.md, "
+            "\"Badput ledger\".", "none",
+            q(f"sum by ({L.cause}) (rate({M.run_badput_time}{sel(run=RUN)}[$__rate_interval]))",
+              f"{{{{{L.cause}}}}}").exemplar(True), stacked=True, width=8))
         .with_panel(series("Progress (aligned steps per second)",
                            "Rate at which the latest aligned step advances: the whole job's step rate, "
                            "held back by its slowest rank. Flat zero while the run is stalled.", "none",

@@ -14,7 +14,10 @@ the per-step median over ranks summed over those steps; `rate(time) / rate(steps
 the mean per step over any range). They are counted here from the live windows: each
 refresh adds the aligned steps newer than the last one counted, so a step that left the
 window between two refreshes (more than a window's worth of steps between two reads)
-is not counted; the counters then run low, never double.
+is not counted; the counters then run low, never double. A third counter,
+`traceml.run.badput.time` per ledger cause, adds for each counted step the badput
+ledger's rank-seconds per step over the window (`diagnosis.ledger`), and carries the
+worst step too.
 """
 from __future__ import annotations
 
@@ -70,10 +73,14 @@ class StepTotals:
     last_step: int | None = None
     steps: int = 0
     metric_ms: Mapping[str, float] = field(default_factory=dict)
+    lost_s: Mapping[str, float] = field(default_factory=dict)  # badput cause -> rank-seconds
 
 
-def advance(totals: StepTotals, window: StepTimeWindow, metrics=EXEMPLAR_METRICS) -> StepTotals:
-    """`totals` with the window's aligned steps newer than `totals.last_step` added."""
+def advance(totals: StepTotals, window: StepTimeWindow, metrics=EXEMPLAR_METRICS, ledger=None) -> StepTotals:
+    """`totals` with the window's aligned steps newer than `totals.last_step` added; with the
+    window's badput `ledger` (`diagnosis.ledger.WindowLedger`), each new step adds each cause's
+    rank-seconds per step over the window (the ledger's figure, spread evenly: not a per-step
+    measurement)."""
     if not window.steps:
         return totals
     last = -1 if totals.last_step is None else totals.last_step
@@ -90,7 +97,13 @@ def advance(totals: StepTotals, window: StepTimeWindow, metrics=EXEMPLAR_METRICS
         known = [x for x in added if x is not None and math.isfinite(x)]
         if known:
             sums[metric] = sums.get(metric, 0.0) + float(sum(known))
-    return StepTotals(last_step=int(window.steps[new[-1]]), steps=totals.steps + len(new), metric_ms=sums)
+    lost = dict(totals.lost_s)
+    if ledger is not None and ledger.steps:
+        for cause, loss in ledger.causes.items():
+            if loss.rank_seconds is not None and math.isfinite(loss.rank_seconds):
+                lost[cause] = lost.get(cause, 0.0) + loss.rank_seconds / ledger.steps * len(new)
+    return StepTotals(last_step=int(window.steps[new[-1]]), steps=totals.steps + len(new), metric_ms=sums,
+                      lost_s=lost)
 
 
 __all__ = ["EXEMPLAR_METRICS", "StepTotals", "WorstStep", "advance", "worst_steps"]

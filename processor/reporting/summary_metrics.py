@@ -30,6 +30,7 @@ from traceml.processor.resources import model as res
 from traceml.schema.diagnosis import STRAGGLER_KINDS
 from traceml.processor.step_time.model import FRESHNESS_STATES, StepTimeAnalysis, StepTimeWindow, finite_ratio
 from traceml.schema.vocabulary import (
+    ATTR_BADPUT_CAUSE,
     ATTR_CULPRIT_RANK,
     ATTR_DIAGNOSIS_KIND,
     ATTR_DIAGNOSIS_SEVERITY,
@@ -59,6 +60,7 @@ from traceml.schema.vocabulary import (
     METRIC_RUN_HOST_MEMORY_UTILIZATION,
     METRIC_RUN_MEMORY_PEAK,
     METRIC_RUN_PROCESS_CPU_UTILIZATION,
+    METRIC_RUN_BADPUT_TIME,
     METRIC_RUN_METRIC_TIME,
     METRIC_RUN_PROCESS_MEMORY_USAGE,
     METRIC_RUN_STEPS,
@@ -122,6 +124,7 @@ _BUILT_ORDER: Mapping[str, tuple[str, ...]] = {
     METRIC_RUN_EXPORTED_RANKS: (ATTR_RUN_ID,),
     METRIC_RUN_STEPS: (ATTR_RUN_ID,),
     METRIC_RUN_METRIC_TIME: (ATTR_RUN_ID, ATTR_METRIC),
+    METRIC_RUN_BADPUT_TIME: (ATTR_RUN_ID, ATTR_BADPUT_CAUSE),
     **{name: (ATTR_RUN_ID, ATTR_STATISTIC)
        for name in (*RUN_RANK_FIGURE_METRICS.values(), *RUN_NODE_FIGURE_METRICS.values())},
     **{name: (ATTR_RUN_ID, ATTR_RANK) for name in RANK_FIGURE_METRICS.values()},
@@ -261,6 +264,8 @@ def summary_metric_points(
         points.append(_point(METRIC_RUN_STEPS, (run,), float(totals.steps), exemplars.get(METRIC_STEP_TIME)))
         for metric, total_ms in totals.metric_ms.items():
             points.append(_point(METRIC_RUN_METRIC_TIME, (run, metric), _s(total_ms), exemplars.get(metric)))
+        for cause, lost_s in totals.lost_s.items():
+            points.append(_point(METRIC_RUN_BADPUT_TIME, (run, cause), float(lost_s), exemplars.get(METRIC_STEP_TIME)))
     if window.steps:
         points.append(_point(METRIC_WINDOW_LAST_STEP, (run,), float(window.steps[-1])))
     if first_step_stored is not None:

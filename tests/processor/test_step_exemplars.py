@@ -39,8 +39,9 @@ def exemplar_run(tmp_path_factory):
             sent = send_straggler_run(processor.http, RUN, "host-a", "host-b", slow_step=SLOW_STEP, end=False)
             with PrometheusServer(root / "prometheus", [f"127.0.0.1:{processor.prom}"],
                                   features=["exemplar-storage"]) as prom:
-                query = f'{{__name__=~"traceml_run_steps_total|traceml_run_metric_time_seconds_total",traceml_run_id="{RUN}"}}'
-                assert wait_until(lambda: len(prom.exemplars(query)) >= 3, 60, 0.5), prom.exemplars(query)
+                names = "traceml_run_steps_total|traceml_run_metric_time_seconds_total|traceml_run_badput_time_seconds_total"
+                query = f'{{__name__=~"{names}",traceml_run_id="{RUN}"}}'
+                assert wait_until(lambda: len(prom.exemplars(query)) >= 5, 60, 0.5), prom.exemplars(query)
                 found = prom.exemplars(query)
             assert receiver.wait_for(lambda: any(p.exemplars for _, _, p in receiver.metric_points()), 30)
             request = urllib.request.Request(f"http://127.0.0.1:{processor.prom}/metrics")  # no Accept: text 0.0.4
@@ -52,7 +53,9 @@ def exemplar_run(tmp_path_factory):
 
 
 def _by_series(found: list[dict]) -> dict[tuple, list[dict]]:
-    return {(s["seriesLabels"]["__name__"], s["seriesLabels"].get("traceml_metric")): s["exemplars"] for s in found}
+    return {(s["seriesLabels"]["__name__"],
+             s["seriesLabels"].get("traceml_metric") or s["seriesLabels"].get("traceml_badput_cause")): s["exemplars"]
+            for s in found}
 
 
 def test_prometheus_returns_the_worst_steps_trace_id(exemplar_run):
@@ -66,6 +69,9 @@ def test_prometheus_returns_the_worst_steps_trace_id(exemplar_run):
     input_wait = series[("traceml_run_metric_time_seconds_total", v.METRIC_INPUT_WAIT)]
     assert {e["labels"]["trace_id"] for e in input_wait} == {slow_trace}
     assert float(input_wait[-1]["value"]) == pytest.approx(3 * 0.100)
+    # The straggler's cost, by ledger cause, leads to the same step.
+    stall = series[("traceml_run_badput_time_seconds_total", "straggler_wait")]
+    assert {e["labels"]["trace_id"] for e in stall} == {slow_trace}
     # Backward's worst cell is the waiting rank's (120 ms on every step): its own span, not rank 0's.
     backward = series[("traceml_run_metric_time_seconds_total", v.METRIC_BACKWARD)]
     waiting = {exemplar_run["sent"].span_ids[(1, step)][0].hex() for step in range(24)}

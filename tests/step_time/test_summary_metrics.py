@@ -32,6 +32,7 @@ def by_name(points, name):
 
 def test_only_vocabulary_names_and_attribute_keys_and_never_a_step():
     specs = {s.name: s for s in SUMMARY_METRICS}
+    from traceml.processor.diagnosis.ledger import window_ledger
     from traceml.processor.reporting.step_exemplars import StepTotals, advance
 
     analysis = dataclasses.replace(straggler(), resources=busy_gpu_run("run-test"))
@@ -39,7 +40,7 @@ def test_only_vocabulary_names_and_attribute_keys_and_never_a_step():
         analysis, freshness="live",
         memory=[RankMemory(0, "cuda:0", 1024, 2048)],
         telemetry=[RankTelemetry(1, False, {"spans": 4})], first_step_stored=0,
-        totals=advance(StepTotals(), analysis.window))
+        totals=advance(StepTotals(), analysis.window, ledger=window_ledger(analysis.window, analysis.diagnosis)))
     assert {p.name for p in points} == set(specs)  # every summary metric is produced here
     for p in points:
         assert p.check() is p

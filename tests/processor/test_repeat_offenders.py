@@ -27,6 +27,8 @@ pytestmark = pytest.mark.xdist_group("repeat_offenders")
 RULES = __import__("pathlib").Path(__file__).resolve().parents[2] / "deploy/prometheus/rules/traceml.rules.yml"
 REPLICA_A_RUNS = (("ro-1", "host-a"), ("ro-2", "host-a"), ("ro-3", "host-a"), ("ro-4", "host-b"),
                   ("ro-5", "host-c"))
+GPU = {"ro-1": "GPU-0a1b", "ro-2": "GPU-0a1b", "ro-3": "GPU-0a1b"}
+"""The host-a culprit's GPU (NVML's `hw.id` on its resource metrics): the same one each time."""
 REPLICA_B_RUNS = (("ro-6", "host-c"), ("ro-7", "host-c"))
 FLAGS = ["--repeat-offender-runs", "3", "--repeat-offender-window", "5"]
 
@@ -34,7 +36,7 @@ FLAGS = ["--repeat-offender-runs", "3", "--repeat-offender-window", "5"]
 def _summarise(replica: ProcessorProcess, runs) -> dict[str, dict]:
     out = {}
     for i, (run_id, host) in enumerate(runs):
-        send_straggler_run(replica.http, run_id, host, f"victim-{run_id}")
+        send_straggler_run(replica.http, run_id, host, f"victim-{run_id}", culprit_gpu=GPU.get(run_id))
         path = replica.summary_dir / run_id / "final_summary.json"
         # The culprit is recorded right after the summary file is written: wait for both before the
         # next run, whose rule reads that record.
@@ -86,14 +88,16 @@ def test_the_third_run_on_the_same_host_is_flagged_and_no_other(fleet_runs):
     [issue] = _repeat(summaries["ro-3"])
     assert issue["culprit_rank"] == 0 and issue["severity"] == d.SEVERITY_WARN
     evidence = issue["evidence"]
-    assert evidence["host"] == "host-a" and evidence["device"] is None
+    # The GPU the resource metrics named was the culprit in the same three runs.
+    assert evidence["host"] == "host-a" and evidence["device"] == GPU["ro-3"]
+    assert evidence["device_flagged_runs"] == ["ro-3", "ro-2", "ro-1"]
     assert evidence["flagged_runs"] == ["ro-3", "ro-2", "ro-1"] and evidence["min_flagged_runs"] == 3
     # The lost time is the ledger's straggler wait, summed over the three runs.
     ledger_waits = [summaries[r]["badput"]["run"]["causes"]["straggler_wait"]["rank_seconds"]
                     for r in ("ro-1", "ro-2", "ro-3")]
     assert all(w and w > 0 for w in ledger_waits)
     assert evidence["lost_rank_seconds"] == pytest.approx(sum(ledger_waits), rel=1e-3)
-    assert "host host-a" in issue["summary"] and "3 of its last 3 runs" in issue["summary"]
+    assert "host host-a (GPU GPU-0a1b)" in issue["summary"] and "3 of its last 3 runs" in issue["summary"]
     # Fewer than three on one host, a run on another host, and host-c split over two replicas: none.
     for run_id in ("ro-1", "ro-2", "ro-4", "ro-5", "ro-6", "ro-7"):
         assert _repeat(summaries[run_id]) == [], run_id
@@ -122,7 +126,8 @@ def test_traceml_fleet_and_the_web_page_list_hosts_by_runs_flagged(fleet_runs):
     assert fleet_cli.main(["--db", str(a.db)], out=out) == 0
     lines = out.getvalue().splitlines()
     assert lines[2].split()[:4] == ["host-a", "-", "3", "3"]  # host, gpu, runs flagged, runs seen
-    assert [line.split()[0] for line in lines[2:]] == ["host-a", "host-b", "host-c"]
+    assert lines[3].split()[:2] == ["GPU-0a1b", "3"]  # its GPU's line: the culprit's GPU in all three
+    assert [line.split()[0] for line in lines[2:]] == ["host-a", "GPU-0a1b", "host-b", "host-c"]
     out = io.StringIO()
     assert fleet_cli.main(["--db", str(a.db), "--json"], out=out) == 0
     listing = json.loads(out.getvalue())

@@ -33,12 +33,14 @@ SERIAL: dict[str, str] = {
         "the late rank must wait 20 of the injected 50 ms less than the other",
     "tests/instrumentation/test_collective_wait.py::test_ddp_rank_slowed_in_backward_waits_least_and_enters_last":
         "wait and entry-order margins of 20 ms between three ranks",
-    "tests/launcher/test_collective_diagnosis.py":
-        "a balanced run must name no rank (jitter under 10 % of the step), a drift's onset within 2 steps",
+    "tests/launcher/test_collective_diagnosis.py::test_a_balanced_ddp_run_names_no_rank":
+        "a balanced run must name no rank (jitter under 10 % of the step)",
+    "tests/launcher/test_collective_diagnosis.py::test_a_job_that_slows_down_from_step_30_on_is_reported_with_its_onset":
+        "a drift's onset within 2 steps",
     "tests/launcher/test_collective_hf.py":
         "the fast rank must wait 30 ms more than the slow one in each step's gather",
-    "tests/launcher/test_demo_and_surfaces.py::test_demo_diagnosis_names_the_injected_problem_and_rank":
-        "the balanced demo must name no rank; its runs are the module's shared demo runs",
+    "tests/launcher/test_demo_and_surfaces.py::test_demo_diagnosis_names_the_injected_problem_and_rank[balanced]":
+        "the balanced demo must name no rank; it runs first, so the module's shared balanced run is made here",
     "tests/launcher/test_demo_and_surfaces.py::"
     "test_an_injected_stragglers_ledger_attributes_most_lost_time_to_it_and_predicts_the_run_without_it":
         "the what-if of one run must hold a second run's step time within the first's step-to-step spread",
@@ -123,7 +125,7 @@ def mark_serial(items: list[pytest.Item], root: Path) -> None:
     # even when this run selected other tests of the module.
     stale = [entry for entry in SERIAL if not (root / entry.split("::", 1)[0]).is_file()
              or (entry.split("::", 1)[0] in modules and "::" in entry
-                 and not hasattr(modules[entry.split("::", 1)[0]], entry.split("::")[1]))]
+                 and not hasattr(modules[entry.split("::", 1)[0]], entry.split("::")[1].split("[", 1)[0]))]
     if stale:
         raise pytest.UsageError(f"tests/serial_tests.py names tests that do not exist: {stale}")
 

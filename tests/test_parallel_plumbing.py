@@ -1,11 +1,20 @@
-"""The suite's own parallel plumbing: free ports per pytest-xdist worker, and the lock that keeps
-the serial tests alone (tests/serial_tests.py)."""
+"""The suite's own parallel plumbing: free ports per pytest-xdist worker, the lock that keeps
+the serial tests alone, and the scheduler that keeps a shared fixture's module on one worker
+(tests/serial_tests.py)."""
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 import threading
+from pathlib import Path
+
+import pytest
 
 import harness.ports as ports
 from tests.serial_tests import SerialLock
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _ports_of(monkeypatch, worker: str, n: int) -> list[int]:
@@ -52,3 +61,23 @@ def test_a_serial_test_waits_for_the_others_and_new_ones_wait_for_it(tmp_path):
     serial.leave(exclusive=True)
     assert later_in.wait(30)
     later.leave(exclusive=False)
+
+
+def _workers_by_module(*paths: str) -> dict[str, set[str]]:
+    out = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadscope", "-v",
+                          "-p", "no:cacheprovider", *paths], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:]
+    workers: dict[str, set[str]] = {}
+    for worker, module in re.findall(r"^\[(gw\d)\] .*?PASSED (tests/[^:]+)::", out.stdout, re.M):
+        workers.setdefault(module, set()).add(worker)
+    return workers
+
+
+@pytest.mark.slow
+def test_under_two_workers_a_module_that_shares_a_fixture_runs_on_one_and_the_others_spread():
+    # pytest-xdist's own xdist_group is ignored under pytest 9.2; tests/serial_tests.py's
+    # scheduler must still keep a shared fixture's module on one worker (else each worker builds
+    # the shared thing again) while a module of independent tests goes to both.
+    shared, spread = "tests/processor/test_prometheus_exposition.py", "tests/schema/test_otlp_headers.py"
+    assert len(_workers_by_module(shared)[shared]) == 1
+    assert _workers_by_module(spread)[spread] == {"gw0", "gw1"}

@@ -292,6 +292,13 @@ class _Ledger:
         held = [METRIC_H2D, METRIC_COLLECTIVE_WAIT] + ([METRIC_INPUT_WAIT] if self.basis == METRIC_STEP_TIME else [])
         for metric in held:
             free -= np.nan_to_num(self.matrix(metric), nan=0.0)
+        _, _, floor_rank = self.waits()
+        waits = self.ctx.column(METRIC_COLLECTIVE_WAIT)
+        if floor_rank is not None and not all(r in waits for r in self.cohort):
+            # No collective wait measured: the straggler wait is each step's visible phase beyond the
+            # least waiting rank's (its per-step sum is the straggler cause), not the drift's.
+            visible = sum(np.nan_to_num(self.matrix(p), nan=0.0) for p in visible_phases(self.ctx))
+            free -= visible - visible[:, [self.cohort.index(floor_rank)]]
         out = {r: 0.0 for r in self.cohort}
         if not 0 < split < self.n:
             return out

@@ -180,6 +180,23 @@ def test_a_drift_counts_its_excess_over_its_own_best_window_once():
     assert drift.rank_seconds == pytest.approx(40 * 20 * 2 / 1000)  # every phase's growth
 
 
+def test_a_wait_that_grows_without_collective_wait_measured_is_the_stragglers_not_the_drifts():
+    # No collective wait: rank 0 waits in its backward for rank 1's input, 50 ms, then 80 ms from
+    # step 20 on. The job drifts (85 -> 115 ms), but every added ms is rank 1's input and rank 0's wait.
+    def payload(rank, s):
+        late = 80.0 if s >= 20 else 50.0
+        return step(iw=late, bwd=20.0) if rank == 1 else step(iw=0.0, bwd=20.0 + late)
+
+    a = analysis_of(payload, ranks=2, steps=40)
+    assert "STEP_TIME_DRIFT" in [i.kind for i in a.diagnosis.issues]
+    c = a.ledger.causes
+    assert c["communication"].rank_seconds is None
+    assert c["straggler_wait"].rank_seconds == pytest.approx((50 + 80) * 20 / 1000)
+    assert c["input_stall"].rank_seconds == pytest.approx((50 + 80) * 20 / 1000)
+    assert c["drift"].rank_seconds == pytest.approx(0.0, abs=1e-9)  # counted once, in its own causes
+    assert a.ledger.total_rank_seconds == pytest.approx(2 * 2.6)
+
+
 def test_a_short_window_cannot_judge_drift_and_a_loop_without_input_wait_has_no_input_stall():
     a = analysis_of(lambda r, s: step(cw=2.0), ranks=2, steps=12)
     c = a.ledger.causes

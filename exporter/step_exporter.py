@@ -56,10 +56,12 @@ RESOURCE_QUEUE_SIZE = 1024
 """Resource snapshots held at most (or the queue size, if smaller) while the endpoint is away:
 over an hour at the default 5 s interval, about 1 kB each."""
 
-TRANSPORT_IDLE_S = 10.0
-"""After this long parked, the worker releases its transport (a gRPC channel's grpc threads cost
-about 0.1 % of a core while it is open); the next export connects again, a few milliseconds on
-this thread. Long enough that a job with steps a few seconds apart keeps its channel."""
+TRANSPORT_IDLE_S = 5.0
+"""After this long parked (at least 6 s after the last record: a round that found nothing comes
+first), the worker releases its transport: an open gRPC channel's grpc threads cost about 0.1 %
+of a core. The next export connects again, a few milliseconds on this thread, so a job whose
+steps are more than about 6 s apart pays that per step instead: about what the open channel
+would have cost it."""
 
 MEMORY_JOIN_WAIT_S = 2.0
 """How long a step waits for its memory snapshot: a few sampler intervals (both

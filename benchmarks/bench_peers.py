@@ -57,7 +57,15 @@ threads in the training process (samplers, sender, exporter) spend during the
 CPU-accounted ratio (as bench_overhead charges the samplers); the charge is an
 upper bound: it includes the idle polling done while other workers had their turns. The helper process (the original's aggregator, our
 processor) runs beside training, not in it: its CPU is given as a share of one core
-over the phase, not charged to the steps.
+over the phase, not charged to the steps. (d) Background in place, after the ~10 ms
+rounds, each tool's worker alone busy (`measure_background`): 20 s (full run 60 s) of
+its steps back to back, then 2 s untimed and 20 s (40 s) idle; per 1 s block, the
+process's other threads' CPU (process CPU minus the training thread's) and the helper
+process's, as shares of a core with a 95 % interval over the blocks, while training
+and while idle; and their cost per step in place: the steps during which the other
+threads spent CPU, with the step after each, against their unaffected neighbours
+(bench_overhead's samplers-in-place estimator, `benchmarks.lib.attribution`, applied to
+every thread of the tool, with its no-work control).
 
 Analysis (`--parts analysis`): each tool's store is built through its own
 write path (ours: `StepTimeStore.write`; the original: its aggregator's
@@ -374,8 +382,63 @@ def _serve_training(kind: str, shape: str) -> None:
     handlers = {"variants": lambda msg: list(variants),
                 "run": lambda msg: collect(msg["variant"], msg["steps"]),
                 "freeze": lambda msg: (__import__("gc").collect(), __import__("gc").freeze(), True)[-1],
-                "cpu": lambda msg: cpu_now()}
+                "cpu": lambda msg: cpu_now(),
+                "background": lambda msg: background_in_place(variants[msg["variant"]], helper, msg["train_s"],
+                                                      msg["idle_s"], msg["settle_s"])}
     _serve(handlers, close)
+
+
+BACKGROUND_BLOCK_S = 1.0
+"""One sample of the background figures: the other threads' and the helper's CPU over this long."""
+OTHER_THREADS_WORKED_S = 50e-6
+"""A step during which the process's other threads spent more CPU than this had background work in
+it (below: the jitter of reading two CPU clocks, and an idle gRPC channel's poller ticks)."""
+BACKGROUND_TOOLS = {"ours": ("ours manual", "ours auto"), "original-manual": ("original manual",),
+                    "original-auto": ("original auto",)}
+"""The variants whose background work is measured in place: every tool with threads or a helper."""
+
+
+def background_in_place(run, helper, train_s: float, idle_s: float, settle_s: float) -> dict:
+    """The tool's background cost in place, with this worker alone busy: `train_s` of its
+    steps back to back, then `settle_s` untimed and `idle_s` of nothing (the job between
+    steps or done). Per block of about a second: the CPU of the process's other threads
+    (process CPU minus the training thread's) and of the helper process, over the block's
+    wall time; per training step: its wall time and whether another thread spent CPU
+    during it (the coordinator reads the steps that did against their neighbours,
+    `benchmarks.lib.attribution`)."""
+    process, thread, now = time.process_time, time.thread_time, time.perf_counter
+    stamps: list = []
+
+    def clock() -> float:
+        t = now()
+        stamps.append((t, process() - thread()))
+        return t
+
+    def block_start():
+        return now(), process() - thread(), helper.cpu_s()
+
+    def block_end(start, steps=0):
+        t0, o0, h0 = start
+        t1, o1, h1 = now(), process() - thread(), helper.cpu_s()
+        return {"wall_s": t1 - t0, "threads_cpu_s": o1 - o0, "helper_cpu_s": h1 - h0, "steps": steps}
+
+    train, durations, per_call = [], [], 5
+    deadline = now() + train_s
+    while now() < deadline:
+        start, first = block_start(), len(durations)
+        block_deadline = min(deadline, start[0] + BACKGROUND_BLOCK_S)
+        while now() < block_deadline:
+            run(per_call, durations, clock)
+        train.append(block_end(start, len(durations) - first))
+    pairs = list(zip(stamps[0::2], stamps[1::2]))
+    marked = [end[1] - begin[1] > OTHER_THREADS_WORKED_S for begin, end in pairs]
+    time.sleep(settle_s)
+    idle = []
+    for _ in range(max(1, round(idle_s / BACKGROUND_BLOCK_S))):
+        start = block_start()
+        time.sleep(BACKGROUND_BLOCK_S)
+        idle.append(block_end(start))
+    return {"train": train, "idle": idle, "durations": [float(d) for d in durations], "marked": marked}
 
 
 def _serve(handlers: dict, close) -> None:
@@ -644,6 +707,7 @@ def measure_training(quick: bool, stamp: dict, log) -> dict:
                           lambda kind: PROFILER_BLOCK if kind == "torch-profiler" else 1, log, "~10 ms step")
         wall = time.monotonic() - t0
         cpu1 = {k: w.ask("cpu") for k, w in workers.items()}
+        figures["background"] = measure_background(workers, quick, log)
     finally:
         for w in workers.values():
             w.close()
@@ -673,6 +737,48 @@ def measure_training(quick: bool, stamp: dict, log) -> dict:
             "steps": steps})
     figures["big_phase_wall_s"] = wall
     return figures
+
+
+def mean_interval(values: list) -> tuple[float, float, float]:
+    """Mean and its 95 % interval (normal approximation over the blocks)."""
+    mean = statistics.fmean(values)
+    half = 1.96 * statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else float("inf")
+    return mean, mean - half, mean + half
+
+
+def measure_background(workers: dict, quick: bool, log) -> list:
+    """Each tool's background work in place, one worker busy at a time (`background_in_place`): the
+    training process's other threads and the helper process, as shares of a core while its
+    steps run back to back and while it is idle, per block with intervals; and the cost per
+    step of the other threads' work in the steps it lands in (`benchmarks.lib.attribution`,
+    the samplers-in-place estimator of bench_overhead applied to every thread of the tool)."""
+    from benchmarks.lib.attribution import attributed
+
+    train_s, idle_s, settle_s = (20.0, 20.0, 2.0) if quick else (60.0, 40.0, 2.0)
+    out = []
+    for kind, names in BACKGROUND_TOOLS.items():
+        if kind not in workers:
+            continue
+        for name in names:
+            log(f"  background in place: {name} ({train_s:.0f} s of steps, then {idle_s:.0f} s idle)")
+            got = workers[kind].ask("background", variant=name, train_s=train_s, idle_s=idle_s, settle_s=settle_s)
+            row = {"worker": kind, "variant": name, "steps": len(got["durations"]),
+                   "step_ms": statistics.median(got["durations"]) * 1e3}
+            for phase, key in (("training", "train"), ("idle", "idle")):
+                blocks = got[key]
+                row[f"{phase}_threads_cpu_share_ratio"] = mean_interval([b["threads_cpu_s"] / b["wall_s"] for b in blocks])
+                row[f"{phase}_helper_cpu_share_ratio"] = mean_interval([b["helper_cpu_s"] / b["wall_s"] for b in blocks])
+            steps = sum(b["steps"] for b in got["train"])
+            row["threads_cpu_us_per_step"] = sum(b["threads_cpu_s"] for b in got["train"]) / steps * 1e6 if steps else 0.0
+            found = attributed(got["durations"], got["marked"], after_steps=1)
+            row["in_place_us_per_step"] = found["per_step"] * 1e6
+            row["in_place_us_per_step_se"] = found["per_step_se"] * 1e6
+            row["in_place_marked_ratio"] = found["share"]
+            row["in_place_control_us_per_run"] = found["control_per_run"] * 1e6
+            row["in_place_control_us_per_run_se"] = found["control_per_run_se"] * 1e6
+            row["in_place_runs"] = found["runs"]
+            out.append(row)
+    return out
 
 
 def measure_analysis(quick: bool, log) -> dict:
@@ -755,6 +861,24 @@ def _print(figures: dict, stamp: dict) -> None:
                   f"thread {r['added_thread_cpu_us']:+7.1f} us, threads {r['background_cpu_us_per_step']:6.1f} us "
                   f"-> {r['cpu_accounted_ratio']:.4f}; threads {100 * r['threads_cpu_share_ratio']:.2f} %, "
                   f"helper {100 * r['helper_cpu_share_ratio']:.1f} % of a core")
+        if t.get("background"):
+            print("\n~10 ms step, each tool alone in place: its other threads in the training process and its helper "
+                  "process as shares of one core (mean over 1 s blocks, 95 % interval), while its steps run back to "
+                  "back and while it is idle; the other threads' CPU per step; their cost to the steps they land in "
+                  "(steps with their work against their neighbours, +- standard error; control: the same estimator "
+                  "where no work is near)")
+            for r in t["background"]:
+                def pct(key):
+                    m, lo, hi = r[key]
+                    return f"{100 * m:.3f} % [{100 * lo:.3f}, {100 * hi:.3f}]"
+                print(f"  {r['variant']:16s} training: threads {pct('training_threads_cpu_share_ratio')}, helper "
+                      f"{pct('training_helper_cpu_share_ratio')}; idle: threads {pct('idle_threads_cpu_share_ratio')}, helper "
+                      f"{pct('idle_helper_cpu_share_ratio')}")
+                print(f"  {'':16s} threads {r['threads_cpu_us_per_step']:.1f} us CPU per step; in place "
+                      f"{r['in_place_us_per_step']:+.1f} +- {r['in_place_us_per_step_se']:.1f} us per step "
+                      f"({r['in_place_runs']} runs, {100 * r['in_place_marked_ratio']:.1f} % of {r['steps']} steps "
+                      f"of {r['step_ms']:.2f} ms; control {r['in_place_control_us_per_run']:+.0f} +- "
+                      f"{r['in_place_control_us_per_run_se']:.0f} us per run)")
     if "analysis" in figures:
         print("\nAnalysis on the same data shape (400 steps/rank, 5 phases; live window 100, lookback 4), ms")
         print(f"{'ranks':>6} {'ours live':>10} {'orig live':>10} {'orig/ours':>9} {'ours summ':>10} {'orig summ':>10} "

@@ -65,3 +65,55 @@ def test_torch_profiler_training_worker_times_each_variant():
         assert cpu["process_cpu_s"] >= cpu["thread_cpu_s"] > 0
     finally:
         worker.close()
+
+
+def test_mean_interval_brackets_the_mean_and_narrows_with_more_blocks():
+    few = bench_peers.mean_interval([0.001, 0.003, 0.002, 0.002])
+    many = bench_peers.mean_interval([0.001, 0.003, 0.002, 0.002] * 25)
+    assert few[1] < few[0] == 0.002 < few[2]
+    assert many[2] - many[1] < few[2] - few[1]
+
+
+def test_background_in_place_reads_the_other_threads_cpu_in_training_and_idle_blocks():
+    """A thread beside the steps burning CPU now and then: its share shows while training, its steps are
+    marked, and the idle blocks (with the thread stopped) read about nothing."""
+    import threading
+    import time
+
+    stop, busy = threading.Event(), threading.Event()
+
+    def other():
+        while not stop.is_set():
+            if busy.is_set():
+                t0 = time.thread_time()
+                while time.thread_time() - t0 < 0.002:  # 2 ms of CPU
+                    pass
+            time.sleep(0.02)
+
+    class Helper:
+        def cpu_s(self) -> float:
+            return 0.0
+
+    def run(steps, out, clock):
+        for _ in range(steps):
+            t0 = clock()
+            time.sleep(0.005)
+            out.append(clock() - t0)
+
+    thread = threading.Thread(target=other, daemon=True)
+    thread.start()
+    busy.set()
+    try:
+        original = bench_peers.BACKGROUND_BLOCK_S
+        bench_peers.BACKGROUND_BLOCK_S = 0.2
+        got = bench_peers.background_in_place(
+            lambda steps, out, clock: (run(steps, out, clock), busy.clear() if len(out) > 40 else None),
+            Helper(), train_s=0.6, idle_s=0.4, settle_s=0.0)
+    finally:
+        bench_peers.BACKGROUND_BLOCK_S = original
+        stop.set()
+        thread.join()
+    assert len(got["train"]) >= 2 and len(got["idle"]) == 2
+    assert got["train"][0]["threads_cpu_s"] > 0.005 and got["train"][0]["steps"] > 0
+    assert sum(got["marked"]) > 0 and len(got["marked"]) == len(got["durations"])
+    assert all(b["threads_cpu_s"] < 0.002 for b in got["idle"])

@@ -3,8 +3,8 @@
     .venv/bin/python -m benchmarks.bench_ingest_mapped            # 2 rounds x 6 s each, alternating
     .venv/bin/python -m benchmarks.bench_ingest_mapped --json
 
-The processor is the real CLI in its own process (`bench_ingest.Processor`); senders are
-threads sending pre-serialised OTLP/gRPC requests (`bench_ingest.sustained`), so client-side
+The processor is the real CLI in its own process (`benchmarks.lib.ingest_load.Processor`); senders are
+threads sending pre-serialised OTLP/gRPC requests (`ingest_load.sustained`), so client-side
 encoding does not count. Each request holds `--batch` consecutive steps of one rank:
 
 - **ours**: one `traceml.step` span per step (the span alone is the row);
@@ -30,7 +30,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb
 from opentelemetry.proto.resource.v1 import resource_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2 as span_data
 
-from benchmarks.bench_ingest import Processor, build_requests, grpc_sender, sustained
+from benchmarks.lib.ingest_load import Processor, build_requests, grpc_sender, sustained
 from benchmarks.lib.json_output import add_json_flag, print_json, table_output
 from harness.otlp_payloads import kv
 

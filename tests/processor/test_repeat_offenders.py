@@ -158,3 +158,26 @@ def test_a_gpu_that_repeats_on_a_host_is_named_and_a_cuda_index_never_is():
     # Unflagged runs of the host count against it.
     quiet = [fleet.HostRun(f"q{i}", float(i), False) for i in range(4)]
     assert fleet.repeat_offence(record("now", ""), quiet + history, k=3, n=5) is None
+
+
+def test_wire_strings_in_the_fleet_listing_are_escaped_on_the_page_and_the_terminal(tmp_path):
+    """Host and GPU names come from the wire: markup stays text on the page, control sequences
+    are spelled out on the terminal, and the JSON keeps the true strings."""
+    from traceml.launcher import fleet as fleet_cli
+    from traceml.processor.sqlite_writer import StepTimeStore
+    from traceml.processor.web.app import WebApp
+    from traceml.processor.web.feed import RunFeed
+    import time
+
+    db = tmp_path / "traceml.db"
+    host, gpu = "<script>alert(1)</script>\x1b[2J", "GPU-<i>"
+    with StepTimeStore(db) as store:
+        store.record_culprits("r1", [fleet.CulpritRecord("r1", 0, d.INPUT_STRAGGLER, host, gpu, time.time(), 5.0, None)])
+    html = WebApp(RunFeed(db)).handle("GET", "/ui/fleet", "", {}).body.decode()
+    assert "<script>alert" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "GPU-&lt;i&gt;" in html
+    listing = json.loads(WebApp(RunFeed(db)).handle("GET", "/ui/api/fleet", "", {}).body)
+    assert [(e["host"], e["device"], e["runs_flagged"]) for e in listing] == [(host, "", 1), (host, gpu, 1)]
+    out = io.StringIO()
+    assert fleet_cli.main(["--db", str(db)], out=out) == 0
+    assert "\x1b" not in out.getvalue() and "\\x1b[2J" in out.getvalue()

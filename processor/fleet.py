@@ -177,20 +177,22 @@ def repeat_offender_issue(offence: RepeatOffence) -> DiagnosisIssue:
 
 
 def with_repeat_offences(analysis, offences: Iterable[RepeatOffence]):
-    """`analysis` with a REPEAT_OFFENDER_HOST issue right after each straggler finding it repeats."""
+    """`analysis` with a REPEAT_OFFENDER_HOST issue per offence, each placed where the diagnosis's
+    order puts it (`diagnosis.api.issue_order_key`: severity, score, ...) among the others, which
+    keep their places."""
     from dataclasses import replace
 
+    from traceml.processor.diagnosis.api import issue_order_key
     from traceml.processor.step_time.model import StepTimeDiagnosis
 
-    by_rank = {offence.culprit_rank: offence for offence in offences}
-    if not by_rank:
+    issues = list(analysis.diagnosis.issues)
+    added = [repeat_offender_issue(offence) for offence in offences]
+    if not added:
         return analysis
-    issues: list[DiagnosisIssue] = []
-    for issue in analysis.diagnosis.issues:
-        issues.append(issue)
-        offence = by_rank.pop(issue.culprit_rank, None) if issue.kind in d.STRAGGLER_KINDS else None
-        if offence is not None:
-            issues.append(repeat_offender_issue(offence))
+    for new in added:
+        key = issue_order_key(new)
+        at = next((i for i, issue in enumerate(issues) if issue_order_key(issue) > key), len(issues))
+        issues.insert(at, new)
     return replace(analysis, diagnosis=StepTimeDiagnosis(tuple(issues)))
 
 

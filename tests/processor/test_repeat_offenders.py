@@ -181,3 +181,22 @@ def test_wire_strings_in_the_fleet_listing_are_escaped_on_the_page_and_the_termi
     out = io.StringIO()
     assert fleet_cli.main(["--db", str(db)], out=out) == 0
     assert "\x1b" not in out.getvalue() and "\\x1b[2J" in out.getvalue()
+
+
+def test_the_finding_takes_its_place_in_the_diagnosis_order():
+    """A warn repeat-offender finding goes after every crit finding and before lower warn scores,
+    whatever the straggler finding it repeats ranks as; the others keep their order."""
+    import dataclasses
+
+    from traceml.processor.diagnosis.api import issue_order_key
+    from traceml.processor.step_time.model import DiagnosisIssue, StepTimeDiagnosis
+
+    issues = (DiagnosisIssue(d.INPUT_STRAGGLER, d.SEVERITY_CRIT, d.STATUS_CONFIRMED, 0.7, "s", culprit_rank=0),
+              DiagnosisIssue(d.INPUT_BOUND, d.SEVERITY_CRIT, d.STATUS_CONFIRMED, 0.35, "b"),
+              DiagnosisIssue(d.RESIDUAL_HEAVY, d.SEVERITY_WARN, d.STATUS_CONFIRMED, 0.12, "r"))
+    analysis = dataclasses.make_dataclass("A", [("diagnosis", object)], frozen=True)(StepTimeDiagnosis(issues))
+    offence = fleet.repeat_offence(fleet.CulpritRecord("now", 0, d.INPUT_STRAGGLER, "h", "", 0.0, 1.0, None),
+                                   [fleet.HostRun("a", 1.0, True), fleet.HostRun("b", 0.5, True)], k=3, n=5)
+    out = fleet.with_repeat_offences(analysis, [offence]).diagnosis.issues
+    assert [i.kind for i in out] == [d.INPUT_STRAGGLER, d.INPUT_BOUND, d.REPEAT_OFFENDER_HOST, d.RESIDUAL_HEAVY]
+    assert [issue_order_key(i) for i in out] == sorted(issue_order_key(i) for i in out)

@@ -129,8 +129,8 @@ class OtlpStepExporter:
         self._shutdown_deadline: float | None = None
         self._start_ns = time.time_ns()
         self._dropped = {QUEUE_SPANS: 0, QUEUE_METRICS: 0}
-        self._failures = {s: 0 for s in v.SIGNALS}
-        self._retries = {s: 0 for s in v.SIGNALS}
+        self._failures = {s: 0 for s in v.EXPORTED_SIGNALS}
+        self._retries = {s: 0 for s in v.EXPORTED_SIGNALS}
         self._steps_received = 0
         self._steps_exported = 0
         self._spans_exported = 0

@@ -311,7 +311,7 @@ class SignalRoutes:
     def __init__(self, settings: ExporterSettings, stop: threading.Event):
         built: dict[SignalSettings, GrpcTransport | HttpTransport] = {}
         self._routes = {}
-        for signal in v.SIGNALS:
+        for signal in v.EXPORTED_SIGNALS:
             signal_settings = settings.signal(signal)
             if signal_settings not in built:
                 built[signal_settings] = (GrpcTransport(signal_settings, stop)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from traceml.schema.vocabulary import EXPORTED_SIGNALS
+
 # --- Standard OpenTelemetry variables honoured ---------------------------------
 OTEL_SDK_DISABLED = "OTEL_SDK_DISABLED"
 OTEL_SERVICE_NAME = "OTEL_SERVICE_NAME"
@@ -56,8 +58,8 @@ OTEL_BSP_MAX_EXPORT_BATCH_SIZE = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"
 OTEL_METRIC_EXPORT_INTERVAL = "OTEL_METRIC_EXPORT_INTERVAL"
 OTEL_METRIC_EXPORT_TIMEOUT = "OTEL_METRIC_EXPORT_TIMEOUT"
 
-OTLP_SIGNALS = ("traces", "metrics")
-"""The signals TraceML exports (`vocabulary.SIGNALS` names the same two)."""
+OTLP_SIGNALS = EXPORTED_SIGNALS
+"""The signals TraceML exports, each with its per-signal variables."""
 OTLP_OPTIONS = ("ENDPOINT", "PROTOCOL", "HEADERS", "TIMEOUT", "COMPRESSION", "INSECURE", "CERTIFICATE",
                 "CLIENT_KEY", "CLIENT_CERTIFICATE")
 """The OTLP exporter options that each have a generic and a per-signal variable."""

@@ -287,6 +287,9 @@ SIGNAL_TRACES: Signal = "traces"
 SIGNAL_METRICS: Signal = "metrics"
 SIGNAL_LOGS: Signal = "logs"
 SIGNALS: tuple[Signal, ...] = (SIGNAL_TRACES, SIGNAL_METRICS, SIGNAL_LOGS)
+"""Every signal the processor receives and counts."""
+EXPORTED_SIGNALS: tuple[Signal, ...] = (SIGNAL_TRACES, SIGNAL_METRICS)
+"""The signals TraceML's exporter sends."""
 
 # Final counts on the `traceml.run.end` span (besides ATTR_STEPS_COMPLETED and,
 # when any step was published, ATTR_STEP = the last step number).

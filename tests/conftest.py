@@ -1,4 +1,5 @@
 """Project-wide pytest options, where the rewritten test modules are cached, and which tests run alone."""
+import re
 import sys
 from pathlib import Path
 
@@ -29,6 +30,19 @@ def pytest_collection_modifyitems(config, items):
     mark_serial(items, config.rootpath)
     if getattr(config, "workerinput", None) is not None and config.option.basetemp:
         group_shared_fixtures(items, Path(config.option.basetemp).parent)
+
+
+_WHOLLY_SLOW = re.compile(r"^pytestmark = \[?pytest\.mark\.slow\b", re.M)
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Under the fast loop's `-m "not slow"`, a module marked slow as a whole (a module-level
+    `pytestmark = pytest.mark.slow`, or a list that starts with it) is not even imported: its
+    imports alone (transformers' Trainer, say) cost seconds of the loop's minute."""
+    if (config.option.markexpr or "").split() == ["not", "slow"] and collection_path.suffix == ".py" \
+            and collection_path.name.startswith("test_") and _WHOLLY_SLOW.search(collection_path.read_text()):
+        return True
+    return None
 
 
 def pytest_xdist_make_scheduler(config, log):

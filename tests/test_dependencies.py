@@ -124,6 +124,7 @@ def test_core_and_processor_dependencies_are_exactly_what_each_side_imports():
                                          "imported, not declared": sorted(service - core - processor)}
 
 
+@pytest.mark.slow
 def test_the_training_stack_is_only_in_extras():
     extras = _project()["optional-dependencies"]
     in_extras = {_canonical(Requirement(dep).name) for deps in extras.values() for dep in deps}

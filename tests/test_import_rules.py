@@ -116,6 +116,7 @@ def test_schema_is_standard_library_only():
     assert bad == []
 
 
+@pytest.mark.slow
 def test_processor_never_imports_the_training_side():
     forbidden = ("torch", "transformers", "lightning", "pytorch_lightning", "traceml.exporter",
                  "traceml.integrations", "traceml.launcher")
@@ -157,6 +158,7 @@ def test_presenters_never_load_sqlite_or_diagnose():
                                                "traceml.processor.step_time.pipeline")) == []
 
 
+@pytest.mark.slow
 def test_every_service_side_module_imports_without_the_training_stack():
     """The container ships no torch, transformers or lightning: not only the package,
     every module of processor/ and schema/ (the CLI, the receivers, the summary push)

@@ -47,6 +47,7 @@ def _enter_in_thread(lock: SerialLock, exclusive: bool) -> threading.Event:
     return entered
 
 
+@pytest.mark.slow
 def test_a_serial_test_waits_for_the_others_and_new_ones_wait_for_it(tmp_path):
     # Three workers' locks on one run's folder (flock: separate open files exclude each other).
     running, serial, later = SerialLock(tmp_path), SerialLock(tmp_path), SerialLock(tmp_path)

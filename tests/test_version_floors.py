@@ -92,6 +92,7 @@ def _old(tmp_path: Path, name: str, version: str) -> dict[str, str]:
     ("traceml.launcher.cli", ["demo"], "torch", "2.0.1"),
     ("traceml.processor.cli", ["--db", "x.db"], "opentelemetry-sdk", "1.26.0"),
 ])
+@pytest.mark.slow
 def test_a_command_refuses_a_component_below_its_floor_in_one_line(tmp_path, module, argv, package, old):
     env = _old(tmp_path, package, old)
     out = subprocess.run([sys.executable, "-m", module, *argv], cwd=tmp_path, env=env, capture_output=True,

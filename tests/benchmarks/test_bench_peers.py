@@ -74,6 +74,7 @@ def test_mean_interval_brackets_the_mean_and_narrows_with_more_blocks():
     assert many[2] - many[1] < few[2] - few[1]
 
 
+@pytest.mark.slow
 def test_background_in_place_reads_the_other_threads_cpu_in_training_and_idle_blocks():
     """A thread beside the steps burning CPU now and then: its share shows while training, its steps are
     marked, and the idle blocks (with the thread stopped) read about nothing."""

@@ -40,6 +40,7 @@ def _rel(path: Path) -> str:
     return path.relative_to(ROOT).as_posix()
 
 
+@pytest.mark.slow
 def test_benchmarks_and_checks_import_shared_code_only_from_the_library():
     wrong = []
     for path in _sources("benchmarks", "checks"):

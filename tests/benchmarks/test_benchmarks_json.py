@@ -23,6 +23,7 @@ def _run_json(module: str, *args: str) -> dict:
     return document
 
 
+@pytest.mark.slow
 def test_bench_surfaces_prints_its_figures_as_json():
     document = _run_json("benchmarks.bench_surfaces", "--ranks", "1", "2", "--repeats", "1")
     assert document["config"]["ranks"] == [1, 2]
@@ -33,6 +34,7 @@ def test_bench_surfaces_prints_its_figures_as_json():
             assert row[key] > 0
 
 
+@pytest.mark.slow
 def test_bench_step_time_prints_its_figures_as_json():
     document = _run_json("benchmarks.bench_step_time", "--ranks", "1", "--summary-ranks", "1",
                          "--summary-steps", "50")

@@ -74,6 +74,7 @@ def processor(tmp_path_factory):
     assert proc.stop() == 0, proc.log_text()
 
 
+@pytest.mark.slow
 def test_the_entrypoint_command_serves_healthz_readyz_and_metrics(processor):
     for path in ("/healthz", "/readyz"):
         with urllib.request.urlopen(f"http://127.0.0.1:{processor.port(4318)}{path}", timeout=5) as response:

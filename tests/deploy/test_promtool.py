@@ -28,12 +28,14 @@ def test_check_rules():
     assert "SUCCESS" in promtool("check", "rules", *files, cwd=RULES)
 
 
+@pytest.mark.slow
 def test_rule_unit_tests_pass():
     tests = sorted(p.name for p in RULES.glob("*_test.yml"))
     assert tests
     assert "SUCCESS" in promtool("test", "rules", *tests, cwd=RULES)
 
 
+@pytest.mark.slow
 def test_a_broken_expectation_fails(tmp_path):
     """The unit tests can fail: flip one expected alert and promtool must refuse it."""
     text = (RULES / "traceml.rules_test.yml").read_text()

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
+import pytest
+
 from harness.exporter_records import identity, memory_record, step_record
 from harness.stored_rows import stored_memory_values, stored_step_keys
 
@@ -22,6 +24,7 @@ def _series(receiver) -> set[tuple]:
             for _, metric, point in receiver.metric_points()}
 
 
+@pytest.mark.slow
 def test_memory_series_count_stays_constant_over_1000_steps(fresh_receiver, tmp_path):
     run_id = "cardinality"
     # The periodic telemetry counters every 50 ms rather than every 10 s, so they are

@@ -9,6 +9,8 @@ import threading
 import time
 from dataclasses import replace
 
+import pytest
+
 from harness.exporter_records import identity, step_record
 from traceml.exporter import OtlpStepExporter, resolve_settings
 from traceml.exporter.encoding import OtlpEncoder
@@ -108,6 +110,7 @@ def test_records_arriving_steadily_go_out_each_interval_and_the_worker_parks_whe
         exporter.shutdown(5.0)
 
 
+@pytest.mark.slow
 def test_an_exporter_idle_for_a_while_releases_its_transport_and_the_next_record_reconnects(monkeypatch):
     """An open gRPC channel keeps grpc's own threads waking: parked long enough, the worker lets it go."""
     from traceml.exporter import step_exporter

@@ -106,6 +106,7 @@ def test_a_model_holding_its_own_class_gets_module_hooks(sink, manual):
     assert not model._forward_pre_hooks and not model._forward_hooks
 
 
+@pytest.mark.slow
 def test_the_class_wrapper_goes_with_the_last_instrumented_instance(sink, manual):
     first, second = traceml.wrap_forward(Net()), traceml.wrap_forward(Net())
     forward.remove_forward_instrumentation(first)

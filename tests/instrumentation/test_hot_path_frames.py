@@ -188,6 +188,7 @@ on the same step. Once a `trace_step` was entered the hook is gone and `optimize
 above holds."""
 
 
+@pytest.mark.slow
 def test_frames_of_an_update_that_ends_an_inferred_step(job_without_otel):
     traceml.init(mode="auto")
     torch.manual_seed(0)

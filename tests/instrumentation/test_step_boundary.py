@@ -59,6 +59,7 @@ def _loss(model, x, y):
     return torch.nn.functional.mse_loss(model(x), y)
 
 
+@pytest.mark.slow
 def test_one_step_per_update_with_input_wait_outside_the_traced_time(sink):
     traceml.init(mode="auto")
     model = _model()
@@ -100,6 +101,7 @@ def _generator(batches: int, width: int = 4, sleep_s: float = 0.0):
         yield torch.randn(2, width), torch.randn(2, 1)
 
 
+@pytest.mark.slow
 def test_without_a_dataloader_the_time_before_forward_is_the_input_wait(sink):
     # Issue 30 item 2: a generator's fetch lies between one update's end and the next forward.
     traceml.init(mode="auto")
@@ -127,6 +129,7 @@ def test_without_a_dataloader_the_time_before_forward_is_the_input_wait(sink):
     assert records[0].events[RAW_DATALOADER_NEXT].cpu_ms == 0.0
 
 
+@pytest.mark.slow
 def test_a_dataloader_step_keeps_its_next_as_the_input_wait(sink):
     traceml.init(mode="auto")
     model = _model()
@@ -142,6 +145,7 @@ def test_a_dataloader_step_keeps_its_next_as_the_input_wait(sink):
         assert r.events[RAW_STEP_TIME].cpu_ms >= 19.0
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_gives_one_step_per_update(sink):
     traceml.init(mode="auto")
     model = _model()
@@ -156,6 +160,7 @@ def test_gradient_accumulation_gives_one_step_per_update(sink):
     assert [_counts(r, RAW_OPTIMIZER_STEP) for r in records] == [1, 1, 1, 1]
 
 
+@pytest.mark.slow
 def test_two_optimizers_in_one_round_end_the_step_at_the_last_of_them(sink):
     traceml.init(mode="auto")
     model = _model()
@@ -174,6 +179,7 @@ def test_two_optimizers_in_one_round_end_the_step_at_the_last_of_them(sink):
     assert [_counts(r, RAW_BACKWARD) for r in records] == [1, 1, 1, 1, 1, 1]
 
 
+@pytest.mark.slow
 def test_a_gan_round_is_one_step_ending_at_the_first_optimizer(sink):
     traceml.init(mode="auto")
     gen, disc = _model(), _model()
@@ -193,6 +199,7 @@ def test_a_gan_round_is_one_step_ending_at_the_first_optimizer(sink):
     assert [_counts(r, RAW_FORWARD) for r in records] == [1, 2, 2, 2, 2]
 
 
+@pytest.mark.slow
 def test_an_optimizer_built_before_init_has_its_model_found_at_its_first_update(sink):
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -224,6 +231,7 @@ def _pending_full_collection() -> list:
     return kept
 
 
+@pytest.mark.slow
 def test_a_pending_full_collection_is_paid_at_the_first_update_outside_every_step(sink):
     """A full collection due when the loop starts (torch 2.15 on Python 3.13 under `traceml run`)
     lands between step 0 and step 1, not inside a step's input wait (collate allocates)."""
@@ -295,6 +303,7 @@ def test_a_loop_without_an_optimizer_gets_no_step_and_one_warning(sink):
         traceml.shutdown()  # said once per process
 
 
+@pytest.mark.slow
 def test_an_explicit_trace_step_switches_inference_off_without_double_counting(sink):
     traceml.init(mode="auto")
     model = _model()
@@ -387,6 +396,7 @@ def test_the_model_search_finds_the_outermost_wrapper():
     assert model_search.outermost_module_holding(torch.nn.Parameter(torch.zeros(1))) is None
 
 
+@pytest.mark.slow
 def test_an_integration_can_name_the_model_so_step_0_has_its_forward(sink):
     traceml.init(mode="auto")
     model = _model()
@@ -415,6 +425,7 @@ def test_the_gpu_traced_time_is_the_interval_minus_the_gpu_input_wait():
     assert totals[RAW_STEP_TIME] == EventTotals(7.0, None, 1)  # no GPU start event: unavailable, not 0
 
 
+@pytest.mark.slow
 def test_on_cuda_each_update_records_the_next_steps_gpu_start(sink, fake_gpu):
     """The CUDA branch with a fake device: the event recorded at one update is the GPU start of
     the next step, so GPU traced time exists from the second inferred step on."""

@@ -364,6 +364,7 @@ def test_shutdown_then_init_again_keeps_counting_and_re_hooks_the_model(sink):
 
 
 @pytest.mark.parametrize("mode", ["manual", "auto"])
+@pytest.mark.slow
 def test_a_model_the_job_drops_is_freed_while_traceml_runs(sink, mode):
     """trace_step remembers the last model's memory tracker without keeping the model
     (and its device memory) alive: a sweep that drops one model before building the

@@ -21,6 +21,10 @@ import warnings
 
 import pytest
 
+# Each test runs a real Trainer (about 0.5-1.2 s) and the module imports transformers' Trainer
+# (seconds): the fast loop leaves the whole module out, unimported (tests/conftest.py).
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 

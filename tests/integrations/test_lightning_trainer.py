@@ -17,6 +17,10 @@ import warnings
 
 import pytest
 
+# Importing lightning (and pytorch_lightning) costs seconds: the fast loop leaves the whole
+# module out, unimported (tests/conftest.py).
+pytestmark = pytest.mark.slow
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("lightning")
 pytest.importorskip("pytorch_lightning")
@@ -498,6 +502,7 @@ def test_resume_from_checkpoint_keeps_step_ids_process_local(traced, tmp_path):
 
 @pytest.mark.parametrize("broken", [FETCH, H2D, FWD, BWD, OPT, STEP, "install"],
                          ids=lambda raw: raw.rsplit(":", 1)[-1])
+@pytest.mark.slow
 def test_a_failing_telemetry_call_never_breaks_training(traced, monkeypatch, broken):
     from traceml import timing
 

@@ -167,6 +167,7 @@ def test_summary_rebuilds_the_same_result_from_the_run_folder(demo_runs, tmp_pat
     assert json.loads(rebuilt.output)["metadata"]["run_id"] == original["metadata"]["run_id"]
 
 
+@pytest.mark.slow
 def test_summary_reports_a_path_without_data_clearly(tmp_path):
     result = traceml(["summary", str(tmp_path)], tmp_path)
     assert result.returncode == 2

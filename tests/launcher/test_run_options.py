@@ -98,6 +98,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_help_compare_and_summary_work_without_torch():
     import subprocess
     import sys

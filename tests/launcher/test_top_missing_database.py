@@ -9,6 +9,8 @@ import io
 import threading
 import time
 
+import pytest
+
 from tests.launcher.launcher_helpers import traceml
 from traceml.launcher import top
 
@@ -20,6 +22,7 @@ def test_once_on_a_missing_database_answers_at_once(tmp_path):
     assert time.monotonic() - started < 20  # the interpreter's start under load; the old wait alone was 30 s
 
 
+@pytest.mark.slow
 def test_once_waits_when_asked(tmp_path, capsys):
     db = tmp_path / "late.db"
     started = time.monotonic()

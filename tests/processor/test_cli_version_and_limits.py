@@ -10,6 +10,7 @@ import pytest
 from traceml.processor.cli import config_from_args
 
 
+@pytest.mark.slow
 def test_version_prints_the_installed_package_version():
     out = subprocess.run([sys.executable, "-m", "traceml.processor.cli", "--version"],
                          capture_output=True, text=True, timeout=60)

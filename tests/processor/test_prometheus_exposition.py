@@ -245,6 +245,7 @@ def _send_big_run(port: int, run_id: str, steps: int = 24) -> None:
             traces.Export(trace_request(run_id, rank, [run_end_span(rank, steps)], world_size=RANKS), timeout=10)
 
 
+@pytest.mark.slow
 def test_per_rank_series_only_for_the_ranks_that_matter_and_every_rank_in_the_summary(tmp_path):
     svc = make_service(tmp_path, rank_series_top_k=2)
     try:

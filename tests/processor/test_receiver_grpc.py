@@ -153,6 +153,7 @@ def test_bearer_token_is_required_when_configured(tmp_path):
         svc.stop()
 
 
+@pytest.mark.slow
 def test_unauthenticated_calls_are_refused_before_their_body_is_read(tmp_path):
     """A body over the receive limit is answered UNAUTHENTICATED, not RESOURCE_EXHAUSTED: never read."""
     svc = make_service(tmp_path, auth=BearerAuth("s3cret"), prometheus=None)

@@ -7,6 +7,8 @@ import threading
 import time
 from types import SimpleNamespace
 
+import pytest
+
 from traceml.processor.metric_point import MetricPoint
 from traceml.processor.runs import END_BY_IDLE, RunMonitor
 from traceml.processor.step_time.model import RankIdentity, RawEventValue, StepTimeIngestRecord
@@ -52,6 +54,7 @@ def _until(predicate, timeout_s: float = 10.0) -> bool:
     return predicate()
 
 
+@pytest.mark.slow
 def test_rows_are_analysed_when_read_and_an_unchanged_run_never_again(tmp_path):
     backend = _Backend()
     monitor = RunMonitor(tmp_path / "absent.db", backend, summary_dir=None, refresh_interval_s=5.0,

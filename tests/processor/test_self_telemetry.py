@@ -122,6 +122,7 @@ def test_the_http_fronts_connection_events_reach_metrics(service):
                                 **refused(v.REFUSED_UNDECODABLE, v.SIGNAL_TRACES)}
 
 
+@pytest.mark.slow
 def test_each_refusal_class_is_counted_once_over_grpc_and_http(service):
     counters = Counters(service.prometheus_port)
     channel = grpc.insecure_channel(f"127.0.0.1:{service.grpc_port}")

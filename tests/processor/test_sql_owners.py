@@ -13,6 +13,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("processor", "launcher")
 SQL_OWNERS = frozenset({
@@ -81,6 +83,7 @@ def _modules() -> list[Path]:
     return sorted(path for folder in SCANNED for path in (ROOT / folder).rglob("*.py"))
 
 
+@pytest.mark.slow
 def test_only_the_store_owners_run_sql():
     outside = {}
     for path in _modules():
@@ -155,6 +158,7 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
+@pytest.mark.slow
 def test_only_the_ingest_path_loads_the_decoders():
     """Intake-to-store records and refusal reasons are `store_records`': the writer, the run
     monitor and every reader take them from there, never from a decoder."""

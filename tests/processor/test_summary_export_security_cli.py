@@ -278,6 +278,7 @@ def test_cli_defaults_are_loopback_and_off(monkeypatch):
     assert config.prometheus is None and config.export is None and not config.auth.enabled
 
 
+@pytest.mark.slow
 def test_cli_rejects_bad_settings_with_exit_code_2(tmp_path):
     out = subprocess.run([sys.executable, "-m", "traceml.processor.cli", "--db", str(tmp_path / "x.db"),
                           "--otlp-grpc", "nonsense"], capture_output=True, text=True, timeout=60)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -51,6 +53,7 @@ def test_changed_ids_are_bounded_and_carry_the_hash():
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(ids, min_size=2, max_size=8, unique=True))
+@pytest.mark.slow
 def test_different_ids_never_share_a_name(run_ids):
     # Each id's own sanitised form (and variants of it) joins the set: the adversarial case.
     candidates = set(run_ids)

@@ -299,6 +299,7 @@ def test_gzip_bombs_and_oversized_bodies_are_refused_without_harm(processor, cli
     assert_serving(processor, client)
 
 
+@pytest.mark.slow
 def test_resent_requests_add_no_rows(processor, client):
     """Client retries (the same bytes again, many times) are acknowledged and add nothing."""
     requests = [h.steps_request("fuzz-resend", rank, range(1, 6)) for rank in range(4)]
@@ -319,6 +320,7 @@ def test_deeply_nested_json_is_answered_400(processor, client):
         assert answer.status == 400, answer
 
 
+@pytest.mark.slow
 def test_grpc_undecodable_is_counted_and_answered_invalid_argument(processor, client):
     def undecodable() -> float:
         samples = h.prometheus_samples(processor.metrics_text(), "traceml_processor_requests_total")

@@ -135,6 +135,7 @@ def _dump(path: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("version", sorted({change.version for change in LAYOUT_CHANGES[:-1]} | {1}))
+@pytest.mark.slow
 def test_an_older_layout_of_ours_is_copied_beside_it_then_brought_up_to_date(tmp_path, version):
     path = older_database(tmp_path / "traceml.db", version)
     conn = sqlite3.connect(path)

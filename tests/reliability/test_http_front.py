@@ -89,6 +89,7 @@ def log_lines(proc: ProcessorProcess, needle: str) -> int:
     return sum(needle in line for line in proc.log_text().splitlines())
 
 
+@pytest.mark.slow
 def test_a_malformed_chunk_is_answered_and_the_rest_never_becomes_a_request(processor):
     smuggled = otlp_post("smuggled")
     attack = (b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
@@ -201,6 +202,7 @@ def test_idle_connections_at_the_cap_make_room_for_a_real_client(processor):
             sock.close()
 
 
+@pytest.mark.slow
 def test_a_client_hanging_up_early_costs_one_counted_line(processor):
     before = log_lines(processor, "hung_up")
     with raw(processor.http) as sock:

@@ -126,6 +126,7 @@ def test_bearer_token_alone_is_enforced_and_probes_stay_open(tmp_path):
 
 
 @pytest.mark.parametrize("content", ["", "  \n\t\n"], ids=["empty", "whitespace"])
+@pytest.mark.slow
 def test_an_empty_token_file_refuses_to_start(tmp_path, content):
     """An empty --auth-token-file once turned authentication off without a word."""
     token_file = tmp_path / "token"
@@ -140,6 +141,7 @@ def test_an_empty_token_file_refuses_to_start(tmp_path, content):
     assert "empty" in lines[0] and "Traceback" not in proc.log_text()
 
 
+@pytest.mark.slow
 def test_a_missing_token_file_refuses_to_start(tmp_path):
     proc = ProcessorProcess(tmp_path / "p", extra_args=["--auth-token-file", str(tmp_path / "absent")])
     with pytest.raises(RuntimeError):

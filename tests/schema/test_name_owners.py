@@ -6,6 +6,8 @@ import ast
 from pathlib import Path
 from typing import get_args
 
+import pytest
+
 from traceml.launcher import run_dir
 from traceml.processor.metric_point import SPECS, MetricPoint
 from traceml.schema import run_id as r
@@ -49,6 +51,7 @@ def test_the_specs_name_their_metrics_through_the_constants():
     assert [ast.unparse(node.args[0]) for node in specs if not isinstance(node.args[0], ast.Name)] == []
 
 
+@pytest.mark.slow
 def test_no_product_module_spells_an_exported_metric_name():
     """Builders (the projection, the run monitor, the service), renderers and the deploy generators
     all name the series through `schema.vocabulary`'s constants, never a literal of their own."""
@@ -59,6 +62,7 @@ def test_no_product_module_spells_an_exported_metric_name():
     assert found == []
 
 
+@pytest.mark.slow
 def test_one_point_type_for_every_exported_series():
     """No second class of MetricPoint's shape (name, attributes, value; with or without the step
     it stands for, `exemplar`) exists in the product."""
@@ -72,6 +76,7 @@ def test_one_point_type_for_every_exported_series():
     assert MetricPoint(v.METRIC_PROCESSOR_RUNS, {}, 1.0).check().value == 1.0  # own series check too
 
 
+@pytest.mark.slow
 def test_one_function_per_summary_writing_name_and_one_writer_of_the_files():
     """`write_final_summary` (store -> files) and `write_summary_files` (built summary -> files) are
     two jobs with two names, each defined once; only the latter opens the files for writing."""
@@ -84,6 +89,7 @@ def test_one_function_per_summary_writing_name_and_one_writer_of_the_files():
                        "write_summary_files": ["processor/reporting/final_summary.py"]}
 
 
+@pytest.mark.slow
 def test_the_summary_files_are_named_by_the_schema_alone():
     literals = [f"{path.relative_to(ROOT)}:{node.lineno}" for path, tree in _product_modules()
                 if path != ROOT / "schema" / "summary.py" for node in ast.walk(tree)
@@ -91,6 +97,7 @@ def test_the_summary_files_are_named_by_the_schema_alone():
     assert literals == []
 
 
+@pytest.mark.slow
 def test_run_id_sources_are_one_closed_set_both_sides_speak():
     assert get_args(r.RunIdSource) == r.RUN_ID_SOURCES
     assert len(set(r.RUN_ID_SOURCES)) == len(r.RUN_ID_SOURCES)

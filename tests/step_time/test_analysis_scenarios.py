@@ -31,6 +31,7 @@ def _avg(window, rank, metric):
 
 
 @pytest.mark.parametrize("profile", [PROFILE_LIVE, PROFILE_SUMMARY])
+@pytest.mark.slow
 def test_every_scenario_analyses_on_both_profiles_identically(scenario_db, scenario_name, profile):
     window = _window(scenario_db, scenario_name, profile)
     reference = _window(scenario_db, scenario_name, PROFILE_SUMMARY)

@@ -178,6 +178,7 @@ def test_json_schema_lists_exactly_the_public_metric_keys():
         "compute_ms", "residual_ms", "forward_ms", "backward_ms", "optimizer_ms"}
 
 
+@pytest.mark.slow
 def test_schema_rejects_a_missing_key_and_a_wrong_type():
     summary = project_final_summary(straggler_analysis(), RunMetadata("run-x"))
     broken = json.loads(json.dumps(summary))

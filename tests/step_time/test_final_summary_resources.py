@@ -34,6 +34,7 @@ def three_rank_analysis():
     return StepTimeAnalysis(window=w, diagnosis=diagnose(w))
 
 
+@pytest.mark.slow
 def test_a_run_without_resource_data_has_the_whole_section_with_nulls():
     for resources in (None, ResourceWindow.empty("run-x")):
         summary = summary_with(resources)

@@ -144,6 +144,7 @@ def test_an_empty_read_after_a_good_one_bridges(tmp_path):
 
 
 @pytest.mark.parametrize("max_cells", [None, 9, 24])
+@pytest.mark.slow
 def test_incremental_ring_cache_matches_a_fresh_full_read(tmp_path, max_cells):
     """Random arrivals, gaps, replacements and ring wrap-around (capacity 5 x 2 = 10 steps;
     with a cell cap of 9 or 24 cells for the 3 ranks, 3 or 8 step ids)."""

@@ -48,6 +48,7 @@ def _issues(view_or_summary):
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
+@pytest.mark.slow
 def test_issues_agree_on_every_surface(surfaces, name):
     web, report, report_html, live, final = surfaces[name]
     card = [(r.kind, r.severity, r.status, None if not r.rank else int(r.rank.split()[-1]))

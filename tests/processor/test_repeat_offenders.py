@@ -22,8 +22,6 @@ from harness.waiting import wait_until
 from traceml.processor import fleet
 from traceml.schema import diagnosis as d
 
-pytestmark = pytest.mark.xdist_group("repeat_offenders")
-
 RULES = __import__("pathlib").Path(__file__).resolve().parents[2] / "deploy/prometheus/rules/traceml.rules.yml"
 REPLICA_A_RUNS = (("ro-1", "host-a"), ("ro-2", "host-a"), ("ro-3", "host-a"), ("ro-4", "host-b"),
                   ("ro-5", "host-c"))

@@ -20,7 +20,7 @@ from harness.prometheus_server import PrometheusServer
 from harness.waiting import wait_until
 from traceml.schema import vocabulary as v
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("step_exemplars")]
+pytestmark = pytest.mark.slow
 
 SLOW_STEP = 7
 RUN = "exemplar-run"

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import grpc
 
-from benchmarks.lib.ingest_load import Processor, build_requests, grpc_sender, http_sender, sustained
+from benchmarks.lib.ingest_load import TRACE_METHOD, Processor, build_requests, grpc_sender, http_sender, sustained
 from benchmarks.lib.json_output import add_json_flag, print_json, table_output
 from harness.otlp_payloads import step_span, trace_request
 

@@ -2,7 +2,7 @@
 
 The span decoder (`decode_spans`) and the metric decoder (`decode_metrics`) judge
 attributes by one set of rules, kept here: a value too long, too many attributes,
-an integer of the wrong type or out of range, a resource's run id and rank
+an integer or a duration of the wrong type or out of range, a resource's run id and rank
 identity (TraceML keys win over the NeMo/Megatron aliases), and a point's or
 span's run and rank admitted under the run caps (`admission.RunAdmission`). A
 rule broken raises `Reject` with its reason word (`store_records`); the decoder
@@ -10,6 +10,7 @@ counts it against the span or point and keeps the rest of the request.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping
 
@@ -19,6 +20,7 @@ from traceml.processor.store_records import (
     MISSING_RANK,
     MISSING_RUN_ID,
     NEGATIVE,
+    NON_FINITE,
     ABSURD,
     TOO_MANY_ATTRIBUTES,
     WRONG_TYPE,
@@ -85,6 +87,21 @@ def attributes(kvs, limits: "DecodeLimits") -> dict:
             raise Reject(ATTRIBUTE_TOO_LARGE, f"attribute key of {len(key)} characters")
         out[key] = any_value(kv.value, limits, key)
     return out
+
+
+def ms_value(value, key: str, limits: "DecodeLimits", to_ms: float = 1.0) -> float:
+    """A duration attribute in its wire unit (`to_ms` milliseconds each) -> milliseconds, checked."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise Reject(WRONG_TYPE, f"{key} must be a number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise Reject(NON_FINITE, f"{key} is {value}")
+    if value < 0:
+        raise Reject(NEGATIVE, f"{key} is {value}")
+    ms = value * to_ms
+    if ms > limits.max_event_ms:
+        raise Reject(ABSURD, f"{key} is {value} ({ms:g} ms, cap {limits.max_event_ms:g} ms)")
+    return ms
 
 
 def int_attr(attrs: Mapping, key: str, *, allow_string: bool, minimum: int, maximum: int) -> int | None:

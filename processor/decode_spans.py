@@ -15,7 +15,6 @@ of the store.
 """
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Mapping
 
 from traceml.processor.decode_attributes import (
@@ -24,6 +23,7 @@ from traceml.processor.decode_attributes import (
     ResourceIdentity,
     attributes,
     int_attr,
+    ms_value,
     resource_identity,
     span_identity,
     Unsupported,
@@ -31,7 +31,6 @@ from traceml.processor.decode_attributes import (
 from traceml.processor.mapping.spans import MappingSet
 from traceml.processor.step_time.model import RawEventValue, StepMemoryIngestRecord, StepTimeIngestRecord
 from traceml.processor.store_records import (
-    ABSURD,
     ATTRIBUTE_TOO_LARGE,
     IGNORED_FOREIGN,
     IGNORED_PHASE_SPAN,
@@ -39,7 +38,6 @@ from traceml.processor.store_records import (
     MISSING_TIMESTAMP,
     NEGATIVE,
     NO_EVENTS,
-    NON_FINITE,
     TOO_MANY_ATTRIBUTES,
     WRONG_TYPE,
     DecodedBatch,
@@ -51,21 +49,6 @@ from traceml.schema.endings import MARKER_OUTCOMES
 if TYPE_CHECKING:
     from traceml.processor.admission import RunAdmission
     from traceml.processor.decode import DecodeLimits
-
-
-def _ms_value(value, key: str, limits: "DecodeLimits", to_ms: float = 1.0) -> float:
-    """A duration attribute in its wire unit (`to_ms` milliseconds each) -> milliseconds, checked."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise Reject(WRONG_TYPE, f"{key} must be a number, got {value!r}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise Reject(NON_FINITE, f"{key} is {value}")
-    if value < 0:
-        raise Reject(NEGATIVE, f"{key} is {value}")
-    ms = value * to_ms
-    if ms > limits.max_event_ms:
-        raise Reject(ABSURD, f"{key} is {value} ({ms:g} ms, cap {limits.max_event_ms:g} ms)")
-    return ms
 
 
 _MEMORY_PEAK_KEYS = (v.ATTR_MEMORY_PEAK_ALLOCATED, v.ATTR_MEMORY_PEAK_RESERVED)
@@ -233,7 +216,7 @@ class SpanDecoder:
             else:
                 val = value.double_value * to_ms
                 if not 0.0 < val <= max_ms:
-                    val = _ms_value(_kv_value(value, key, max_bytes), key, limits, to_ms)
+                    val = ms_value(_kv_value(value, key, max_bytes), key, limits, to_ms)
             entry = fields.get(raw_event)
             if entry is None:
                 fields[raw_event] = entry = [None, None, None]

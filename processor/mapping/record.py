@@ -15,15 +15,13 @@ the CPU clock, never the GPU's.
 """
 from __future__ import annotations
 
-import math
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping
 
-from traceml.processor.decode_attributes import Reject, ResourceIdentity
+from traceml.processor.decode_attributes import Reject, ResourceIdentity, int_attr, ms_value
 from traceml.processor.step_time.model import RankIdentity, RawEventValue, StepTimeIngestRecord
 from traceml.processor.store_records import (
-    ABSURD,
     ATTRIBUTE_TOO_LARGE,
     MISSING_RANK,
     MISSING_RUN_ID,
@@ -32,7 +30,6 @@ from traceml.processor.store_records import (
     NEGATIVE,
     NO_EVENTS,
     IGNORED_OWN_SPANS_WIN,
-    NON_FINITE,
     WRONG_TYPE,
     DecodedBatch,
 )
@@ -77,27 +74,9 @@ class ForeignStep:
     steps: int = 1
 
 
-def _checked_ms(metric: str, value, limits: "DecodeLimits") -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise Reject(WRONG_TYPE, f"{metric} must be a number of ms, got {value!r}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise Reject(NON_FINITE, f"{metric} is {value}")
-    if value < 0:
-        raise Reject(NEGATIVE, f"{metric} is {value} ms")
-    if value > limits.max_event_ms:
-        raise Reject(ABSURD, f"{metric} is {value:g} ms (cap {limits.max_event_ms:g} ms)")
-    return value
-
-
 def _checked_int(name: str, value, minimum: int, maximum: int) -> int:
-    if value.__class__ is not int:
-        raise Reject(WRONG_TYPE, f"{name} must be an integer, got {value!r}")
-    if value < minimum:
-        raise Reject(NEGATIVE, f"{name} is {value} (must be >= {minimum})")
-    if value > maximum:
-        raise Reject(ABSURD, f"{name} is {value} (must be <= {maximum})")
-    return value
+    """A mapped integer by the attribute decoder's rules (never a string of digits)."""
+    return int_attr({name: value}, name, allow_string=False, minimum=minimum, maximum=maximum)
 
 
 def _identity(step: ForeignStep, res: ResourceIdentity | None, limits: "DecodeLimits",
@@ -157,7 +136,7 @@ def ingest_record(step: ForeignStep, res: ResourceIdentity | None, limits: "Deco
         raw = METRIC_TO_RAW_EVENT.get(metric)
         if raw is None or metric not in CANONICAL_METRICS:
             raise Reject(WRONG_TYPE, f"{step.mapping}: {metric!r} is not a phase")
-        ms = _checked_ms(metric, phase.ms, limits)
+        ms = ms_value(phase.ms, metric, limits)
         count = None if phase.count is None else _checked_int(f"{metric} count", phase.count, 0,
                                                                limits.max_event_count)
         events[raw] = RawEventValue(cpu_ms=ms, gpu_ms=None, count=count)

@@ -41,6 +41,9 @@ SERIAL: dict[str, str] = {
         "the fast rank must wait 30 ms more than the slow one in each step's gather",
     "tests/launcher/test_demo_and_surfaces.py::test_demo_diagnosis_names_the_injected_problem_and_rank[balanced]":
         "the balanced demo must name no rank; it runs first, so the module's shared balanced run is made here",
+    "tests/launcher/test_demo_and_surfaces.py::test_demo_diagnosis_names_the_injected_problem_and_rank[input-straggler]":
+        "the module's shared input-straggler run is made here: its what-if is held against the balanced run's"
+        " step time (the ledger test below)",
     "tests/launcher/test_demo_and_surfaces.py::"
     "test_an_injected_stragglers_ledger_attributes_most_lost_time_to_it_and_predicts_the_run_without_it":
         "the what-if of one run must hold a second run's step time within the first's step-to-step spread",

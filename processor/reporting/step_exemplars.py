@@ -49,7 +49,9 @@ class WorstStep:
 def worst_steps(window: StepTimeWindow, metrics=EXEMPLAR_METRICS) -> dict[str, WorstStep]:
     """Per metric measured in the window, its largest (rank, step) cell (ties: the earliest step,
     then the lowest rank); one numpy pass over the window's own arrays per metric."""
-    facts = [window.rank_facts[r] for r in sorted(window.rank_facts)]
+    # A rank whose steps do not line up with the window's aligned steps (a rank that joined
+    # late, say) has no cell of an aligned step to offer.
+    facts = [f for r in sorted(window.rank_facts) if len((f := window.rank_facts[r]).steps) == len(window.steps)]
     if not facts or not window.steps:
         return {}
     out: dict[str, WorstStep] = {}

@@ -8,6 +8,7 @@ package. Standard library only.
 from __future__ import annotations
 
 import re
+import sys
 from functools import lru_cache
 
 DISTRIBUTION = "traceml-otel"
@@ -62,7 +63,7 @@ def missing_requirements(extra: str = PROCESSOR_EXTRA) -> list[str]:
     missing = set()
     for line in declared:
         requirement, _, marker = line.partition(";")
-        if not pattern.search(marker):
+        if not pattern.search(marker) or not _python_matches(marker):
             continue
         name = _NAME.match(requirement).group(1)
         try:
@@ -70,6 +71,19 @@ def missing_requirements(extra: str = PROCESSOR_EXTRA) -> list[str]:
         except PackageNotFoundError:
             missing.add(name)
     return sorted(missing)
+
+
+_PYTHON_VERSION = re.compile(r"""python_version\s*(<=|>=|==|!=|<|>)\s*["'](\d+(?:\.\d+)*)["']""")
+_COMPARE = {"<": tuple.__lt__, "<=": tuple.__le__, ">": tuple.__gt__, ">=": tuple.__ge__, "==": tuple.__eq__,
+            "!=": tuple.__ne__}
+
+
+def _python_matches(marker: str) -> bool:
+    """Whether this interpreter meets a marker's `python_version` clauses (pyproject joins them to
+    the extra's with `and`; `tomli; python_version < '3.11'` is not missing on 3.11)."""
+    here = sys.version_info[:2]
+    return all(_COMPARE[op](here, tuple(int(p) for p in wanted.split(".")))
+               for op, wanted in _PYTHON_VERSION.findall(marker))
 
 
 def processor_side_missing_message(what: str) -> str | None:

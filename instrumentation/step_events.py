@@ -121,8 +121,12 @@ class BoundedDropQueue:
         self._items: deque = deque()
         self.capacity = capacity
         self.dropped = 0
-        self.wake_at = max(1, capacity // 4)
+        self.wake_at = self.fill_mark()
         self.wakeup = None
+
+    def fill_mark(self) -> int:
+        """The size whose arrival wakes an unparked consumer: a quarter of the capacity."""
+        return max(1, self.capacity // 4)
 
     def put(self, item) -> bool:
         items = self._items
@@ -447,7 +451,7 @@ def set_queue_wakeup(queue: str, wakeup) -> None:
     target = _queue(queue)
     target.wakeup = wakeup
     if wakeup is None:
-        target.wake_at = max(1, target.capacity // 4)
+        target.wake_at = target.fill_mark()
 
 
 def queue_wakeup(queue: str):
@@ -465,7 +469,7 @@ def wake_on_next(queue: str, parked: bool) -> int:
     (one `Event.set`, a few microseconds) only for the first step after the consumer parked.
     """
     target = _queue(queue)
-    target.wake_at = 1 if parked else max(1, target.capacity // 4)
+    target.wake_at = 1 if parked else target.fill_mark()
     return len(target._items)
 
 

@@ -10,9 +10,9 @@ measured zero is 0.0.
 """
 from __future__ import annotations
 
-import math
 from typing import Mapping
 
+from traceml.processor.reporting.public_number import public_number
 from traceml.schema.badput import CAUSE_RESTARTS, LEDGER_CAUSES
 
 _SECONDS_DIGITS = 3
@@ -44,19 +44,12 @@ UNITS: Mapping[str, str] = {
 """The units block's entries for the badput keys (`final_summary.UNITS` adds them)."""
 
 
-def _num(value: object, digits: int) -> float | None:
-    if value is None:
-        return None
-    f = float(value)  # type: ignore[arg-type]
-    return round(f, digits) + 0.0 if math.isfinite(f) else None
-
-
 def _cause(loss) -> dict:
     if loss is None:
         return {k: (0 if k == "ranks" else None) for k in CAUSE_KEYS}
-    return {"rank_seconds": _num(loss.rank_seconds, _SECONDS_DIGITS),
-            "device_hours": _num(loss.device_hours, _HOURS_DIGITS),
-            "share": _num(loss.share, _RATIO_DIGITS), "ranks": int(loss.ranks),
+    return {"rank_seconds": public_number(loss.rank_seconds, _SECONDS_DIGITS),
+            "device_hours": public_number(loss.device_hours, _HOURS_DIGITS),
+            "share": public_number(loss.share, _RATIO_DIGITS), "ranks": int(loss.ranks),
             "worst_rank": loss.worst_rank, "culprit_rank": loss.culprit_rank}
 
 
@@ -67,12 +60,12 @@ def _causes(causes: Mapping | None) -> dict:
 
 def _what_if(w) -> dict:
     return {"kind": w.kind, "cause": w.cause, "culprit_rank": w.culprit_rank, "basis": w.basis,
-            "step_time_ms": _num(w.step_time_ms, _MS_DIGITS),
-            "predicted_step_time_ms": _num(w.predicted_step_time_ms, _MS_DIGITS),
-            "speedup": _num(w.speedup, _RATIO_DIGITS), "speedup_low": _num(w.speedup_low, _RATIO_DIGITS),
-            "speedup_high": _num(w.speedup_high, _RATIO_DIGITS),
-            "lost_rank_seconds": _num(w.rank_seconds, _SECONDS_DIGITS),
-            "lost_device_hours": _num(w.device_hours, _HOURS_DIGITS)}
+            "step_time_ms": public_number(w.step_time_ms, _MS_DIGITS),
+            "predicted_step_time_ms": public_number(w.predicted_step_time_ms, _MS_DIGITS),
+            "speedup": public_number(w.speedup, _RATIO_DIGITS), "speedup_low": public_number(w.speedup_low, _RATIO_DIGITS),
+            "speedup_high": public_number(w.speedup_high, _RATIO_DIGITS),
+            "lost_rank_seconds": public_number(w.rank_seconds, _SECONDS_DIGITS),
+            "lost_device_hours": public_number(w.device_hours, _HOURS_DIGITS)}
 
 
 def project_badput(ledger) -> dict:
@@ -88,24 +81,24 @@ def project_badput(ledger) -> dict:
             "first_step": None if window is None else window.first_step,
             "last_step": None if window is None else window.last_step,
             "ranks": 0 if window is None else int(window.ranks),
-            "rank_seconds": None if window is None else _num(window.window_rank_seconds, _SECONDS_DIGITS),
-            "total_rank_seconds": None if window is None else _num(window.total_rank_seconds, _SECONDS_DIGITS),
-            "total_share": None if window is None else _num(window.total_share, _RATIO_DIGITS),
-            "total_device_hours": None if window is None else _num(window.total_device_hours, _HOURS_DIGITS),
+            "rank_seconds": None if window is None else public_number(window.window_rank_seconds, _SECONDS_DIGITS),
+            "total_rank_seconds": None if window is None else public_number(window.total_rank_seconds, _SECONDS_DIGITS),
+            "total_share": None if window is None else public_number(window.total_share, _RATIO_DIGITS),
+            "total_device_hours": None if window is None else public_number(window.total_device_hours, _HOURS_DIGITS),
             "causes": _causes(None if window is None else window.causes),
         },
         "run": {
             "steps": None if ledger is None else ledger.run_steps,
-            "scale": None if ledger is None else _num(ledger.scale, _RATIO_DIGITS),
-            "total_rank_seconds": None if ledger is None else _num(ledger.total_rank_seconds, _SECONDS_DIGITS),
-            "total_device_hours": None if ledger is None else _num(ledger.total_device_hours, _HOURS_DIGITS),
+            "scale": None if ledger is None else public_number(ledger.scale, _RATIO_DIGITS),
+            "total_rank_seconds": None if ledger is None else public_number(ledger.total_rank_seconds, _SECONDS_DIGITS),
+            "total_device_hours": None if ledger is None else public_number(ledger.total_device_hours, _HOURS_DIGITS),
             "causes": _causes(None if ledger is None else ledger.causes),
         },
         "restarts": None if restarts is None else {
             "attempts": int(restarts.attempts), "redone_steps": int(restarts.redone_steps),
-            "redone_rank_seconds": _num(restarts.redone_rank_seconds, _SECONDS_DIGITS),
-            "downtime_s": _num(restarts.downtime_s, _SECONDS_DIGITS),
-            "downtime_rank_seconds": _num(restarts.downtime_rank_seconds, _SECONDS_DIGITS)},
+            "redone_rank_seconds": public_number(restarts.redone_rank_seconds, _SECONDS_DIGITS),
+            "downtime_s": public_number(restarts.downtime_s, _SECONDS_DIGITS),
+            "downtime_rank_seconds": public_number(restarts.downtime_rank_seconds, _SECONDS_DIGITS)},
         "what_if": [] if window is None else [_what_if(w) for w in window.what_ifs],
     }
 

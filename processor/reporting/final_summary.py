@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import math
 import numbers
 import os
 from pathlib import Path
@@ -23,6 +22,7 @@ from traceml.processor.presenters.terminal_text import printable
 from traceml.processor.endings import RankEnding
 from traceml.processor.reporting.badput import UNITS as BADPUT_UNITS
 from traceml.processor.reporting.badput import badput_lines, project_badput
+from traceml.processor.reporting.public_number import public_number
 from traceml.processor.reporting.input_note import BEFORE_FORWARD_SENTENCE, RANKS_NAMED, before_forward_note
 from traceml.processor.reporting.inputs import RankMemory, RankTelemetry, RunMetadata, RunTelemetry
 from traceml.processor.reporting.source_note import source_lines, sources_section
@@ -74,16 +74,6 @@ _MS_DIGITS = 3
 _RATIO_DIGITS = 4
 
 
-def _num(value: object, digits: int) -> float | None:
-    """Round for the public file; None stays null, -0.0 becomes 0.0, non-finite becomes null."""
-    if value is None:
-        return None
-    f = float(value)  # type: ignore[arg-type]
-    if not math.isfinite(f):
-        return None
-    return round(f, digits) + 0.0
-
-
 def _json_safe(value: object) -> object:
     """Evidence values -> JSON-safe values with floats rounded (ratios and ms alike)."""
     if isinstance(value, bool) or value is None or isinstance(value, str):
@@ -91,7 +81,7 @@ def _json_safe(value: object) -> object:
     if isinstance(value, numbers.Integral):
         return int(value)
     if isinstance(value, numbers.Real):
-        return _num(value, _RATIO_DIGITS)
+        return public_number(value, _RATIO_DIGITS)
     if isinstance(value, Mapping):
         return {str(k): _json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -104,7 +94,7 @@ def project_issue(issue: DiagnosisIssue) -> dict:
         "kind": issue.kind,
         "severity": issue.severity,
         "status": issue.status,
-        "score": _num(issue.score, _RATIO_DIGITS),
+        "score": public_number(issue.score, _RATIO_DIGITS),
         "summary": issue.summary,
         "culprit_rank": None if issue.culprit_rank is None else int(issue.culprit_rank),
         "victim_rank": None if issue.victim_rank is None else int(issue.victim_rank),
@@ -124,17 +114,17 @@ def _global(window: StepTimeWindow, metadata: RunMetadata) -> dict:
     expected = len(window.expected_ranks)
     for key, name in PUBLIC_METRICS:
         m = window.metrics.get(name)
-        average[key] = None if m is None else _num(m.average, _MS_DIGITS)
+        average[key] = None if m is None else public_number(m.average, _MS_DIGITS)
         median[key] = {
-            "value": None if m is None else _num(m.representative_value, _MS_DIGITS),
+            "value": None if m is None else public_number(m.representative_value, _MS_DIGITS),
             "rank": None if m is None or m.representative_value is None else m.representative_rank,
         }
-        middle[key] = None if m is None else _num(m.median, _MS_DIGITS)
+        middle[key] = None if m is None else public_number(m.median, _MS_DIGITS)
         worst[key] = {
-            "value": None if m is None else _num(m.worst, _MS_DIGITS),
+            "value": None if m is None else public_number(m.worst, _MS_DIGITS),
             "rank": None if m is None or m.worst is None else m.worst_rank,
         }
-        skew[key] = None if m is None else _num(m.skew, _RATIO_DIGITS)
+        skew[key] = None if m is None else public_number(m.skew, _RATIO_DIGITS)
         measured, total = window.coverage.get(name, (0, expected))
         coverage[key] = {"measured_ranks": int(measured), "expected_ranks": int(total)}
     return {
@@ -195,7 +185,7 @@ def _groups(window: StepTimeWindow, memory: Mapping[int, RankMemory],
             },
             "steps": 0 if facts is None else len(facts.steps),
             "metrics": {
-                key: None if facts is None else _num(facts.average.get(name), _MS_DIGITS)
+                key: None if facts is None else public_number(facts.average.get(name), _MS_DIGITS)
                 for key, name in PUBLIC_METRICS
             },
             "memory": _memory_of(memory, rank),

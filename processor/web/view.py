@@ -16,11 +16,11 @@ or telemetry longer than `MAX_LIST_ITEMS` is shown as its first items and its le
 from __future__ import annotations
 
 import datetime as _dt
-import math
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from traceml.processor.reporting.final_summary import PUBLIC_METRICS, project_final_summary
+from traceml.processor.reporting.public_number import public_number
 from traceml.processor.reporting.inputs import RankMemory, RunMetadata, RunTelemetry
 from traceml.processor.reporting.source_note import source_lines
 from traceml.processor.reporting.resources import GPU_LINE, HOST_LINE, RANK_LINE, steepest_trend
@@ -111,10 +111,7 @@ class ViewInputs:
 
 
 def _round(value: float | None, digits: int = 3) -> float | None:
-    if value is None:
-        return None
-    f = float(value)
-    return round(f, digits) + 0.0 if math.isfinite(f) else None
+    return public_number(value, digits)
 
 
 def bounded(value: object, limit: int = MAX_LIST_ITEMS) -> object:

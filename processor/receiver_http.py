@@ -158,6 +158,9 @@ class OtlpHttpApp:
 
     def _export(self, route, content_type: str, answer_type: str, encoding: str, body: bytes) -> Reply:
         message_cls, signal = route
+        if len(body) > MAX_BODY_BYTES:  # the front may read more for other routes (capture traces)
+            self.stats.refused(signal, v.REFUSED_TOO_LARGE)
+            return _status_reply(413, f"body exceeds {MAX_BODY_BYTES} bytes", answer_type)
         try:
             if encoding == "gzip":
                 body = gunzip_capped(body) if body else body
@@ -213,11 +216,12 @@ class HttpReceiver(ServerThread):
                  auth: BearerAuth = BearerAuth(), tls: TlsConfig = TlsConfig(),
                  readiness: Callable[[], tuple[bool, str]] = lambda: (True, "ready"),
                  reuse_port: bool = False, max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS,
-                 limits: HttpLimits = HttpLimits()):
+                 limits: HttpLimits = HttpLimits(), max_body_bytes: int = MAX_BODY_BYTES):
         self.app = OtlpHttpApp(handler, auth, readiness, handler.stats, max_concurrent_requests)
         # The TLS handshake runs on the connection, bounded by the header timeout, never on the accept path.
+        # `max_body_bytes`: the largest body any route reads (a capture's trace may exceed an OTLP body).
         self.front = HttpFront((host, port), self.app, limits=limits, pool_size=max_concurrent_requests,
-                               max_body_bytes=MAX_BODY_BYTES,
+                               max_body_bytes=max(MAX_BODY_BYTES, max_body_bytes),
                                tls_context=tls.server_context() if tls.enabled else None,
                                reuse_port=reuse_port, retry_after_s=RETRY_AFTER_S, name="traceml-otlp-http",
                                on_event=handler.stats.connection_event)

@@ -83,6 +83,7 @@ class RunState:
     session: object | None = None
     points: list = field(default_factory=list)
     analysis_s: float | None = None
+    refreshed_at: float = float("-inf")  # monotonic (the monitor's clock), latest refresh
     freshness: str | None = None
     last_error: str | None = None
 
@@ -96,7 +97,8 @@ class RunMonitor:
                  idle_timeout_s: float = settings.IDLE_TIMEOUT.default,
                  retain_ended_s: float = 600.0, clock: Callable[[], float] = time.monotonic,
                  on_ended: Callable[[str], None] | None = None, poll_store: bool = False,
-                 on_forgotten: Callable[[str], None] | None = None):
+                 on_forgotten: Callable[[str], None] | None = None,
+                 on_refreshed: Callable[[str, object], None] | None = None, watch_interval_s: float | None = None):
         self.db_path = Path(db_path)
         self.backend = backend
         self.summary_dir = Path(summary_dir) if summary_dir else None
@@ -106,6 +108,10 @@ class RunMonitor:
         self._clock = clock
         self._on_ended = on_ended
         self._on_forgotten = on_forgotten  # frees the run's slot under the run cap
+        # Told each fresh analysis (the capture policy); with `watch_interval_s`, a run with new rows is
+        # analysed that often although nobody reads its figures, so the policy sees its findings.
+        self._on_refreshed = on_refreshed
+        self.watch_interval_s = watch_interval_s
         self._poll = poll_store  # ingest workers commit in other processes: learn from the store
         self._seen: dict[str, tuple] = {}
         self._lock = threading.Lock()
@@ -302,6 +308,8 @@ class RunMonitor:
                     if state.dirty and (state.session is None or state.all_finished()):
                         return 0.0
                     due.append(state.last_activity + self.idle_timeout_s)
+                    if state.dirty and self.watch_interval_s is not None:
+                        due.append(state.refreshed_at + self.watch_interval_s)
                 else:
                     due.append(state.last_activity + self.retain_ended_s)
         if not due:
@@ -321,7 +329,8 @@ class RunMonitor:
         for state in states:
             if state.ended is None:
                 ending = state.all_finished() or now - state.last_activity >= self.idle_timeout_s
-                if state.session is None or (state.dirty and (refresh_dirty or ending)):
+                watched = self.watch_interval_s is not None and now - state.refreshed_at >= self.watch_interval_s
+                if state.session is None or (state.dirty and (refresh_dirty or ending or watched)):
                     self._refresh(state)
                 if state.all_finished():
                     self._end(state, END_BY_MARKERS)
@@ -361,6 +370,7 @@ class RunMonitor:
 
     def _refresh(self, state: RunState) -> None:
         state.dirty = False
+        state.refreshed_at = self._clock()
         started = time.perf_counter()
         try:
             if state.session is None:
@@ -372,7 +382,13 @@ class RunMonitor:
         except Exception as exc:
             state.last_error = f"{type(exc).__name__}: {exc}"
             LOG.exception("live analysis of run %r failed", state.run_id)
+            result = None
         state.analysis_s = time.perf_counter() - started
+        if result is not None and self._on_refreshed is not None:
+            try:
+                self._on_refreshed(state.run_id, result)
+            except Exception:
+                LOG.exception("after the analysis of run %r", state.run_id)
         self.refreshes += 1
 
     def _end(self, state: RunState, how: str) -> None:

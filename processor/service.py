@@ -61,6 +61,11 @@ class ProcessorConfig:
     repeat_offender_window: int = s.REPEAT_OFFENDER_WINDOW.default  # N: a host's last runs counted
     fleet_period_s: float = s.FLEET_PERIOD.default  # culprit history behind the fleet series
     mapping: SpanMapping | None = None  # a declared foreign-step mapping (--mapping-file), before the built-ins
+    capture: str = s.CAPTURE.default  # deep profiler captures: auto, manual or off
+    capture_steps: int = s.CAPTURE_STEPS.default
+    capture_cooldown_s: float = s.CAPTURE_COOLDOWN.default
+    capture_max_trace_bytes: int = s.CAPTURE_MAX_TRACE_BYTES.default
+    capture_deadline_s: float = s.CAPTURE_DEADLINE.default
 
     def mapping_set(self) -> MappingSet:
         """The foreign-step mappings in force: the declared one first, then the built-ins."""
@@ -69,8 +74,12 @@ class ProcessorConfig:
     def __post_init__(self) -> None:
         for setting in (s.IDLE_TIMEOUT, s.REFRESH_INTERVAL, s.MAX_CONCURRENT_REQUESTS, s.WORKERS,
                         s.RANK_SERIES_TOP_K, s.MAX_SERIES, s.REPEAT_OFFENDER_RUNS, s.REPEAT_OFFENDER_WINDOW,
-                        s.FLEET_PERIOD):
+                        s.FLEET_PERIOD, s.CAPTURE_STEPS, s.CAPTURE_COOLDOWN, s.CAPTURE_MAX_TRACE_BYTES,
+                        s.CAPTURE_DEADLINE):
             setting.check(getattr(self, setting.name), f"ProcessorConfig.{setting.name}")
+        if self.capture not in s.CAPTURE.kind.choices:
+            raise s.SettingError(f"ProcessorConfig.capture={self.capture!r} is invalid: expected "
+                                 f"{s.CAPTURE.kind.expected}")
         for setting, value in ((s.MAX_RUNS, self.limits.max_runs),
                                (s.MAX_RANKS_PER_RUN, self.limits.max_ranks_per_run)):
             setting.check(value, f"DecodeLimits.{setting.name}")
@@ -112,6 +121,11 @@ class ProcessorConfig:
             repeat_offender_window=settings[s.REPEAT_OFFENDER_WINDOW],
             fleet_period_s=settings[s.FLEET_PERIOD],
             mapping=None if settings[s.MAPPING_FILE] is None else load_mapping_file(settings[s.MAPPING_FILE]),
+            capture=settings[s.CAPTURE],
+            capture_steps=settings[s.CAPTURE_STEPS],
+            capture_cooldown_s=settings[s.CAPTURE_COOLDOWN],
+            capture_max_trace_bytes=settings[s.CAPTURE_MAX_TRACE_BYTES],
+            capture_deadline_s=settings[s.CAPTURE_DEADLINE],
         )
 
 
@@ -189,13 +203,27 @@ class ProcessorService:
         from traceml.processor.fleet_series import FleetSeries
 
         self.fleet = FleetSeries(config.db, config.fleet_period_s)
+        from traceml.processor.capture.book import CaptureBook, digest_of
+        from traceml.processor.capture.files import CaptureFiles
+        from traceml.processor.capture.policy import CapturePolicy
+
+        # Deep captures (issue 33): the book of requests, asked by the policy after live refreshes.
+        self.captures = CaptureBook(
+            CaptureFiles(Path(config.db)), mode=config.capture, steps=config.capture_steps,
+            cooldown_s=config.capture_cooldown_s, max_trace_bytes=config.capture_max_trace_bytes,
+            deadline_s=config.capture_deadline_s, holds_run=self._ranks_held, digest=digest_of)
+        self.capture_policy = CapturePolicy(self.captures)
+        self.captures.choose_reference = self.capture_policy.choose_reference
+        auto = config.capture == "auto"
         self.monitor = RunMonitor(
             Path(config.db), backend or StepTimeBackend(
                 config.rank_series_top_k,
                 repeat_offenders=(config.repeat_offender_runs, config.repeat_offender_window),
                 record_culprits=self._record_culprits), summary_dir=config.summary_dir,
             refresh_interval_s=config.refresh_interval_s, idle_timeout_s=config.idle_timeout_s,
-            poll_store=config.workers > 1, on_forgotten=self._forget_run)
+            poll_store=config.workers > 1, on_forgotten=self._forget_run,
+            on_refreshed=self.capture_policy.after_refresh if auto else None,
+            watch_interval_s=s.CAPTURE_WATCH_INTERVAL_S if auto else None)
         self.monitor.adopt(known)
         self.ingest = IngestQueue(self.store, stats=self.stats, on_committed=self.monitor.observe,
                                   max_pending_records=config.max_pending_records)
@@ -233,9 +261,17 @@ class ProcessorService:
             conn.close()
         return recent
 
+    def _ranks_held(self, run_id: str):
+        """The ranks seen of `run_id` when this processor holds it (the capture book's question), else None."""
+        state = self.monitor.state(run_id)
+        return None if state is None else set(state.ranks)
+
     def _forget_run(self, run_id: str) -> None:
-        """A run the monitor forgot: its admission slot and its step counters are freed."""
+        """A run the monitor forgot: its admission slot, its step counters and its captures (files
+        included) are freed."""
         self.admission.forget(run_id)
+        self.captures.forget_run(run_id)
+        self.capture_policy.forget(run_id)
         forget = getattr(self.monitor.backend, "forget", None)
         if forget is not None:
             forget(run_id)
@@ -291,8 +327,16 @@ class ProcessorService:
             warn_if_exposed("OTLP/HTTP", cfg.otlp_http[0], cfg.auth, cfg.tls)
             self.http = HttpReceiver(self.intake, *cfg.otlp_http, auth=cfg.auth, tls=cfg.tls,
                                      readiness=self.readiness, reuse_port=self.pool is not None,
-                                     max_concurrent_requests=cfg.max_concurrent_requests, limits=cfg.http_limits)
+                                     max_concurrent_requests=cfg.max_concurrent_requests, limits=cfg.http_limits,
+                                     max_body_bytes=cfg.capture_max_trace_bytes)
             if self.pool is None:
+                # The capture paths too: a rank's poll or upload must reach the process that holds the book.
+                from traceml.processor.capture.routes import CaptureRoutes
+                from traceml.schema.capture import CAPTURES_PATH, CONTROL_PATH
+
+                routes = CaptureRoutes(self.captures, self.http.app)
+                self.http.app.mount(CONTROL_PATH, routes)
+                self.http.app.mount(CAPTURES_PATH, routes)
                 # The web view rides on the OTLP/HTTP port too. Not with ingest workers: they share the
                 # port, and a page landing on a worker would find no run sessions (use --ui there).
                 from traceml.processor.web.server import front_route, web_app_for
@@ -351,6 +395,7 @@ class ProcessorService:
         if self.pool is not None:
             self.pool.stop()
         self.ingest.stop()
+        self.captures.stop()  # open captures fail, saying so, before the last summaries are written
         self.monitor.stop(summarise_open_runs=self.config.summary_dir is not None)
         if self.pusher is not None:
             self.pusher.stop(flush=True)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, Mapping, TypeVar
 
+from traceml.schema import capture as capture_wire
 from traceml.schema import env_values
 from traceml.schema import environment as env
 
@@ -67,14 +68,19 @@ class Kind(Generic[T]):
 
 
 class Number(Kind[T]):
-    """A whole number or a finite number of seconds, with a lower bound (inclusive or not)."""
+    """A whole number or a finite number of seconds, with a lower bound (inclusive or not) and,
+    where the wire bounds it, an inclusive upper bound."""
 
-    def __init__(self, kind: type, minimum: float, *, inclusive: bool, unit: str = ""):
+    def __init__(self, kind: type, minimum: float, *, inclusive: bool, unit: str = "",
+                 maximum: float | None = None):
         self.kind = kind
         self.minimum = minimum
         self.inclusive = inclusive
+        self.maximum = maximum
         noun = "a whole number" if kind is int else f"a number of {unit}" if unit else "a number"
         self.expected = f"{noun} {'at least' if inclusive else 'greater than'} {minimum:g}"
+        if maximum is not None:
+            self.expected += f" and at most {maximum:g}"
 
     def parse(self, text: str) -> T:
         try:
@@ -90,17 +96,21 @@ class Number(Kind[T]):
             raise ValueError(self.expected)
         if value < self.minimum or (value == self.minimum and not self.inclusive):
             raise ValueError(self.expected)
+        if self.maximum is not None and value > self.maximum:
+            raise ValueError(self.expected)
 
     def show(self, value: T) -> str:
-        return "off" if value is None else f"{value:g}"
+        if value is None:
+            return "off"
+        return str(value) if self.kind is int else f"{value:g}"  # a byte count is shown whole
 
 
 def seconds(above: float) -> Number[float]:
     return Number(float, above, inclusive=False, unit="seconds")
 
 
-def at_least(minimum: int) -> Number[int]:
-    return Number(int, minimum, inclusive=True)
+def at_least(minimum: int, at_most: int | None = None) -> Number[int]:
+    return Number(int, minimum, inclusive=True, maximum=at_most)
 
 
 class Address(Kind["tuple[str, int] | None"]):
@@ -372,6 +382,28 @@ HTTP_MAX_CONNECTIONS: Setting[int] = Setting(
     "at most 64); beyond it the one that made the least progress is closed (no complete request head, the "
     "longest waiting; else the slowest body), and only when all are being answered 503 + Retry-After",
     metavar="N")
+CAPTURE: Setting[str] = Setting(
+    "capture", "--capture", env.TRACEML_PROCESSOR_CAPTURE, "auto", Choice(("auto", "manual", "off")),
+    "deep profiler captures (docs/capture.md): auto, a confirmed finding that names a culprit rank asks it and "
+    "a reference rank to profile a few steps; manual, only a person asks (traceml capture, the web view); off, "
+    "none is asked and ranks are handed nothing")
+CAPTURE_STEPS: Setting[int] = Setting(
+    "capture_steps", "--capture-steps", env.TRACEML_PROCESSOR_CAPTURE_STEPS, capture_wire.DEFAULT_STEPS,
+    at_least(1, capture_wire.MAX_STEPS), "steps an automatic capture records on each of its two ranks "
+    "(a person's request says its own)", metavar="N")
+CAPTURE_COOLDOWN: Setting[float] = Setting(
+    "capture_cooldown_s", "--capture-cooldown", env.TRACEML_PROCESSOR_CAPTURE_COOLDOWN, 300.0, seconds(0),
+    "after an automatic capture of a run, the diagnosis asks for no other of that run for this long "
+    "(a person's request is not held back)", metavar="SECONDS")
+CAPTURE_MAX_TRACE_BYTES: Setting[int] = Setting(
+    "capture_max_trace_bytes", "--capture-max-trace-bytes", env.TRACEML_PROCESSOR_CAPTURE_MAX_TRACE_BYTES,
+    capture_wire.DEFAULT_MAX_TRACE_BYTES, at_least(0), "the largest gzip'd raw trace a rank keeps and uploads "
+    "per capture (its summary is always sent); a larger upload is answered 413", metavar="BYTES",
+    zero="no raw trace is kept, summaries only")
+CAPTURE_DEADLINE: Setting[float] = Setting(
+    "capture_deadline_s", "--capture-deadline", env.TRACEML_PROCESSOR_CAPTURE_DEADLINE, 120.0, seconds(0),
+    "a capture fails, saying which rank did not answer, when no rank took it this long after it was asked "
+    "or a rank's answer is missing this long after that rank took it", metavar="SECONDS")
 LOG_LEVEL: Setting[str] = Setting(
     "log_level", "--log-level", None, "INFO", Choice(("DEBUG", "INFO", "WARNING", "ERROR"), case="upper"),
     "log lines go to stderr from this level")
@@ -381,7 +413,12 @@ SETTINGS: tuple[Setting, ...] = (
     SUMMARY_DIR, IDLE_TIMEOUT, REFRESH_INTERVAL, AUTH_TOKEN_FILE, AUTH_TOKEN, TLS_CERT, TLS_KEY, MAX_RUNS,
     MAX_RANKS_PER_RUN, WORKERS, MAPPING_FILE, RANK_SERIES_TOP_K, REPEAT_OFFENDER_RUNS, REPEAT_OFFENDER_WINDOW,
     FLEET_PERIOD, MAX_SERIES, MAX_CONCURRENT_REQUESTS, HTTP_HEADER_TIMEOUT,
-    HTTP_BODY_TIMEOUT, HTTP_BODY_CHUNK_TIMEOUT, HTTP_KEEPALIVE_TIMEOUT, HTTP_MAX_CONNECTIONS, LOG_LEVEL)
+    HTTP_BODY_TIMEOUT, HTTP_BODY_CHUNK_TIMEOUT, HTTP_KEEPALIVE_TIMEOUT, HTTP_MAX_CONNECTIONS, CAPTURE,
+    CAPTURE_STEPS, CAPTURE_COOLDOWN, CAPTURE_MAX_TRACE_BYTES, CAPTURE_DEADLINE, LOG_LEVEL)
+
+CAPTURE_WATCH_INTERVAL_S = 2.0
+"""With --capture auto, how often a run with new rows is analysed although nobody reads its figures:
+the diagnosis can only ask for a capture after an analysis (paced like every other refresh)."""
 
 # --- internal sizes: no flag, stated here so that their users share one value ------------
 

@@ -237,6 +237,17 @@ TRACEML_PROCESSOR_HTTP_KEEPALIVE_TIMEOUT = "TRACEML_PROCESSOR_HTTP_KEEPALIVE_TIM
 TRACEML_PROCESSOR_HTTP_MAX_CONNECTIONS = "TRACEML_PROCESSOR_HTTP_MAX_CONNECTIONS"
 """OTLP/HTTP connections open at once per process, lowered to leave a quarter of RLIMIT_NOFILE free;
 at the cap the longest-idle one is closed, or the newcomer answered 503 + Retry-After."""
+TRACEML_PROCESSOR_CAPTURE = "TRACEML_PROCESSOR_CAPTURE"
+"""Deep profiler captures (issue 33): auto (a confirmed culprit finding asks), manual (only a person
+asks) or off."""
+TRACEML_PROCESSOR_CAPTURE_STEPS = "TRACEML_PROCESSOR_CAPTURE_STEPS"
+"""Steps one capture records on each of its two ranks."""
+TRACEML_PROCESSOR_CAPTURE_COOLDOWN = "TRACEML_PROCESSOR_CAPTURE_COOLDOWN"
+"""Seconds after an automatic capture of a run before the diagnosis may ask for another."""
+TRACEML_PROCESSOR_CAPTURE_MAX_TRACE_BYTES = "TRACEML_PROCESSOR_CAPTURE_MAX_TRACE_BYTES"
+"""The largest gzip'd raw trace a rank may upload per capture; a larger one is not kept."""
+TRACEML_PROCESSOR_CAPTURE_DEADLINE = "TRACEML_PROCESSOR_CAPTURE_DEADLINE"
+"""Seconds a capture waits for its ranks (from its request, again from its delivery) before it fails."""
 
 TRUE_VALUES = frozenset({"1", "true", "yes", "on"})
 FALSE_VALUES = frozenset({"0", "false", "no", "off"})

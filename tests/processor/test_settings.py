@@ -120,6 +120,8 @@ def test_a_flag_wins_over_its_variable_which_wins_over_the_default(setting):
         from_flag, from_variable = _good_values(setting)
     elif isinstance(setting.kind, s.Address):
         from_flag, from_variable = "127.0.0.1:5001", "0.0.0.0:5002"
+    elif isinstance(setting.kind, s.Choice):
+        from_flag, from_variable = [c for c in setting.kind.choices if c != setting.default][:2]
     else:
         from_flag, from_variable = "flag-value", "variable-value"
     both = s.resolve({setting.name: from_flag}, {setting.variable: from_variable})

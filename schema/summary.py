@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from importlib import resources
 
-SCHEMA_VERSION = "1.8"
+SCHEMA_VERSION = "1.9"
 
 FINAL_SUMMARY_FILE = "final_summary.json"
 SUMMARY_CARD_FILE = "summary_card.txt"

@@ -19,9 +19,14 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from traceml.processor.presenters.terminal_text import printable
+from traceml.processor.capture.model import CaptureRecord
 from traceml.processor.endings import RankEnding
 from traceml.processor.reporting.badput import UNITS as BADPUT_UNITS
 from traceml.processor.reporting.badput import badput_lines, project_badput
+from traceml.processor.reporting.captures import UNITS as CAPTURE_UNITS
+from traceml.processor.reporting.captures import (
+    EVIDENCE_KEY, OPEN_NOTE, capture_lines, link_findings, project_captures, unlinked,
+)
 from traceml.processor.reporting.public_number import public_number
 from traceml.processor.reporting.input_note import BEFORE_FORWARD_SENTENCE, RANKS_NAMED, before_forward_note
 from traceml.processor.reporting.inputs import RankMemory, RankTelemetry, RunMetadata, RunTelemetry
@@ -68,6 +73,7 @@ UNITS: Mapping[str, str] = {
     "generated_at": "ISO 8601, UTC",
     **RESOURCE_UNITS,
     **BADPUT_UNITS,
+    **CAPTURE_UNITS,
 }
 
 _MS_DIGITS = 3
@@ -267,8 +273,12 @@ def project_final_summary(
     *,
     memory: Sequence[RankMemory] = (),
     telemetry: RunTelemetry = RunTelemetry(),
+    captures: Sequence[CaptureRecord] = (),
 ) -> dict:
-    """The public `final_summary.json` object (its `card` included)."""
+    """The public `final_summary.json` object (its `card` included).
+
+    `captures`: the run's `processor.capture.model.CaptureRecord`s, from the capture book; the
+    finding that triggered one gets its id in its evidence."""
     window = analysis.window
     mem = {m.global_rank: m for m in memory}
     tel = {t.global_rank: t for t in telemetry.ranks}
@@ -278,6 +288,8 @@ def project_final_summary(
     from traceml.processor.diagnosis.ledger import run_ledger_from  # the ledger's owner extrapolates
 
     ledger = run_ledger_from(analysis, telemetry)
+    capture_section = project_captures(captures)
+    link_findings(issues, capture_section)
     summary = {
         "schema_version": SCHEMA_VERSION,
         "metadata": {
@@ -297,6 +309,7 @@ def project_final_summary(
         "resources": project_resources(resources),
         "telemetry": _telemetry_section(window, telemetry, endings),
         "badput": project_badput(ledger),
+        "captures": capture_section,
         "units": dict(UNITS),
     }
     summary["card"] = render_card(summary)
@@ -340,9 +353,18 @@ def render_card(summary: Mapping) -> str:
         f"Diagnosis: {_issue_line(summary['diagnosis'])}",
         f"  {summary['diagnosis']['summary']}",
     ]
+    captures = summary.get("captures", [])  # a summary written before 1.9 has none
+    lines += _finding_captures(summary["diagnosis"], captures)
     for issue in summary["issues"][1:]:
         lines.append(f"Also: {_issue_line(issue)}")
         lines.append(f"  {issue['summary']}")
+        lines += _finding_captures(issue, captures)
+    others = unlinked(captures, summary["issues"])
+    if others:
+        lines.append("Captures:")
+        lines += capture_lines(others)
+    if any(c["traces"] for c in captures):
+        lines.append(f"  ({OPEN_NOTE})")
     before_forward = summary["telemetry"]["input_wait_before_forward_ranks"]
     if before_forward:
         lines.append(f"Note: {before_forward_note(before_forward)}")
@@ -401,6 +423,12 @@ def render_card(summary: Mapping) -> str:
 
 
 _RANKS_NAMED = RANKS_NAMED
+
+
+def _finding_captures(issue: Mapping, captures: list) -> list[str]:
+    """The capture lines under a finding whose evidence names one."""
+    capture_id = issue["evidence"].get(EVIDENCE_KEY) if isinstance(issue["evidence"], Mapping) else None
+    return capture_lines(captures, capture_id) if capture_id is not None else []
 
 
 def _endings_text(rank_endings: Mapping[str, Mapping]) -> str:

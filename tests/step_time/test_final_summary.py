@@ -40,7 +40,7 @@ def straggler_analysis():
 def test_every_top_level_section_is_present_and_validates():
     summary = project_final_summary(straggler_analysis(), RunMetadata("run-x", generated_at=0.0))
     assert list(summary) == ["schema_version", "metadata", "diagnosis", "issues", "global", "groups",
-                             "memory", "resources", "telemetry", "badput", "units", "card"]
+                             "memory", "resources", "telemetry", "badput", "captures", "units", "card"]
     assert summary["schema_version"] == SCHEMA_VERSION
     assert summary["metadata"]["generated_at"] == "1970-01-01T00:00:00Z"
     assert list(summary["global"]) == ["window", "average", "median", "cross_rank_median", "worst", "skew"]

@@ -25,6 +25,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from harness.captures import capture_records
 from harness.resource_windows import busy_gpu_run
 from tests.step_time.scenarios import SCENARIOS
 from traceml.processor.reporting import RunMetadata, project_final_summary
@@ -34,6 +35,8 @@ from traceml.schema.summary import SCHEMA_VERSION, final_summary_json_schema_tex
 GOLDEN = Path(__file__).parent / "golden" / "step_time_public_schema.json"
 WITH_RESOURCES = "complete_gpu_with_resources"
 """complete_gpu's analysis with process, host and GPU figures of three ranks on two hosts."""
+WITH_CAPTURES = "ddp_rank_straggler_with_captures"
+"""ddp_rank_straggler's analysis with a done capture of its finding and a failed manual one."""
 
 
 # --- Pattern extraction and comparison (pure, tested below) ----------------------------------
@@ -116,6 +119,11 @@ def summaries(scenario_db) -> dict[str, dict]:
             out[WITH_RESOURCES] = project_final_summary(
                 dataclasses.replace(analysis, resources=busy_gpu_run(name)),
                 RunMetadata(run_id=name, generated_at=1_700_000_000.0, traceml_version="test"))
+        if name == "ddp_rank_straggler":
+            primary = analysis.diagnosis.primary
+            out[WITH_CAPTURES] = project_final_summary(
+                analysis, RunMetadata(run_id=name, generated_at=1_700_000_000.0, traceml_version="test"),
+                captures=capture_records(name, primary.kind, primary.culprit_rank, 1 - primary.culprit_rank))
     return out
 
 

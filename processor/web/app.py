@@ -10,7 +10,12 @@ Routes under the prefix: `/` (index of runs), `/run?id=RUN` (one run),
 `/api/runs` and `/api/run?id=RUN` (the JSON the pages refresh from), `/fleet` and
 `/api/fleet` (hosts and GPUs that keep being a run's straggler), and
 `/assets/<name>` for the names of `assets.ASSETS` only (nothing else of the host
-is reachable). GET and HEAD only.
+is reachable). GET and HEAD only, but for one route: `POST /api/capture?id=RUN&rank=R`
+[`&reference=R2&steps=N`], the run page's "Capture" button, which asks the processor's
+capture book (`request_capture`, as `POST CAPTURES_PATH` does) and answers 202 with the
+capture's id, or the book's refusal (403 off, 404 not held here, 409 one in progress, 400).
+It needs the `X-TraceML-Capture` header besides the token: a cross-site form cannot set
+it, and a cross-site script asking for it is stopped by the browser (no CORS answer here).
 
 With a bearer token configured (the processor's `BearerAuth`) every route needs
 it, in one of three forms: an `Authorization: Bearer <token>` header (scripts);
@@ -51,6 +56,8 @@ _COMMON_HEADERS = (
 )
 HTML = "text/html; charset=utf-8"
 JSON = "application/json"
+CAPTURE_HEADER = "x-traceml-capture"
+"""The header the capture route requires (see the module's docstring: no cross-site request has it)."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,13 @@ def _message_page(status: int, title: str, text: str) -> WebResponse:
     return _response(status, HTML, page)
 
 
+def _int(text: str) -> int:
+    value = int(text)
+    if value < 0 or value > 10**9:
+        raise ValueError(text)
+    return value
+
+
 def _cookies(header: str | None) -> dict[str, str]:
     out: dict[str, str] = {}
     for part in (header or "").split(";"):
@@ -84,8 +98,10 @@ class WebApp:
     """Routes, the token check and the answers; the data comes from one `RunFeed`."""
 
     def __init__(self, feed: RunFeed, *, auth: BearerAuth = BearerAuth(), secure: bool = False,
-                 prefix: str = DEFAULT_PREFIX, fleet_period_s: float = FLEET_PERIOD.default):
+                 prefix: str = DEFAULT_PREFIX, fleet_period_s: float = FLEET_PERIOD.default,
+                 capture_book=None):
         self.feed = feed
+        self.capture_book = capture_book  # `processor.capture.book.CaptureBook`; None: no capture route
         self.fleet_period_s = fleet_period_s  # the fleet page's period (`--fleet-period`)
         self.auth = auth
         self.secure = secure  # served over TLS: the cookie gets Secure
@@ -131,7 +147,8 @@ class WebApp:
     def _route(self, method: str, path: str, query: str, headers: Mapping[str, str]) -> WebResponse:
         if path != self.prefix and not path.startswith(self.prefix + "/"):
             return _message_page(404, "Not found", "nothing is served here")
-        if method not in ("GET", "HEAD"):
+        capture_route = path == self.prefix + "/api/capture"
+        if method not in ("GET", "HEAD") and not (capture_route and method == "POST"):
             return _response(405, "text/plain; charset=utf-8", "method not allowed\n", ("Allow", "GET, HEAD"))
         params = parse_qs(query or "", keep_blank_values=True)
         if self.auth.enabled and "token" in params:
@@ -143,6 +160,8 @@ class WebApp:
                 "this processor needs its bearer token: open this address once with ?token=<token> "
                 "(a cookie then keeps it), or send Authorization: Bearer <token>"))
         route = path[len(self.prefix):] or ""
+        if capture_route:
+            return self._capture(method, params, headers)
         if route == "":
             return _response(308, HTML, b"", ("Location", self.prefix + "/"))
         if route == "/":
@@ -173,6 +192,31 @@ class WebApp:
         return _message_page(404, "Not found", "no such page")
 
 
+    def _capture(self, method: str, params: dict[str, list[str]], headers: Mapping[str, str]) -> WebResponse:
+        """The "Capture" button: one request into the capture book, answered as JSON."""
+        if method != "POST":
+            return _response(405, JSON, json.dumps({"error": "POST only"}), ("Allow", "POST"))
+        if not headers.get(CAPTURE_HEADER):
+            return _response(403, JSON, json.dumps({"error": f"the {CAPTURE_HEADER} header is required"}))
+        if self.capture_book is None:
+            return _response(404, JSON, json.dumps({"error": "this web view has no capture book"}))
+        try:
+            run_id = params["id"][0]
+            rank = _int(params["rank"][0])
+            reference = _int(params["reference"][0]) if params.get("reference", [""])[0] else None
+            steps = _int(params["steps"][0]) if params.get("steps", [""])[0] else None
+        except (KeyError, IndexError, ValueError):
+            return _response(400, JSON, json.dumps({"error": "give ?id=RUN&rank=R (&reference=R2&steps=N)"}))
+        from traceml.processor.capture.book import CaptureRefused
+
+        try:
+            record = self.capture_book.request_capture(run_id, rank, reference, steps)
+        except CaptureRefused as refused:
+            return _response(refused.status, JSON, json.dumps({"error": str(refused)}))
+        return _response(202, JSON, json.dumps({"capture_id": record.capture_id, "status": record.status,
+                                                "rank": record.culprit_rank,
+                                                "reference": record.reference_rank}))
+
     def _fleet(self, as_json: bool) -> WebResponse:
         """Hosts and GPUs by runs flagged and time lost over the fleet period (the store's history)."""
         import time
@@ -188,4 +232,4 @@ class WebApp:
             return _response(200, JSON, json.dumps([asdict(entry) for entry in entries]))
         return _response(200, HTML, fleet_page(entries, prefix=self.prefix, period_s=self.fleet_period_s))
 
-__all__ = ["COOKIE_NAME", "DEFAULT_PREFIX", "PAGE_CSP", "WebApp", "WebResponse"]
+__all__ = ["CAPTURE_HEADER", "COOKIE_NAME", "DEFAULT_PREFIX", "PAGE_CSP", "WebApp", "WebResponse"]

@@ -8,7 +8,9 @@ app.js draws nothing itself: every `refresh_s` it fetches the page's JSON endpoi
 (`data-api` on the page's root element) and replaces each element whose id is a
 key of the answer's `html` map with the server-rendered, escaped fragment. Without
 JavaScript the page is the same server-rendered HTML (a `<noscript>` refresh keeps
-it current).
+it current). A "Capture rank N" button (the live run page, with a capture book) posts
+to `data-capture-api` with the `X-TraceML-Capture` header, which no cross-site form
+can send, and shows the answer as text in the header.
 """
 from __future__ import annotations
 
@@ -57,8 +59,12 @@ tr.material td { background: #fff6e0; }
 .legend { list-style: none; display: flex; flex-wrap: wrap; gap: 4px 14px; padding: 0; margin: 4px 0 0; font-size: 12px; }
 .note { color: var(--muted); font-size: 12px; }
 .side-by-side { display: grid; grid-template-columns: 1fr 1fr; gap: 16px; }
+article.capture { border-top: 1px solid var(--line); padding-top: 8px; margin-top: 8px; }
+table.digest td:first-child { text-align: left; overflow-wrap: anywhere; max-width: 28em; }
+button.capture { font: inherit; padding: 2px 10px; margin: 0 4px 4px 0; cursor: pointer; }
 .mono { font-family: ui-monospace, monospace; overflow-wrap: anywhere; }
 pre.card { font-size: 12px; overflow-x: auto; background: #f4f4f4; padding: 8px; }
+#capture-status { color: #ffe08a; font-size: 12px; }
 #refresh-status { color: #cfe3ff; font-size: 12px; margin-left: auto; }
 """
 
@@ -93,6 +99,28 @@ APP_JS = """
       .then(function () { window.setTimeout(poll, every); });
   }
   window.setTimeout(poll, every);
+  // A "Capture rank N" button posts to the page's capture route; the answer is shown as text only.
+  var captureApi = root.getAttribute("data-capture-api");
+  document.addEventListener("click", function (event) {
+    var button = event.target && event.target.closest && event.target.closest("button[data-capture-rank]");
+    if (!button || !captureApi) { return; }
+    var rank = button.getAttribute("data-capture-rank");
+    var out = document.getElementById("capture-status");
+    function tell(text) { if (out) { out.textContent = text; } else { say(text); } }
+    button.disabled = true;
+    fetch(captureApi + "&rank=" + encodeURIComponent(rank), {
+      method: "POST", credentials: "same-origin", cache: "no-store",
+      headers: { "X-TraceML-Capture": "1" }
+    })
+      .then(function (response) {
+        return response.json().then(function (data) {
+          if (!response.ok) { throw new Error(data.error || ("HTTP " + response.status)); }
+          tell("capture " + data.capture_id + " of rank " + rank + " requested (" + data.status + ")");
+        });
+      })
+      .catch(function (error) { tell("capture refused: " + error.message); })
+      .then(function () { button.disabled = false; });
+  });
 })();
 """
 

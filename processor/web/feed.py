@@ -13,6 +13,8 @@ monitor has one (`session_source`), so the web view adds no analysis of its own:
 the session returns its exact previous analysis while the stored cursor is
 unchanged. A run the monitor no longer watches (an older run of the database) gets
 a session of the feed's, kept for the last `MAX_OWN_SESSIONS` runs viewed.
+With a `capture_source` (the capture book's `of_run`) each view carries the run's
+deep captures and their digests, and the page its "Capture" buttons.
 """
 from __future__ import annotations
 
@@ -24,8 +26,9 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
+from traceml.processor.capture.model import CaptureRecord
 from traceml.processor.sqlite_layout import connect_readonly
 from traceml.processor.step_time.model import LiveStepTimeResult
 from traceml.processor.store_read import StoreReadError, list_runs, read_run_facts, read_step_memory
@@ -39,6 +42,7 @@ MAX_INDEX_RUNS = 200
 """The index lists at most this many runs, most recently active first."""
 
 SessionSource = Callable[[str], object | None]  # run id -> a live session with refresh(), or None
+CaptureSource = Callable[[str], Sequence[CaptureRecord]]  # run id -> its captures (the book's `of_run`)
 
 
 def list_stored_runs(db_path: Path, limit: int = MAX_INDEX_RUNS) -> list[dict]:
@@ -66,12 +70,14 @@ class RunFeed:
     def __init__(self, db_path: str | Path, *, tick_s: float = TICK_S,
                  session_source: SessionSource | None = None,
                  run_states: Callable[[], Mapping[str, str]] | None = None,
+                 capture_source: CaptureSource | None = None,
                  prefix: str = "/ui", clock: Callable[[], float] = time.monotonic):
         self.db_path = Path(db_path)
         self.tick_s = tick_s
         self.prefix = prefix
         self._session_source = session_source
         self._run_states = run_states  # run id -> "active" / "ended (...)", from the run monitor
+        self._capture_source = capture_source  # None: no capture book, so no digest and no button
         self._clock = clock
         self._lock = threading.Lock()
         self._run_locks: dict[str, threading.Lock] = {}
@@ -149,7 +155,9 @@ class RunFeed:
         return build_run_view(analysis, ViewInputs(
             freshness=result.freshness, age_s=result.age_s, error=result.error, profile="live",
             max_steps=window.max_steps or self._window_steps(), generated_at=time.time(), memory=memory, telemetry=telemetry,
-            step_memory=step_memory))
+            step_memory=step_memory,
+            captures=tuple(self._capture_source(window.run_id)) if self._capture_source is not None else (),
+            capture_action=self._capture_source is not None))
 
     @staticmethod
     def _window_steps() -> int:

@@ -15,13 +15,14 @@ from typing import Mapping, Sequence
 from urllib.parse import quote
 
 from traceml.processor.reporting.badput import CAUSE_LABELS, fmt_device_hours, fmt_rank_time, what_if_text
+from traceml.processor.reporting.captures import OPEN_NOTE, capture_heading, status_text
 from traceml.processor.reporting.input_note import BEFORE_FORWARD_SENTENCE
 from traceml.processor.reporting.resources import fmt_figure, trend_text
 from traceml.processor.web.assets import STYLE_CSS
 from traceml.processor.web.svg import bar_scale_max, esc, line_chart, phase_bars, phase_legend, trend_chart
 from traceml.processor.web.view import NODE_RESOURCE_COLUMNS, RANK_RESOURCE_COLUMNS
 
-RUN_FRAGMENTS = ("tm-hero", "tm-badput", "tm-rail", "tm-phases", "tm-steps", "tm-memory", "tm-resources", "tm-stats",
+RUN_FRAGMENTS = ("tm-hero", "tm-badput", "tm-captures", "tm-rail", "tm-phases", "tm-steps", "tm-memory", "tm-resources", "tm-stats",
                  "tm-ranks", "tm-telemetry")
 """Element ids of a run page the JSON endpoint's `html` map refreshes."""
 
@@ -313,6 +314,64 @@ def badput_section(view: Mapping) -> str:
               '"Badput ledger"); the run so far extrapolates the window over the run\'s steps.</p></section>')
 
 
+def _signed_ms(value: float | None) -> str:
+    return "—" if value is None else f"{value:+.1f}"
+
+
+def _digest_table(capture: Mapping) -> str:
+    d = capture["digest"]
+    culprit, reference = capture["culprit_rank"], capture["reference_rank"]
+    rows = "".join(
+        f'<tr data-kind="{esc(r["kind"])}"><td class="mono">{esc(r["name"])}</td><td>{esc(r["kind"])}</td>'
+        f'<td>{_ms(r["culprit_ms"])}</td><td>{"unknown" if r["reference_ms"] is None else _ms(r["reference_ms"])}</td>'
+        f'<td>{_signed_ms(r["excess_ms"])}</td>'
+        f'<td>{"—" if r["share_of_gap"] is None else format(r["share_of_gap"], ".0%")}</td></tr>'
+        for r in d["rows"])
+    more = (f'<p class="note">{d["rows_left_out"]:,} smaller entries not shown</p>' if d["rows_left_out"] else "")
+    phases = "".join(f'<li>{esc(g["phase"])}: {_ms(g["culprit_ms"])} vs {_ms(g["reference_ms"])} ms '
+                     f'({_signed_ms(g["gap_ms"])})</li>' for g in d["phase_gap"])
+    not_seen = "".join(f"<li>{esc(n)}</li>" for n in d["not_seen"])
+    return (f'<p>Step: <b>{_ms(d["culprit_step_ms"])}</b> ms on rank {esc(culprit)} against '
+            f'<b>{_ms(d["reference_step_ms"])}</b> ms on rank {esc(reference)}, a gap of '
+            f'<b>{_signed_ms(d["gap_ms"])}</b> ms per step ({esc(d["culprit_steps"])} and '
+            f'{esc(d["reference_steps"])} captured steps)</p>'
+            '<table class="stats digest"><thead><tr><th>entry</th><th>kind</th>'
+            f'<th>rank {esc(culprit)} ms/step</th><th>rank {esc(reference)} ms/step</th><th>excess</th>'
+            f'<th>share of gap</th></tr></thead><tbody>{rows}</tbody></table>{more}'
+            + (f'<h4>Phases over the captured steps</h4><ul>{phases}</ul>' if phases else "")
+            + (f'<h4>Not seen</h4><ul class="not-seen">{not_seen}</ul>' if not_seen else ""))
+
+
+def _capture(capture: Mapping) -> str:
+    traces = "".join(f'<li class="mono">{esc(t)}</li>' for t in capture["traces"])
+    body = (_digest_table(capture) if capture["digest"] is not None
+            else f'<p class="capture-status">{esc(status_text(capture))}</p>')
+    return (f'<article class="capture" data-capture-id="{esc(capture["capture_id"])}" '
+            f'data-status="{esc(capture["status"])}"><h3>Capture {esc(capture["capture_id"])}: '
+            f'{esc(capture_heading(capture))} <span class="note">{esc(capture["trigger"])} · '
+            f'{esc(capture["status"])} · {esc(capture["requested_at"] or "—")}</span></h3>{body}'
+            + (f'<p class="note">{esc(OPEN_NOTE)}</p><ul>{traces}</ul>' if traces else "")
+            + "</article>")
+
+
+def captures_section(view: Mapping) -> str:
+    """The run's captures, newest first, each with its digest (the digest's figures, formatted only),
+    and on the live page one button per drawn rank asking for a capture of it."""
+    c = view.get("captures") or {"items": [], "total": 0, "ranks": []}
+    buttons = "".join(f'<button type="button" class="capture" data-capture-rank="{esc(r)}">Capture rank {esc(r)}'
+                      "</button> " for r in c["ranks"])
+    ask = (f'<p class="capture-ask">{buttons}</p>'
+           '<p class="note">A capture records torch.profiler on that rank and a reference rank for a few steps '
+           "(docs/capture.md).</p>" if buttons else "")
+    if not c["items"]:
+        return ('<section class="captures"><h2>Deep captures</h2><p class="note">no capture of this run</p>'
+                f"{ask}</section>")
+    shown = "".join(_capture(item) for item in c["items"])
+    more = (f'<p class="note">{c["total"] - len(c["items"]):,} older capture(s) in final_summary.json</p>'
+            if c["total"] > len(c["items"]) else "")
+    return f'<section class="captures"><h2>Deep captures</h2>{ask}{shown}{more}</section>'
+
+
 def telemetry_section(view: Mapping) -> str:
     t = view["telemetry"]
     finished = t["ranks_finished"]
@@ -335,7 +394,8 @@ def telemetry_section(view: Mapping) -> str:
 def run_fragments(view: Mapping) -> dict[str, str]:
     """id -> HTML of every refreshable part of a run page (what the JSON endpoint carries)."""
     return {
-        "tm-hero": hero(view), "tm-badput": badput_section(view), "tm-rail": rail(view),
+        "tm-hero": hero(view), "tm-badput": badput_section(view), "tm-captures": captures_section(view),
+        "tm-rail": rail(view),
         "tm-phases": phases_section(view),
         "tm-steps": steps_section(view), "tm-memory": memory_section(view),
         "tm-resources": resources_section(view), "tm-stats": stats_section(view),
@@ -345,7 +405,7 @@ def run_fragments(view: Mapping) -> dict[str, str]:
 
 def _run_body(fragments: Mapping[str, str]) -> str:
     div = lambda i: f'<div id="{i}">{fragments[i]}</div>'  # noqa: E731
-    return (f'<main><div class="primary">{div("tm-hero")}{div("tm-badput")}{div("tm-phases")}{div("tm-steps")}{div("tm-memory")}'
+    return (f'<main><div class="primary">{div("tm-hero")}{div("tm-badput")}{div("tm-captures")}{div("tm-phases")}{div("tm-steps")}{div("tm-memory")}'
             f'{div("tm-resources")}{div("tm-stats")}{div("tm-ranks")}</div><aside>{div("tm-rail")}{div("tm-telemetry")}</aside></main>')
 
 
@@ -363,14 +423,16 @@ def run_page(view: Mapping, *, prefix: str, refresh_s: float) -> str:
     """The live page of one run (server-rendered; app.js refreshes the fragments)."""
     run_id = view["run_id"]
     api = f"{prefix}/api/run?id={quote(run_id, safe='')}"
+    capture_api = f"{prefix}/api/capture?id={quote(run_id, safe='')}"
     head = _head(f"TraceML · {run_id}",
                  f'<link rel="stylesheet" href="{esc(prefix)}/assets/style.css">'
                  f'<script src="{esc(prefix)}/assets/app.js" defer></script>'
                  f'<noscript><meta http-equiv="refresh" content="{max(2, int(refresh_s * 5))}"></noscript>')
-    return (head + f'<body><div id="traceml-run" data-api="{esc(api)}" data-refresh-s="{refresh_s:g}">'
+    return (head + f'<body><div id="traceml-run" data-api="{esc(api)}" '
+            f'data-capture-api="{esc(capture_api)}" data-refresh-s="{refresh_s:g}">'
             f'<header class="top"><a href="{esc(prefix)}/">TraceML runs</a>'
             f'<span>run <span class="run-id" data-testid="run-id">{esc(run_id)}</span></span>'
-            f'<span id="refresh-status"></span></header>'
+            f'<span id="capture-status"></span><span id="refresh-status"></span></header>'
             + _run_body(run_fragments(view)) + "</div></body></html>")
 
 

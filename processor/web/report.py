@@ -2,8 +2,9 @@
 
 Orchestration only: the run report runs `StepTimePipeline` once with the summary
 profile (the final summary's own window), reads the run facts the final summary
-reads plus the per-step memory of the drawn ranks, and hands them to the same
-view model and fragments the live page draws. The comparison report draws what
+reads (its deep captures included, as the store's processor left them) plus the
+per-step memory of the drawn ranks, and hands them to the same view model and
+fragments the live page draws. The comparison report draws what
 `traceml compare` decided (`Comparison.to_json()`): which changes are material is
 never re-decided here.
 """
@@ -52,10 +53,13 @@ def build_report_view(db_path: str | os.PathLike, run_id: str, *, generated_at: 
             pass
         finally:
             conn.close()
+    from traceml.processor.capture.book import stored_captures  # the book's owner reads them back
+
     return build_run_view(analysis, ViewInputs(
         freshness=FRESHNESS_FINAL, profile=PROFILE_SUMMARY, max_steps=SUMMARY_WINDOW_STEPS,
         generated_at=time.time() if generated_at is None else generated_at,
-        memory=memory, telemetry=telemetry, step_memory=step_memory))
+        memory=memory, telemetry=telemetry, step_memory=step_memory,
+        captures=tuple(stored_captures(db_path, run_id))))
 
 
 def _write(path: Path, text: str) -> Path:

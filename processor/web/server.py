@@ -84,8 +84,11 @@ def web_app_for(service) -> WebApp:
                 out[run_id] = "active" if state.ended is None else f"ended ({state.ended})"
         return out
 
-    feed = RunFeed(cfg.db, session_source=session_of, run_states=run_states)
-    return WebApp(feed, auth=cfg.auth, secure=cfg.tls.enabled, fleet_period_s=cfg.fleet_period_s)
+    book = getattr(service, "captures", None)  # the deep-capture book (issue 33: `capture.book.CaptureBook`)
+    feed = RunFeed(cfg.db, session_source=session_of, run_states=run_states,
+                   capture_source=None if book is None else book.of_run)
+    return WebApp(feed, auth=cfg.auth, secure=cfg.tls.enabled, fleet_period_s=cfg.fleet_period_s,
+                  capture_book=book)
 
 
 def start_ui(service, host: str, port: int) -> UiServer:

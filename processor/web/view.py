@@ -41,6 +41,8 @@ LAST_STEPS = 100
 """Aligned steps the step-time and memory charts cover (the live window's length)."""
 MAX_LIST_ITEMS = 16
 """Longer lists (cohort ranks, finished ranks) are shown as their first items plus a count."""
+MAX_SHOWN_CAPTURES = 4
+"""Captures a run's page shows, newest first (the final summary lists them all)."""
 
 # (window metric, label) of the stacked phase bar, bottom to top. Together they add up
 # to Step Time (residual = traced - h2d - forward - backward - optimizer, floored at 0).
@@ -108,6 +110,8 @@ class ViewInputs:
     memory: Sequence[RankMemory] = ()
     telemetry: RunTelemetry = RunTelemetry()
     step_memory: StepMemory = StepMemory()
+    captures: Sequence = ()  # the run's `processor.capture.model.CaptureRecord`s (the capture book's)
+    capture_action: bool = False  # the page may ask for a capture (the live view of a processor with a book)
 
 
 def _round(value: float | None, digits: int = 3) -> float | None:
@@ -214,7 +218,7 @@ def build_run_view(analysis: StepTimeAnalysis, inputs: ViewInputs = ViewInputs()
         analysis,
         RunMetadata(run_id=window.run_id, generated_at=inputs.generated_at, profile=inputs.profile,
                     max_steps=inputs.max_steps),
-        memory=inputs.memory, telemetry=inputs.telemetry)
+        memory=inputs.memory, telemetry=inputs.telemetry, captures=inputs.captures)
     glob = summary["global"]
     win = dict(glob["window"])
     win["expected_ranks"] = bounded(win["expected_ranks"])
@@ -290,6 +294,9 @@ def build_run_view(analysis: StepTimeAnalysis, inputs: ViewInputs = ViewInputs()
         # Which mapping the steps came through and what it cannot measure (the card's lines).
         "source_notes": source_lines(summary["telemetry"]["sources"]),
         "badput": summary["badput"],  # a fixed set of causes and one what-if per finding: bounded
+        # Newest first; each digest holds a bounded number of rows (the digest's top entries).
+        "captures": {"items": summary["captures"][::-1][:MAX_SHOWN_CAPTURES], "total": len(summary["captures"]),
+                     "ranks": list(ranks) if inputs.capture_action else []},
         "card": summary["card"],
     }
 
@@ -337,7 +344,7 @@ def build_compare_view(comparison: Mapping, a: Mapping, b: Mapping, *,
 
 
 __all__ = [
-    "LAST_STEPS", "MAX_DRAWN_RANKS", "MAX_LIST_ITEMS", "NODE_RESOURCE_COLUMNS", "PHASES", "RANK_RESOURCE_COLUMNS",
+    "LAST_STEPS", "MAX_DRAWN_RANKS", "MAX_LIST_ITEMS", "MAX_SHOWN_CAPTURES", "NODE_RESOURCE_COLUMNS", "PHASES", "RANK_RESOURCE_COLUMNS",
     "RESOURCE_TABLE", "StepMemory", "TABLE_METRICS",
     "VIEW_SCHEMA", "ViewInputs", "bounded", "build_compare_view", "build_run_view", "choose_ranks",
     "drawn_ranks",

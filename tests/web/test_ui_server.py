@@ -74,7 +74,7 @@ def test_the_processor_serves_the_view_of_a_run_it_receives(tmp_path):
 
 def test_the_otlp_http_port_serves_the_same_view_under_ui(tmp_path):
     """No --ui needed: the view rides on the OTLP/HTTP port, through the same bounded front."""
-    svc = make_service(tmp_path, prometheus=None)
+    svc = make_service(tmp_path, prometheus=None, capture="manual")
     try:
         assert svc.ui_port is None
         for rank in (0, 1):
@@ -88,8 +88,23 @@ def test_the_otlp_http_port_serves_the_same_view_under_ui(tmp_path):
         assert fetch(svc.http_port, "/ui/assets/style.css")[0] == 200
         assert fetch(svc.http_port, "/uix")[0] == 404  # a prefix is a path segment, not a string prefix
         assert fetch(svc.http_port, "/healthz")[0] == 200  # the receiver's own routes are untouched
+        # The page's "Capture" button: a POST through the same front into the service's capture book
+        # (--capture manual: no automatic capture of this straggler takes the run's one slot first).
+        assert post_capture(svc.http_port, "/ui/api/capture?id=port-run&rank=1")[0] == 403  # no header
+        status, body = post_capture(svc.http_port, "/ui/api/capture?id=port-run&rank=1", **{"X-TraceML-Capture": "1"})
+        assert status == 202, body
+        assert [r.capture_id for r in svc.captures.of_run("port-run")] == [json.loads(body)["capture_id"]]
     finally:
         svc.stop()
+
+
+def post_capture(port: int, path: str, **headers):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("POST", path, body=b"", headers=headers)
+    response = conn.getresponse()
+    body = response.read()
+    conn.close()
+    return response.status, body
 
 
 def test_the_ui_on_the_otlp_port_honours_the_token(tmp_path):

@@ -24,6 +24,7 @@ commands:
   compare   compare two final summaries (step time, phases, diagnosis, memory)
   top       watch a processor database live from another terminal
   fleet     hosts and GPUs that keep being a run's straggler (runs flagged, time lost)
+  capture   profile a few steps of one rank of a live run against a reference rank: the digest
 
 `traceml <command> --help` describes each command; docs/cli.md has them all.
 """
@@ -65,6 +66,12 @@ def _fleet(argv: Sequence[str]) -> int:
     return fleet.main(argv)
 
 
+def _capture(argv: Sequence[str]) -> int:
+    from traceml.launcher import capture
+
+    return capture.main(argv)
+
+
 COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "run": _run,
     "demo": _demo,
@@ -72,6 +79,7 @@ COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "compare": _compare,
     "top": _top,
     "fleet": _fleet,
+    "capture": _capture,
 }
 
 NEEDS_PROCESSOR_SIDE = frozenset({"demo", "summary", "compare", "top", "fleet"})

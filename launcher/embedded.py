@@ -57,6 +57,11 @@ class ProcessorEndpoints:
     def ready_url(self) -> str:
         return f"http://127.0.0.1:{self.http_port}/readyz"
 
+    @property
+    def control_url(self) -> str:
+        """The OTLP/HTTP base URL the ranks poll for capture requests (`TRACEML_CONTROL_ENDPOINT`)."""
+        return f"http://127.0.0.1:{self.http_port}"
+
     def ui_url(self, run_id: str | None = None) -> str | None:
         """The web view's address (its page of `run_id` when given); None without --ui."""
         if self.ui is None:

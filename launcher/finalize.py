@@ -75,6 +75,7 @@ def finalize_run(run_path: Path, run_id: str, *, out: TextIO, print_card: bool =
     if not db_path.exists():
         print(f"[traceml] no telemetry database at {db_path}; no summary written", file=out, flush=True)
         return None
+    _copy_capture_traces(db_path, run_id, run_path, out)
     try:
         report = write_report(db_path, run_id, run_path, launcher)
     except Exception as exc:  # the training outcome matters more than our summary
@@ -96,3 +97,19 @@ def finalize_run(run_path: Path, run_id: str, *, out: TextIO, print_card: bool =
         print(f"[traceml] compare runs:  traceml compare {report.summary_path} <other run>/"
               f"{FINAL_SUMMARY_FILE}", file=out, flush=True)
     return report
+
+
+def _copy_capture_traces(db_path: Path, run_id: str, folder: Path, out: TextIO) -> list[Path]:
+    """The run's raw capture traces beside final_summary.json (TensorBoard's profiler plugin lists
+    `.pt.trace.json.gz` under the run folder; Perfetto opens each); a failure is reported, never raised."""
+    import shutil
+
+    from traceml.processor.api import capture_trace_paths
+
+    copied = []
+    for source in capture_trace_paths(db_path, run_id):
+        try:
+            copied.append(Path(shutil.copy2(source, folder / source.name)))
+        except OSError as exc:
+            print(f"[traceml] could not copy the capture trace {source.name}: {exc}", file=out, flush=True)
+    return copied

@@ -484,6 +484,10 @@ def _start_embedded(args: argparse.Namespace, options: RunOptions, run_path: Pat
         return None
     rank_env[env.TRACEML_OTLP_ENDPOINT] = endpoints.otlp_grpc_endpoint
     rank_env[env.TRACEML_OTLP_PROTOCOL] = "grpc"
+    if not os.environ.get(env.TRACEML_CONTROL_ENDPOINT, "").strip():
+        # Deep captures: this node's ranks poll the processor's loopback HTTP port for requests
+        # (other nodes' ranks cannot reach it: a user's own setting is kept as it is).
+        rank_env[env.TRACEML_CONTROL_ENDPOINT] = endpoints.control_url
     _say(out, f"run {run_id}: embedded processor on {endpoints.grpc_address} (OTLP gRPC), "
               f"data in {run_path}")
     if endpoints.ui is not None:

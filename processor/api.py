@@ -33,6 +33,8 @@ _OWNERS: dict[str, tuple[str, ...]] = {
     "presenters.terminal_text": ("printable",),
     # How a run ended, as the launcher saw it (handed to the processor as JSON).
     "endings": ("LauncherEnding", "launcher_ending_to_json", "launcher_ending_from_json"),
+    # Deep captures kept with a run: its raw traces (`traceml run` copies them beside the summary).
+    "capture.files": ("capture_trace_paths",),
     # Addresses, tokens and the summary folder of a run id.
     "security": ("parse_host_port", "is_loopback", "read_token_file", "TokenFileError",
                  "summary_folder"),

@@ -139,7 +139,7 @@ def _load_one(folder: Path) -> CaptureRecord | None:
         return None
 
 
-def trace_paths(db_path: Path, run_id: str) -> list[Path]:
+def capture_trace_paths(db_path: Path, run_id: str) -> list[Path]:
     """Every raw trace kept for the run (what `traceml run` copies beside final_summary.json)."""
     try:
         folder = run_captures_folder(db_path, run_id)

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import pytest
 
+from tests.step_time.handbuilt_windows import rank_values, window
 from traceml.processor.capture.digest import compute_digest
+from traceml.processor.capture.phases import captured_phase_means
 from traceml.schema.capture import (
     HOST_NAME,
     KIND_COLLECTIVE,
@@ -133,3 +135,22 @@ def test_phase_gap_is_kept_largest_first_when_the_store_has_the_steps():
                             phase_means={"forward": (12.0, 4.0), "backward": (5.0, 4.5)})
     assert [(g.phase, g.gap_ms) for g in digest.phase_gap] == [("forward", 8.0), ("backward", 0.5)]
     assert not any("phase times" in note for note in digest.not_seen)
+
+
+# --- the phases of the captured steps, from an analysis window ---------------------------------
+
+
+def test_phase_means_come_from_the_captured_steps_when_the_window_holds_them():
+    w = window({0: rank_values(bwd=45.0), 1: rank_values(bwd=66.0, traced=116.0)}, steps=30)
+    culprit = summary(1, 40.0, BASE)  # first_step 10, five steps: 10..14, all in 1..30
+    means = captured_phase_means(w, culprit, summary(0, 10.0, BASE, role="reference"))
+    assert means["backward"] == (66.0, 45.0) and means["forward"] == (30.0, 30.0)
+    assert "collective_wait" not in means  # not measured: left out, not zero
+    digest = compute_digest(culprit, summary(0, 10.0, BASE, role="reference"), phase_means=means)
+    assert digest.phase_gap[0].phase == "backward" and digest.phase_gap[0].gap_ms == 21.0
+
+
+def test_no_phase_means_when_a_captured_step_is_not_in_the_window():
+    w = window({0: rank_values(), 1: rank_values()}, steps=12)  # steps 1..12: 13 and 14 not stored yet
+    assert captured_phase_means(w, summary(1, 20.0, BASE), summary(0, 10.0, BASE, role="reference")) is None
+    assert captured_phase_means(None, summary(1, 20.0, BASE), summary(0, 10.0, BASE, role="reference")) is None

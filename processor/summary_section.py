@@ -70,7 +70,11 @@ def summarise(db_path: Path, run_id: str, *, generated_at: float | None = None,
     metadata = RunMetadata(run_id=run_id, generated_at=generated_at,
                            traceml_version=package_version(), profile=PROFILE_SUMMARY,
                            max_steps=analysis.window.max_steps or SUMMARY_WINDOW_STEPS)  # cut beyond the cell cap
-    return project_final_summary(analysis, metadata, memory=memory, telemetry=telemetry), culprits
+    from traceml.processor.capture.book import stored_captures  # deep captures kept beside the store
+
+    captures = stored_captures(db_path, run_id, analysis.window)
+    return project_final_summary(analysis, metadata, memory=memory, telemetry=telemetry,
+                                 captures=captures), culprits
 
 
 def _offences(db_path: Path, culprits, k: int, n: int) -> list:

@@ -369,20 +369,23 @@ class CaptureBook:
 # --- the digest, and captures read back from a store -----------------------------------------
 
 
-def digest_of(record: CaptureRecord):
+def digest_of(record: CaptureRecord, window=None):
     """The record's `Digest` (`digest.compute_digest` on its culprit's and reference's summaries),
-    or None until both summaries are there."""
+    or None until both summaries are there. `window`: an analysis window of the run, whose
+    captured steps give the digest its phase gap (`phases.captured_phase_means`)."""
     from traceml.processor.capture.digest import compute_digest
+    from traceml.processor.capture.phases import captured_phase_means
 
     culprit, reference = record.summary_of(record.culprit_rank), record.summary_of(record.reference_rank)
     if culprit is None or reference is None or record.status != STATUS_DONE:
         return None
-    return compute_digest(culprit, reference)
+    return compute_digest(culprit, reference, phase_means=captured_phase_means(window, culprit, reference))
 
 
-def stored_captures(db_path, run_id: str) -> list[CaptureRecord]:
-    """The run's captures as the store's processor left them, digests computed again: what the
-    final summary reads (in whichever process writes it)."""
+def stored_captures(db_path, run_id: str, window=None) -> list[CaptureRecord]:
+    """The run's captures as the store's processor left them, digests computed again (with the
+    phases of their steps when `window` holds them): what the final summary reads (in whichever
+    process writes it)."""
     from traceml.processor.capture.files import load_records
 
-    return [replace(record, digest=digest_of(record)) for record in load_records(db_path, run_id)]
+    return [replace(record, digest=digest_of(record, window)) for record in load_records(db_path, run_id)]

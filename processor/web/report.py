@@ -59,7 +59,7 @@ def build_report_view(db_path: str | os.PathLike, run_id: str, *, generated_at: 
         freshness=FRESHNESS_FINAL, profile=PROFILE_SUMMARY, max_steps=SUMMARY_WINDOW_STEPS,
         generated_at=time.time() if generated_at is None else generated_at,
         memory=memory, telemetry=telemetry, step_memory=step_memory,
-        captures=tuple(stored_captures(db_path, run_id))))
+        captures=tuple(stored_captures(db_path, run_id, window))))
 
 
 def _write(path: Path, text: str) -> Path:

@@ -91,3 +91,27 @@ def test_a_refused_capture_says_why_and_one_in_progress_its_state():
     assert capture_line({**base, "status": "refused", "reason": "captures are off"}).endswith(
         "refused: captures are off")
     assert capture_line({**base, "status": "capturing", "reason": None}).endswith("over 3 step(s): capturing")
+
+
+def test_the_final_summary_of_a_stored_run_reads_the_captures_kept_beside_its_store(tmp_path):
+    from tests.web.test_web_app import write_run
+    from traceml.processor.capture.files import CaptureFiles
+    from traceml.processor.summary_section import build_final_summary
+
+    db = write_run(tmp_path / "t.db", "r1", 4, range(30), slow_rank=2)
+    files = CaptureFiles(db)
+    done, failed = capture_records("r1", "INPUT_STRAGGLER", 2, 0)
+    for record in (done, failed):
+        files.save_record(record)
+    for summary in done.summaries:
+        files.save_summary(summary, summary.to_json())
+    summary = build_final_summary(db, "r1", generated_at=1.7e9)
+    jsonschema.validate(json.loads(json.dumps(summary, allow_nan=False)), SCHEMA)
+    assert [c["capture_id"] for c in summary["captures"]] == ["cap-1", "cap-2"]
+    digest = summary["captures"][0]["digest"]
+    assert digest["rows"][0]["name"] == "aten::sort"
+    # the captured steps (12..16) are in the summary window: their phases are compared
+    assert {g["phase"] for g in digest["phase_gap"]} >= {"input_wait", "backward"}
+    assert not any("phase times" in note for note in digest["not_seen"])
+    assert summary["diagnosis"]["evidence"]["capture_id"] == "cap-1"
+    assert "  Capture cap-1: rank 2 vs rank 0 over 5 step(s): aten::sort +21.0 ms/step" in summary["card"]

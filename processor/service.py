@@ -211,7 +211,8 @@ class ProcessorService:
         self.captures = CaptureBook(
             CaptureFiles(Path(config.db)), mode=config.capture, steps=config.capture_steps,
             cooldown_s=config.capture_cooldown_s, max_trace_bytes=config.capture_max_trace_bytes,
-            deadline_s=config.capture_deadline_s, holds_run=self._ranks_held, digest=digest_of)
+            deadline_s=config.capture_deadline_s, holds_run=self._ranks_held,
+            digest=lambda record: digest_of(record, self.capture_policy.window_of(record.run_id)))
         self.capture_policy = CapturePolicy(self.captures)
         self.captures.choose_reference = self.capture_policy.choose_reference
         auto = config.capture == "auto"

@@ -112,6 +112,11 @@ class CapturePolicy:
             window = self._windows.get(run_id)
         return None if window is None else reference_for(window, culprit)
 
+    def window_of(self, run_id: str):
+        """The run's latest analysed window (the live digest's phase gap reads it), or None."""
+        with self._lock:
+            return self._windows.get(run_id)
+
     def forget(self, run_id: str) -> None:
         with self._lock:
             self._windows.pop(run_id, None)

@@ -25,6 +25,7 @@ logged, as the OpenTelemetry resource SDK specification says.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, TypeVar
@@ -60,6 +61,8 @@ DEFAULT_EXPORT_INTERVAL_S = 1.0  # not the BSP's 5 s: a live view wants a step w
 DEFAULT_TELEMETRY_INTERVAL_S = 10.0  # not the reader's 60 s: drop counters should show while a run is young
 MIN_INTERVAL_S = 0.01  # a 0 ms delay (valid by the spec) would spin the export thread
 DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
+DEFAULT_CONTROL_POLL_INTERVAL_S = 2.0  # deep capture: a request waits at most this (plus a round) for its rank
+MIN_CONTROL_POLL_INTERVAL_S = 0.1
 
 _HTTP_PATHS = {"traces": "v1/traces", "metrics": "v1/metrics"}
 _GRPC_TARGET_SCHEMES = frozenset({"dns", "unix", "unix-abstract", "ipv4", "ipv6", "vsock"})
@@ -114,6 +117,9 @@ class ExporterSettings:
     max_batch: int = DEFAULT_MAX_BATCH
     export_interval_s: float = DEFAULT_EXPORT_INTERVAL_S
     telemetry_interval_s: float = DEFAULT_TELEMETRY_INTERVAL_S
+    control_endpoints: tuple[str, ...] = ()
+    """Processor base URLs polled for deep-capture requests (TRACEML_CONTROL_ENDPOINT); () = off."""
+    control_poll_interval_s: float = DEFAULT_CONTROL_POLL_INTERVAL_S
 
     def signal(self, name: str) -> SignalSettings:
         """The settings of signal `name` (`traces` or `metrics`)."""
@@ -313,6 +319,10 @@ def resolve_settings(
     if "export_interval_s" not in overrides:
         overrides["export_interval_s"] = _interval_s(env, env_names.OTEL_BSP_SCHEDULE_DELAY,
                                                      DEFAULT_EXPORT_INTERVAL_S)
+    if "control_endpoints" not in overrides:
+        overrides["control_endpoints"] = control_endpoints(env)
+    if "control_poll_interval_s" not in overrides:
+        overrides["control_poll_interval_s"] = _control_poll_interval_s(env)
     if "telemetry_interval_s" not in overrides:
         overrides["telemetry_interval_s"] = _interval_s(env, env_names.OTEL_METRIC_EXPORT_INTERVAL,
                                                         DEFAULT_TELEMETRY_INTERVAL_S)
@@ -351,6 +361,41 @@ def _interval_s(env: Mapping[str, str], name: str, default_s: float) -> float:
     """A Duration variable in milliseconds, as seconds (floored at MIN_INTERVAL_S), else `default_s`."""
     ms = env_values.non_negative_int(name, env.get(name))
     return default_s if ms is None else max(MIN_INTERVAL_S, ms / 1000.0)
+
+
+def control_endpoints(env: Mapping[str, str]) -> tuple[str, ...]:
+    """TRACEML_CONTROL_ENDPOINT: comma-separated http(s) base URLs (each kept once, without a trailing
+    `/`); an entry that is not one is warned about and skipped, the others stay."""
+    name = env_names.TRACEML_CONTROL_ENDPOINT
+    out: list[str] = []
+    for entry in (env.get(name) or "").split(","):
+        url = entry.strip().rstrip("/")
+        if not url:
+            continue
+        parsed = urlparse(url)
+        if parsed.scheme.lower() not in ("http", "https") or not parsed.netloc or parsed.query \
+                or parsed.fragment or any(c.isspace() for c in url):
+            env_values.warn_ignored(name, entry.strip(), "http:// or https:// base URLs, comma-separated")
+            continue
+        if url not in out:
+            out.append(url)
+    return tuple(out)
+
+
+def _control_poll_interval_s(env: Mapping[str, str]) -> float:
+    """TRACEML_CONTROL_POLL_INTERVAL in seconds (floored at MIN_CONTROL_POLL_INTERVAL_S), else the default."""
+    name = env_names.TRACEML_CONTROL_POLL_INTERVAL
+    raw = env.get(name)
+    if raw is None or not raw.strip():
+        return DEFAULT_CONTROL_POLL_INTERVAL_S
+    try:
+        seconds = float(raw.strip())
+    except ValueError:
+        seconds = float("nan")
+    if not math.isfinite(seconds) or seconds <= 0:
+        env_values.warn_ignored(name, raw, "a positive number of seconds")
+        return DEFAULT_CONTROL_POLL_INTERVAL_S
+    return max(MIN_CONTROL_POLL_INTERVAL_S, seconds)
 
 
 def parse_resource_attributes(raw: str) -> dict[str, str]:

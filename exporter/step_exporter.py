@@ -19,7 +19,9 @@ and leave as one OTLP metrics request per drain (`OtlpEncoder.add_resource_point
 
 The worker is woken by work, not by a clock. Everything that gives it something to do
 (a record queued, a batch full, a flush, shutdown) sets one event, `_wake`, through
-`_notify`; a future source of work (a control poller) shares it the same way. While
+`_notify`; the deep-capture control client (`control`) shares it the same way: it polls on
+the rounds that run while steps arrive and wakes the worker only when a capture's answer is
+ready to upload. While
 records arrive it exports every `export_interval_s` (the bound on how long a queued
 record waits) or as soon as a batch is full. A round that finds nothing to send parks
 the worker: it sleeps with no timeout, and the next record queued wakes it and is sent
@@ -42,6 +44,7 @@ from .identity import RunIdentity
 from traceml.records import ResolvedStepTime, ResourceSnapshot, StepMemorySnapshot
 from traceml.schema import vocabulary as v
 
+from .control import ControlClient, ControlStats
 from .encoding import OtlpEncoder
 from .process_ending import noted_ending
 from .settings import DEFAULT_SHUTDOWN_TIMEOUT_S, ExporterSettings
@@ -83,6 +86,7 @@ class ExporterStats:
     queued_memory: int
     resources_exported: int = 0  # resource snapshots delivered (one OTLP metrics request per drain)
     queued_resources: int = 0
+    control: ControlStats | None = None  # the deep-capture control client's counts; None when not configured
 
 
 def _instrumentation_drops() -> Mapping[str, int]:
@@ -142,6 +146,7 @@ class OtlpStepExporter:
         self._final_steps: int | None = None
         self._final_step_boundary: str | None = None
         self._final_instrumentation_drops: Mapping[str, int] | None = None
+        self._control = ControlClient(identity, settings, self._notify) if settings.control_endpoints else None
         self._thread = threading.Thread(target=self._run, name="traceml-otlp-exporter", daemon=True)
         self._thread.start()
 
@@ -200,7 +205,8 @@ class OtlpStepExporter:
             spans_exported=self._spans_exported, memory_exported=self._memory_exported,
             dropped=self._all_drops(), failures=dict(self._failures), retries=dict(self._retries),
             queued_steps=len(self._steps), queued_memory=len(self._memory) + len(self._memory_by_step),
-            resources_exported=self._resources_exported, queued_resources=len(self._resources))
+            resources_exported=self._resources_exported, queued_resources=len(self._resources),
+            control=None if self._control is None else self._control.stats())
 
     def force_flush(self, timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S) -> bool:
         """Export everything queued so far; True when done within `timeout_s`."""
@@ -229,6 +235,8 @@ class OtlpStepExporter:
             self._thread.join(1.0)
         finished = not self._thread.is_alive()
         self._transport.close()  # also cancels a gRPC call still in flight (the worker is a daemon)
+        if self._control is not None:
+            self._control.close()
         return finished
 
     @property
@@ -252,11 +260,15 @@ class OtlpStepExporter:
             try:
                 sent = self._drain(final=closing or bool(waiters))
                 if closing:
+                    if self._control is not None:
+                        self._control.finish(self._control_deadline())
                     self._send_counters(force=True)
                     self._send_run_end()
                 elif time.monotonic() >= next_counters:
                     self._send_counters(force=False)
                     next_counters = time.monotonic() + self.settings.telemetry_interval_s
+                if self._control is not None and not closing:
+                    self._control.on_round(self._steps_received)
             except Exception as exc:  # the worker must survive anything a record can do
                 self._note_failure(f"exporter worker error: {type(exc).__name__}: {exc}")
             finally:
@@ -264,6 +276,13 @@ class OtlpStepExporter:
                     w.set()
             if closing:
                 return
+
+    def _control_deadline(self) -> float:
+        """Shutdown: a capture's answer may use half the time left, so the final counters and the
+        run-end marker keep the other half."""
+        now = time.monotonic()
+        end = self._shutdown_deadline if self._shutdown_deadline is not None else now
+        return now + max(0.0, end - now) / 2
 
     def _queued(self) -> bool:
         return bool(self._steps or self._memory or self._memory_by_step or self._resources)

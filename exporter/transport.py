@@ -241,6 +241,24 @@ class GrpcTransport:
             pass
 
 
+def http_client_options(settings: SignalSettings, tls: bool) -> tuple[dict[str, str], object, tuple[str, str] | None]:
+    """What a `requests` call to the processor takes from one signal's settings: the headers (the
+    configured ones, the token among them, and User-Agent unless configured), `verify` (the CA file,
+    else the system's) and the client pair for mTLS (when `tls`). One owner for the OTLP/HTTP
+    transport and the deep-capture control client (`control`), so both authenticate alike."""
+    headers = {k: val for k, val in settings.headers}
+    if "user-agent" not in headers:  # configured headers are lower-cased: one set there wins
+        headers["User-Agent"] = user_agent()
+    # requests reads the files itself; an unreadable one is left out here, as over gRPC.
+    ca = settings.certificate_file
+    verify = ca if ca and _read_pem(ca, "CA certificate") is not None else True
+    pair = _client_pair(settings) if tls else None
+    if pair is not None and (_read_pem(pair[0], "client certificate") is None
+                             or _read_pem(pair[1], "client key") is None):
+        pair = None
+    return headers, verify, pair
+
+
 class HttpTransport:
     """One signal's OTLP/HTTP endpoint: POSTs protobuf to `settings.endpoint` on a kept-alive session."""
 
@@ -251,21 +269,11 @@ class HttpTransport:
         self._session = requests.Session()
         self._url = settings.endpoint
         self._timeout_s = settings.timeout_s
-        self._headers = {k: val for k, val in settings.headers}
-        if "user-agent" not in self._headers:  # configured headers are lower-cased: one set there wins
-            self._headers["User-Agent"] = user_agent()
+        self._headers, self._verify, self._cert = http_client_options(settings, settings.uses_tls)
         self._headers["Content-Type"] = "application/x-protobuf"
         self._gzip = settings.compression == COMPRESSION_GZIP
         if self._gzip:
             self._headers["Content-Encoding"] = "gzip"
-        # requests reads the files itself; an unreadable one is left out here, as over gRPC.
-        ca = settings.certificate_file
-        self._verify = ca if ca and _read_pem(ca, "CA certificate") is not None else True
-        pair = _client_pair(settings) if settings.uses_tls else None
-        if pair is not None and (_read_pem(pair[0], "client certificate") is None
-                                 or _read_pem(pair[1], "client key") is None):
-            pair = None
-        self._cert = pair
         self._retry = _RetryLoop(stop)
 
     def export(self, signal: str, request, deadline: float) -> ExportOutcome:

@@ -29,6 +29,7 @@ from .traced_step import reset_tracker_cache
 def reset_for_tests() -> None:
     """Shut TraceML down and forget all process state, as a fresh process has it."""
     lifecycle.shutdown(timeout_s=1.0)
+    _forget_deep_capture()
     _forget_forward_timing()
     _forget_step_events()
     _forget_timing_policy()
@@ -38,6 +39,13 @@ def reset_for_tests() -> None:
     session.open_step = None
     session.default_device = None
     _forget_noted_ending()
+
+
+def _forget_deep_capture() -> None:
+    """`deep_capture`: nothing armed or recording, no step-end hook. Only where it was loaded."""
+    module = sys.modules.get("traceml.deep_capture")
+    if module is not None:
+        module.reset()
 
 
 def _forget_forward_timing() -> None:

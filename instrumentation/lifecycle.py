@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 import threading
 
 from . import settings as _settings
@@ -157,6 +158,7 @@ def shutdown(timeout_s: float = 5.0) -> None:
     with _lock:
         if not session.initialized:
             return
+        _end_deep_capture()
         _se.set_recording(False)
         step_boundary.warn_if_no_boundary()
         for sampler in (_time_sampler, _memory_sampler, _resource_sampler):
@@ -188,6 +190,17 @@ def shutdown(timeout_s: float = 5.0) -> None:
         sharding.reset()  # a later init's model is looked at afresh
         session.initialized = False
         session.mode = None
+
+
+def _end_deep_capture() -> None:
+    """A deep capture that records when the run ends stops and answers with the steps it has
+    (`deep_capture.end_of_run`); only where a capture was ever asked for (the module is loaded)."""
+    module = sys.modules.get("traceml.deep_capture")
+    if module is not None:
+        try:
+            module.end_of_run()
+        except Exception:
+            _log.exception("TraceML: the deep capture could not be ended")
 
 
 def _after_fork_in_child() -> None:

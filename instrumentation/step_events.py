@@ -172,6 +172,14 @@ _foreign_dropped = 0
 held: dict = {}
 """raw event -> the RegionHold keeping regions of that name from recording (usually empty)."""
 
+step_end_hook = None
+"""The deep capture's step-end callback, `hook(step, events)`, while a capture is armed or records
+(`deep_capture`); None otherwise, which is all a step end pays for deep capture: one global read."""
+region_annotation = None
+"""While a deep capture records: `open(raw_event)`, which every region entered on the training thread
+calls (the fast paths are off meanwhile, `refresh_fast_path`) and which returns a profiler range for
+the region to close, or None. None otherwise."""
+
 _warned: set = set()
 _misuse: dict = {}
 _get_ident = threading.get_ident
@@ -279,14 +287,14 @@ class RegionHold:
 
 
 def refresh_fast_path() -> None:
-    """Recompute `recording.fast` (recording on, the CPU clock, no name held).
+    """Recompute `recording.fast` (recording on, the CPU clock, no name held, no deep capture recording).
 
-    Called by every writer of the three: `set_recording`, `RegionHold`, and
-    `timing`'s policy helpers. The common path of each region, hook and patch
+    Called by every writer of the four: `set_recording`, `RegionHold`, `timing`'s
+    policy helpers and `deep_capture`. The common path of each region, hook and patch
     then checks one flag on one object instead of reading the policy and the holds.
     """
     fast = _rec.fast = bool(_rec.recording and not _policy.gpu_default and not _policy.gpu_undecided
-                            and not held)
+                            and not held and region_annotation is None)
     _rec.loader_fast = fast and _policy.dataloader_timing
 
 
@@ -321,6 +329,8 @@ def complete_step_capture(capture: StepCapture | None = None, last_event: tuple 
         return None
     step = _next_step
     _next_step = step + 1
+    if step_end_hook is not None:
+        _call_step_end_hook(step, active.events)
     # Both queues get plain tuples: the records (StepTimeBatch, StepMemorySnapshot)
     # are built when drained, on the sampler thread. Each put is
     # BoundedDropQueue.put written out: this runs once per step of the job, and
@@ -355,6 +365,15 @@ def complete_step_capture(capture: StepCapture | None = None, last_event: tuple 
     else:
         queue.dropped += 1
     return step
+
+
+def _call_step_end_hook(step: int, events: list) -> None:
+    hook = step_end_hook
+    if hook is not None:
+        try:
+            hook(step, events)
+        except Exception:  # a deep capture must never break the training step
+            pass
 
 
 def abort_step_capture(capture: StepCapture | None = None) -> None:

@@ -160,6 +160,7 @@ class timed_region:
     _t0 = 0
     _g0 = None
     _state = 0  # 0 new, 1 open and recording, 2 open but inert, 3 closed, 4 open on the CPU fast path
+    _range = None  # a deep capture's profiler range opened with the region (`step_events.region_annotation`)
 
     def __init__(self, raw_event: str, *, device=None) -> None:
         self.raw_event = raw_event
@@ -194,6 +195,9 @@ class timed_region:
         capture = rec.active
         self._capture = capture if capture is not None else se.current_capture()
         self._state = 1
+        annotate = se.region_annotation
+        if annotate is not None:  # a deep capture records (the fast path is off meanwhile)
+            self._range = annotate(self.raw_event)
         gpu = self._gpu
         policy = _policy
         if gpu is None:  # the process policy: default_gpu(), inline (every region's path)
@@ -221,6 +225,8 @@ class timed_region:
             return False
         if state == 1:
             self._state = 3
+            if self._range is not None:
+                _end_range(self)
             g0 = self._g0
             g1 = None
             if g0 is not None:
@@ -255,11 +261,22 @@ class timed_region:
     def discard(self) -> None:
         """Close an open region without recording it (e.g. the epoch-ending `next()`)."""
         if self._state == 1 or self._state == 4:
+            if self._range is not None:
+                _end_range(self)
             if self._g0 is not None:
                 _policy.pool.release(self._g0)
                 self._g0 = None
             self._capture = None
         self._state = 3
+
+
+def _end_range(region: timed_region) -> None:
+    """Close the deep capture's profiler range a region opened (it never breaks the step)."""
+    rng, region._range = region._range, None
+    try:
+        rng.__exit__(None, None, None)
+    except Exception:
+        pass
 
 
 def region_type(raw_event: str, name: str) -> type:

@@ -182,6 +182,13 @@ TRACEML_RESOURCES = "TRACEML_RESOURCES"
 0/false/no/off turns it off; any other value is warned about and ignored."""
 TRACEML_RESOURCE_INTERVAL = "TRACEML_RESOURCE_INTERVAL"
 """Seconds between two resource samples (default 5; a positive number, below 0.1 raised to 0.1)."""
+TRACEML_CONTROL_ENDPOINT = "TRACEML_CONTROL_ENDPOINT"
+"""Deep capture (issue 33): the processor base URLs (comma-separated, e.g. http://127.0.0.1:4318)
+whose control endpoint the rank's exporter polls for capture requests, with the exporter's own headers
+and TLS settings; unset or empty: no polling. `traceml run` sets it to its embedded processor."""
+TRACEML_CONTROL_POLL_INTERVAL = "TRACEML_CONTROL_POLL_INTERVAL"
+"""Seconds between two polls of the control endpoint while steps flow (default 2; a positive number,
+below 0.1 raised to 0.1)."""
 
 # --- TraceML processor ----------------------------------------------------------
 # Their flags, defaults and accepted values are declared once, in `traceml.processor.settings`.

@@ -101,15 +101,24 @@ def finalize_run(run_path: Path, run_id: str, *, out: TextIO, print_card: bool =
 
 def _copy_capture_traces(db_path: Path, run_id: str, folder: Path, out: TextIO) -> list[Path]:
     """The run's raw capture traces beside final_summary.json (TensorBoard's profiler plugin lists
-    `.pt.trace.json.gz` under the run folder; Perfetto opens each); a failure is reported, never raised."""
+    `.pt.trace.json.gz` under the run folder; Perfetto opens each); a failure is reported, never raised.
+
+    Moved, not copied, when the store's capture folder is inside the run folder (the embedded
+    processor's, stopped by now): a second copy there would be a second run to TensorBoard."""
+    import os
     import shutil
 
     from traceml.processor.api import capture_trace_paths
 
     copied = []
     for source in capture_trace_paths(db_path, run_id):
+        target = folder / source.name
         try:
-            copied.append(Path(shutil.copy2(source, folder / source.name)))
+            if folder.resolve() in source.resolve().parents:
+                os.replace(source, target)
+            else:
+                shutil.copy2(source, target)
+            copied.append(target)
         except OSError as exc:
             print(f"[traceml] could not copy the capture trace {source.name}: {exc}", file=out, flush=True)
     return copied

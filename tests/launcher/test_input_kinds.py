@@ -181,4 +181,5 @@ def test_the_slowed_rank_is_named_with_its_kind(tmp_path, name):
 def test_a_balanced_run_names_nobody(tmp_path, name, args):
     summary = _summary(tmp_path / name, *args)
     assert not _named(summary), summary["issues"]
+    assert summary["captures"] == []  # nobody named, so the diagnosis asked for no capture (issue 33)
     assert ("INCOMPLETE_DATA" in _kinds(summary)) == ("--marked" in args), summary["issues"]

@@ -42,6 +42,7 @@ from traceml.schema.capture import (
 )
 
 RUN = "capture-rank-side"
+TOKEN = "Bearer s3cret"
 AWAY_STEPS = 20
 
 
@@ -77,6 +78,7 @@ class ControlServer:
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 with server.lock:
+                    server.headers.append(dict(self.headers))
                     server.posts.setdefault(self.path.rsplit("/", 1)[-1], []).append(
                         (self.path, body, self.headers.get("Content-Type", "")))
                 self._reply(200, b"{}")
@@ -220,9 +222,10 @@ def runs():
         # 1. A capture: one body that is not JSON, one request for another rank, then a real request.
         capture = _request("cap-1", 4)
         server = ControlServer([b"{not json", _request("cap-other", 4, rank=7).to_json(), capture.to_json()])
+        env = {**_env(receiver, server.url), "TRACEML_OTLP_HEADERS": f"authorization={TOKEN}"}
         out["capture"] = SimpleNamespace(
             server=server, request=capture,
-            **_train(_env(receiver, server.url), "manual", manual_step, lambda: bool(server.part("trace"))))
+            **_train(env, "manual", manual_step, lambda: bool(server.part("trace"))))
         server.close()
         # 2. A processor that is away (a closed port) and one that never answers.
         silent = SilentServer()
@@ -315,6 +318,9 @@ def test_bad_requests_are_ignored_and_counted_and_the_token_header_is_sent(runs)
     assert control.uploads == 2 and control.upload_failures == 0 and control.poll_failures == 0
     assert all(g.startswith(f"{CONTROL_PATH}?run_id={RUN}&rank=0") for g in run.server.gets)
     assert not run.server.part("failure")
+    # Polls and uploads carry the headers the OTLP exports carry, the token among them.
+    assert len(run.server.headers) == len(run.server.gets) + 2
+    assert {h.get("authorization") for h in run.server.headers} == {TOKEN}
 
 
 @pytest.mark.slow  # the module\'s real runs: about 5 s on 2 idle cores, torch included
@@ -425,3 +431,48 @@ def test_the_summary_keeps_the_largest_entries_and_always_the_uncovered_host_tim
     # Never below zero: more self time than wall time (threads) leaves no host time.
     ops, _ = summary_ops([_Avg("aten::mm", 5000.0)], [1.0])
     assert [op.self_ms for op in ops if op.kind == KIND_HOST] == [0.0]
+
+
+def test_a_request_the_rank_cannot_take_is_answered_with_a_failure_saying_why():
+    from traceml.exporter.control import ControlClient
+
+    request = _request("cap-busy", 3)
+    server = ControlServer([request.to_json()])
+    settings = replace(resolve_settings("http://127.0.0.1:4317", "grpc", environ={}),
+                       control_endpoints=(server.url,), control_poll_interval_s=0.0)
+    client = ControlClient(identity(RUN), settings, lambda: None,
+                           arm=lambda req, deliver: "another capture is in progress on this rank")
+    try:
+        client.on_round(1)  # steps arrived: poll, get the request, arm refuses
+        client.on_round(2)  # the next round uploads the answer (and polls: a step arrived)
+        (path, body, kind), = server.part("failure")
+        assert path == f"{CAPTURES_PATH}/cap-busy/ranks/0/failure" and kind == "application/json"
+        assert json.loads(body) == {"reason": "another capture is in progress on this rank"}
+        stats = client.stats()
+        assert (stats.requests, stats.refused, stats.uploads) == (1, 1, 1)
+        assert len(server.gets) == 2
+        client.on_round(2)  # no new step since the last round: no poll, however due
+        assert len(server.gets) == 2
+    finally:
+        client.close()
+        server.close()
+
+
+@pytest.mark.slow  # imports torch.profiler when run alone
+def test_one_capture_at_a_time_and_an_armed_one_the_run_ends_before_fails():
+    from traceml import deep_capture, step_events
+
+    answers = []
+    step_events.set_recording(True)
+    try:
+        assert deep_capture.arm(_request("cap-a", 2), answers.append) is None
+        assert deep_capture.busy() and step_events.step_end_hook is not None
+        assert deep_capture.arm(_request("cap-b", 2), answers.append) == \
+            "another capture is in progress on this rank"
+        deep_capture.end_of_run()
+        assert [(a.request.capture_id, a.failure) for a in answers] == \
+            [("cap-a", "the run ended before the capture began")]
+        assert not deep_capture.busy() and step_events.step_end_hook is None
+    finally:
+        deep_capture.reset()
+        step_events.set_recording(False)

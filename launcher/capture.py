@@ -127,37 +127,55 @@ def wait_for(client: Client, url: str, capture_id: str, wait_s: float) -> dict:
         time.sleep(POLL_S)
 
 
-def render(record: dict, out: TextIO) -> None:
-    """The capture and its digest as text (Rich, every wire string escaped)."""
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-
-    console = Console(file=out, highlight=False, soft_wrap=True)
+def render(record: dict, out: TextIO, width: int | None = None) -> None:
+    """The capture and its digest as text: Rich where it is installed (the processor extra), plain
+    columns otherwise (a rank-only install); every wire string as text, never markup."""
     ref = record.get("reference_rank")
-    head = (f"Capture {record.get('capture_id')} of run {record.get('run_id')}: rank {record.get('culprit_rank')}"
-            f" vs {'no reference' if ref is None else f'rank {ref}'} over {record.get('steps')} steps "
-            f"({record.get('trigger')}): {record.get('status')}")
-    console.print(Text(head))
+    lines = [f"Capture {record.get('capture_id')} of run {record.get('run_id')}: rank {record.get('culprit_rank')}"
+             f" vs {'no reference' if ref is None else f'rank {ref}'} over {record.get('steps')} steps "
+             f"({record.get('trigger')}): {record.get('status')}"]
     if record.get("reason"):
-        console.print(Text(f"  reason: {record['reason']}"))
+        lines.append(f"  reason: {record['reason']}")
     digest = record.get("digest")
+    header = ("entry", "kind", "culprit ms/step", "reference ms/step", "excess", "share of gap")
+    rows = []
     if digest:
-        console.print(Text(f"  step {digest['culprit_step_ms']:.2f} ms vs {digest['reference_step_ms']:.2f} ms: "
-                           f"gap {digest['gap_ms']:+.2f} ms per step"))
+        lines.append(f"  step {digest['culprit_step_ms']:.2f} ms vs {digest['reference_step_ms']:.2f} ms: "
+                     f"gap {digest['gap_ms']:+.2f} ms per step")
+        rows = [(row["name"], row["kind"], f"{row['culprit_ms']:.3f}",
+                 "?" if row["reference_ms"] is None else f"{row['reference_ms']:.3f}",
+                 "?" if row["excess_ms"] is None else f"{row['excess_ms']:+.3f}",
+                 "" if row["share_of_gap"] is None else f"{row['share_of_gap']:.0%}") for row in digest["rows"]]
+    tail = [f"  not seen: {note}" for note in (digest or {}).get("not_seen") or ()]
+    tail += [f"  trace: {name}" for name in record.get("traces") or ()]
+    try:
+        from rich.console import Console
+        from rich.table import Table
+        from rich.text import Text
+    except ImportError:
+        for line in lines:
+            print(_printable(line), file=out)
+        if rows:
+            cells = [header] + [tuple(_printable(c) for c in row) for row in rows]
+            widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+            for row in cells:
+                print("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))),
+                      file=out)
+        for line in tail:
+            print(_printable(line), file=out)
+        return
+    console = Console(file=out, highlight=False, soft_wrap=True, width=width)
+    for line in lines:
+        console.print(Text(_printable(line)))
+    if rows:
         table = Table(box=None, pad_edge=False)
-        for column in ("entry", "kind", "culprit ms/step", "reference ms/step", "excess", "share of gap"):
-            table.add_column(column, justify="left" if column in ("entry", "kind") else "right")
-        for row in digest["rows"]:
-            table.add_row(Text(row["name"]), Text(row["kind"]), f"{row['culprit_ms']:.3f}",
-                          "?" if row["reference_ms"] is None else f"{row['reference_ms']:.3f}",
-                          "?" if row["excess_ms"] is None else f"{row['excess_ms']:+.3f}",
-                          "" if row["share_of_gap"] is None else f"{row['share_of_gap']:.0%}")
+        for i, column in enumerate(header):
+            table.add_column(column, justify="left" if i < 2 else "right")
+        for row in rows:
+            table.add_row(*(Text(_printable(cell)) for cell in row))
         console.print(table)
-        for note in digest.get("not_seen") or ():
-            console.print(Text(f"  not seen: {note}"))
-    for name in record.get("traces") or ():
-        console.print(Text(f"  trace: {name}"))
+    for line in tail:
+        console.print(Text(_printable(line)))
 
 
 def _printable(text: str) -> str:

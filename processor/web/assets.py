@@ -6,7 +6,8 @@ the same stylesheet.
 
 app.js draws nothing itself: every `refresh_s` it fetches the page's JSON endpoint
 (`data-api` on the page's root element) and replaces each element whose id is a
-key of the answer's `html` map with the server-rendered, escaped fragment. Without
+key of the answer's `html` map with the server-rendered, escaped fragment (when it
+changed since the last answer). Without
 JavaScript the page is the same server-rendered HTML (a `<noscript>` refresh keeps
 it current). A "Capture rank N" button (the live run page, with a capture book) posts
 to `data-capture-api` with the `X-TraceML-Capture` header, which no cross-site form
@@ -77,12 +78,15 @@ APP_JS = """
   var every = Math.max(250, 1000 * (parseFloat(root.getAttribute("data-refresh-s")) || 1));
   var status = document.getElementById("refresh-status");
   var updates = 0;
+  var shown = {};  // id -> the fragment last put there: an unchanged one is left alone
   function say(text) { if (status) { status.textContent = text; } }
   function apply(data) {
     var html = (data && data.html) || {};
     Object.keys(html).forEach(function (id) {
       var element = document.getElementById(id);
-      if (element) { element.innerHTML = html[id]; }
+      // Replacing an unchanged part would also replace a button under the pointer, and a click
+      // whose press and release land on two different buttons is no click.
+      if (element && shown[id] !== html[id]) { element.innerHTML = html[id]; shown[id] = html[id]; }
     });
     updates += 1;
     root.setAttribute("data-updates", String(updates));

@@ -119,7 +119,8 @@ def test_live_page_and_report_of_a_real_run(browser, tmp_path):
         [str(TRACEML), "run", "--standalone", "--nproc-per-node", "2", "--ui", "--html-report",
          "--run-id", RUN_ID, "--no-summary-print", str(WORKLOAD), "--scenario", "input-straggler",
          "--steps", str(STEPS), "--straggler-rank", str(STRAGGLER)],
-        cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        # Captures only when asked (no automatic one holds the run's slot when the button is pressed).
+        cwd=tmp_path, env=clean_env(TRACEML_PROCESSOR_CAPTURE="manual"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         stdin=subprocess.DEVNULL)
     output: list[str] = []
     try:
@@ -147,6 +148,12 @@ def test_live_page_and_report_of_a_real_run(browser, tmp_path):
         assert int(page.locator('[data-testid="last-step"]').text_content()) > first  # the page follows the run
         assert_drawn(page, 2)
         assert_run_id_is_text(page)
+        # The "Capture rank N" button: app.js posts to the page's capture route (the run id, quotes and
+        # <script> included, travels percent-encoded) and shows the book's answer as text.
+        page.locator(f'button[data-capture-rank="{STRAGGLER}"]').click()
+        expect(page.locator("#capture-status")).to_have_text(
+            re.compile(rf"^capture c[0-9]+-[0-9a-f]+ of rank {STRAGGLER} requested \(requested\)$"), timeout=30_000)
+        assert page.evaluate("window.__pwned") is None
         index = live.context.new_page()
         index.goto(url.split("run?")[0])
         assert index.locator("#tm-runs a.mono").first.text_content() == RUN_ID

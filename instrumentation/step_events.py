@@ -16,6 +16,8 @@ Lifecycle (contract, "Training-to-sampler handoff"):
   is off nothing is recorded. The samplers keep draining what was published.
 - A region belongs to the capture that was active when it opened: one that closes
   after that capture completed or aborted spans a boundary and is discarded.
+- A completed step is offered to `step_end_hook` when one is set (a deep capture armed
+  or recording, `traceml.deep_capture`); otherwise the step end reads that one global.
 
 Nesting ("the outermost region of a name wins") is not tracked here: the training
 thread records every region it closes, and the timing sampler drops an occurrence

@@ -168,6 +168,8 @@ class RunMonitor:
             state.ended = None
             self._woken = True
         state.last_activity = now
+        if not state.dirty and self.watch_interval_s is not None:
+            self._woken = True  # watched: the thread schedules this run's next analysis
         state.dirty = True
         return state
 
@@ -384,7 +386,8 @@ class RunMonitor:
             LOG.exception("live analysis of run %r failed", state.run_id)
             result = None
         state.analysis_s = time.perf_counter() - started
-        if result is not None and self._on_refreshed is not None:
+        # Not for a run ending now (every rank sent its end marker): nobody is left to act on it.
+        if result is not None and self._on_refreshed is not None and not state.all_finished():
             try:
                 self._on_refreshed(state.run_id, result)
             except Exception:

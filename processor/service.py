@@ -211,7 +211,7 @@ class ProcessorService:
         self.captures = CaptureBook(
             CaptureFiles(Path(config.db)), mode=config.capture, steps=config.capture_steps,
             cooldown_s=config.capture_cooldown_s, max_trace_bytes=config.capture_max_trace_bytes,
-            deadline_s=config.capture_deadline_s, holds_run=self._ranks_held,
+            deadline_s=config.capture_deadline_s, holds_run=self._ranks_held, run_ended=self._run_ended,
             digest=lambda record: digest_of(record, self.capture_policy.window_of(record.run_id)))
         self.capture_policy = CapturePolicy(self.captures)
         self.captures.choose_reference = self.capture_policy.choose_reference
@@ -266,6 +266,10 @@ class ProcessorService:
         """The ranks seen of `run_id` when this processor holds it (the capture book's question), else None."""
         state = self.monitor.state(run_id)
         return None if state is None else set(state.ranks)
+
+    def _run_ended(self, run_id: str) -> bool:
+        state = self.monitor.state(run_id)
+        return state is not None and state.ended is not None
 
     def _forget_run(self, run_id: str) -> None:
         """A run the monitor forgot: its admission slot, its step counters and its captures (files

@@ -105,6 +105,8 @@ class CaptureBook:
         deadline_s: how long a capture waits for its ranks (see the module docstring).
         holds_run: whether this processor holds a run, and which ranks it has seen of it
             (None: not held); the run monitor's view.
+        run_ended: whether a held run has ended (its ranks are gone: a request would wait for
+            nobody); the run monitor's view.
         digest: record -> its `Digest` (or None), called once a capture is done.
         choose_reference: (run id, culprit rank) -> the reference rank a person's request gets
             when it names none (the policy's choice), or None.
@@ -116,6 +118,7 @@ class CaptureBook:
                  max_trace_bytes: int = settings.CAPTURE_MAX_TRACE_BYTES.default,
                  deadline_s: float = settings.CAPTURE_DEADLINE.default,
                  holds_run: Callable[[str], Iterable[int] | None] = lambda run_id: None,
+                 run_ended: Callable[[str], bool] = lambda run_id: False,
                  digest: Callable[[CaptureRecord], object] | None = None,
                  choose_reference: Callable[[str, int], int | None] | None = None,
                  clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic):
@@ -126,6 +129,7 @@ class CaptureBook:
         self.max_trace_bytes = max_trace_bytes
         self.deadline_s = deadline_s
         self.holds_run = holds_run
+        self.run_ended = run_ended
         self.digest = digest
         self.choose_reference = choose_reference
         self._clock = clock
@@ -142,7 +146,7 @@ class CaptureBook:
 
         Raises `CaptureRefused` (its `status` is the HTTP answer): capture off (403), a run this
         processor does not hold or a rank it has not seen (404), a capture of the run in progress
-        (409), a bad rank, reference or step count (400)."""
+        (409) or the run ended (409), a bad rank, reference or step count (400)."""
         if self.mode == MODE_OFF:
             raise CaptureOff("captures are off on this processor (--capture off)")
         steps = self.steps if steps is None else steps
@@ -151,6 +155,8 @@ class CaptureBook:
         ranks = self.holds_run(run_id)
         if ranks is None:
             raise NotHeld(f"run {run_id!r} is not held by this processor")
+        if self.run_ended(run_id):
+            raise InProgress(f"run {run_id!r} has ended: no rank is left to record a capture")
         ranks = set(ranks)
         if rank not in ranks:
             raise NotHeld(f"rank {rank} of run {run_id!r} has sent nothing to this processor")

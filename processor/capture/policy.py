@@ -102,6 +102,7 @@ class CapturePolicy:
         analysis = result.analysis
         with self._lock:
             self._windows[run_id] = analysis.window
+        self.book.expire()  # captures past their deadline fail now, not at the next reader
         target = capture_target(analysis)
         if target is not None:
             trigger, culprit, reference = target

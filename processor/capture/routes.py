@@ -72,7 +72,7 @@ class CaptureRoutes:
             return _error(401, "missing or wrong bearer token", (("WWW-Authenticate", "Bearer"),))
         path = head.path.rstrip("/")
         if path == CONTROL_PATH:
-            if head.method not in ("GET", "HEAD"):
+            if head.method != "GET":  # not HEAD either: answering hands the request out
                 return _error(405, "the control path answers GET", (("Allow", "GET"),))
             return self._control(head)
         parts = path[len(CAPTURES_PATH):].strip("/").split("/") if path != CAPTURES_PATH else []

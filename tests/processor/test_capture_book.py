@@ -178,6 +178,12 @@ def test_traces_are_capped_kept_under_their_file_name_and_removed_with_the_run(t
     assert book.of_run(RUN) == [] and capture_trace_paths(tmp_path / "traceml.db", RUN) == []
 
 
+def test_a_request_for_a_run_that_ended_is_refused(tmp_path):
+    book, _ = make_book(tmp_path, run_ended=lambda run_id: True)
+    with pytest.raises(InProgress, match="has ended"):
+        book.request_capture(RUN, 1, 0)
+
+
 def test_without_an_analysis_a_persons_request_gets_the_lowest_other_rank_as_reference(tmp_path):
     book, _ = make_book(tmp_path, ranks={RUN: {0, 1, 2}})
     assert book.request_capture(RUN, 0).reference_rank == 1

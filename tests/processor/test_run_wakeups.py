@@ -93,3 +93,24 @@ def test_an_idle_run_ends_at_its_deadline_without_rounds_before_it(tmp_path):
         assert monitor.ticks <= 4
     finally:
         monitor.stop(summarise_open_runs=False)
+
+
+def test_with_a_watch_interval_rows_nobody_reads_are_analysed_at_that_pace_and_each_analysis_is_told(tmp_path):
+    """--capture auto (issue 33): the policy can only ask for a capture after an analysis, so a run
+    with new rows is refreshed every `watch_interval_s` although nobody reads its figures."""
+    backend = _Backend()
+    told = []
+    monitor = RunMonitor(tmp_path / "absent.db", backend, summary_dir=None, refresh_interval_s=5.0,
+                         idle_timeout_s=3600.0, watch_interval_s=0.2,
+                         on_refreshed=lambda run_id, result: told.append((run_id, result.count)))
+    monitor.start()
+    try:
+        monitor.observe([_rows("w", range(3))])
+        assert _until(lambda: backend.refreshes == 1)
+        monitor.observe([_rows("w", range(3, 6))])  # nobody reads: analysed by the watch all the same
+        assert _until(lambda: backend.refreshes == 2, 5.0)
+        assert told == [("w", 1), ("w", 2)]
+        time.sleep(0.5)  # nothing new: nothing refreshed
+        assert backend.refreshes == 2
+    finally:
+        monitor.stop(summarise_open_runs=False)

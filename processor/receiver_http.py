@@ -1,5 +1,9 @@
 """OTLP/HTTP receiver: POST /v1/traces, /v1/metrics and /v1/logs, plus /healthz and /readyz.
 
+The service mounts more on the same port and front: the web view (`/ui`) and the deep-capture
+paths (`processor.capture.routes`), which read larger bodies (a rank's trace) than an OTLP
+request may be: the front reads up to the largest, and an OTLP body over `MAX_BODY_BYTES` is 413.
+
 The routes run on the bounded HTTP/1.1 front of `http_front.HttpFront` (h11 on an
 asyncio loop: header and body timeouts, a connection cap, framing errors close
 the connection); this module decides what each request gets.

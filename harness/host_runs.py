@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from harness.otlp_payloads import run_end_span, step_span, trace_request
-from harness.resource_payloads import gauge, metrics_request, point, rank_resource
-from traceml.schema import resources as sr
 from traceml.schema import vocabulary as v
 
 CULPRIT_EVENTS_MS: Mapping[str, float] = {v.RAW_DATALOADER_NEXT: 100.0, v.RAW_FORWARD: 20.0,
@@ -44,20 +42,13 @@ def post(http_port: int, request, path: str = "/v1/traces") -> None:
 
 
 def send_straggler_run(http_port: int, run_id: str, culprit_host: str, other_host: str, *,
-                       steps: int = STEPS, slow_step: int | None = None, end: bool = True,
-                       culprit_gpu: str | None = None) -> SentRun:
+                       steps: int = STEPS, slow_step: int | None = None, end: bool = True) -> SentRun:
     """Rank 0 (on `culprit_host`) is the input straggler, rank 1 (on `other_host`) waits for it.
 
     `slow_step`: this step of rank 0 takes 3x as long (the window's worst step, for exemplars).
-    `culprit_gpu`: rank 0 also sends its GPU's utilisation (NVML's shape: `hw.id` = this id) at
-    every step's end, as a rank's resource sampler would."""
+    A culprit's GPU comes from real ranks (tests/processor/test_repeat_offenders.py)."""
     sent = SentRun(run_id, {0: culprit_host, 1: other_host})
     start = time.time() - steps * 0.2
-    if culprit_gpu is not None:
-        gpu = {sr.ATTR_HW_ID: culprit_gpu, sr.ATTR_HW_TYPE: sr.HW_TYPE_GPU}
-        points = [point(0.5, gpu, time_ns=int((start + step * 0.15) * 1e9)) for step in range(steps)]
-        post(http_port, metrics_request(rank_resource(run_id, 0, host=culprit_host),
-                                        [gauge(sr.GPU_UTILIZATION, points)]), "/v1/metrics")
     for rank, events, host in ((0, CULPRIT_EVENTS_MS, culprit_host), (1, WAITING_EVENTS_MS, other_host)):
         spans = []
         for step in range(steps):

@@ -100,7 +100,11 @@ def resource_attributes(identity: RunIdentity, settings: ExporterSettings,
     (`unknown_service...`), else `OTEL_SERVICE_NAME`, else `service.name` from
     `OTEL_RESOURCE_ATTRIBUTES`, else `traceml-training`. `service.instance.id`: the
     job's own when it set one, so TraceML's spans and the job's share an instance;
-    else `{run_id}-rank{rank}`. `telemetry.*` always says what made these spans.
+    else `{run_id}-rank{rank}`. `host.name`: the job's when it set one (a pod's hostname
+    is the pod's, so on Kubernetes the node's name set through the downward API is what
+    names the machine the fleet view and the repeat-offender rule count), else the detected
+    hostname, as an OTel resource detector's value yields to the user's. `telemetry.*`
+    always says what made these spans.
     """
     user = dict(user_resource or {})
     attrs: dict[str, object] = dict(settings.resource_attributes)
@@ -112,7 +116,7 @@ def resource_attributes(identity: RunIdentity, settings: ExporterSettings,
                                  or settings.resource_attributes.get(v.RES_SERVICE_NAME)
                                  or v.DEFAULT_SERVICE_NAME)
     attrs[v.RES_SERVICE_INSTANCE_ID] = attrs.get(v.RES_SERVICE_INSTANCE_ID) or identity.service_instance_id
-    attrs[v.RES_HOST_NAME] = identity.hostname
+    attrs[v.RES_HOST_NAME] = _nonempty_str(attrs.get(v.RES_HOST_NAME)) or identity.hostname
     attrs[v.ATTR_RUN_ID] = identity.run_id
     attrs[v.ATTR_RANK] = identity.rank
     attrs[v.ATTR_LOCAL_RANK] = identity.local_rank
@@ -124,6 +128,10 @@ def resource_attributes(identity: RunIdentity, settings: ExporterSettings,
     attrs[r.RES_PROCESS_PID] = os.getpid()  # how a foreign `process.*` sender's points find the rank
     attrs.update(telemetry_attributes())
     return attrs
+
+
+def _nonempty_str(value: object) -> str | None:
+    return value if isinstance(value, str) and value.strip() else None
 
 
 def telemetry_attributes() -> dict[str, str]:

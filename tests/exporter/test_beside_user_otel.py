@@ -99,6 +99,19 @@ def test_resource_precedence_environment_then_users_resource_then_tracemls_ident
     assert merged[v.ATTR_RUN_ID] == "prec" and merged[v.ATTR_RANK] == 1
 
 
+def test_a_host_name_the_job_sets_names_the_machine_and_the_detected_one_stands_in_otherwise():
+    # On Kubernetes the hostname is the pod's: the node's name, set by the job (the downward API
+    # into OTEL_RESOURCE_ATTRIBUTES, or its SDK resource), is what the fleet counts as one machine.
+    me = identity("hosts", rank=1, world_size=2)
+    detected = resource_attributes(me, _settings({}))[v.RES_HOST_NAME]
+    assert detected == me.hostname
+    env = {"OTEL_RESOURCE_ATTRIBUTES": "host.name=node-17"}
+    assert resource_attributes(me, _settings(env))[v.RES_HOST_NAME] == "node-17"
+    assert resource_attributes(me, _settings(env), {v.RES_HOST_NAME: "node-18"})[v.RES_HOST_NAME] == "node-18"
+    assert resource_attributes(me, _settings({"OTEL_RESOURCE_ATTRIBUTES": "host.name=%20"}))[v.RES_HOST_NAME] \
+        == detected  # a blank name names nothing
+
+
 def test_an_invalid_or_foreign_parent_context_leaves_the_step_a_root_span():
     encoder = OtlpEncoder(identity("roots"), _settings({}))
     request, spans = encoder.new_trace_request()

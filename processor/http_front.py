@@ -107,11 +107,14 @@ class Accept:
             (413 too large, 400 bad framing, 408 too slow), in the route's encoding.
         release: called on the loop exactly once, when `handle` has returned or the
             body could not be read, before the answer is written (admission slots).
+        max_body_bytes: this route's largest body (a capture's raw trace), instead of the
+            front's; None: the front's.
     """
 
     handle: Callable[[bytes], Reply]
     error: Callable[[int, str], Reply]
     release: Callable[[], None] | None = None
+    max_body_bytes: int | None = None
 
 
 Application = Callable[[RequestHead], Union[Reply, Accept]]
@@ -417,18 +420,19 @@ class _Connection(asyncio.Protocol):
                 if decision.release is not None:
                     decision.release()
 
+        cap = self.front.max_body_bytes if decision.max_body_bytes is None else decision.max_body_bytes
         try:
-            if declared > self.front.max_body_bytes:
+            if declared > cap:
                 release()
                 keep = await self._reading_body(self._skip_body(body_deadline, declared))
-                reply = decision.error(413, f"body of {declared} bytes exceeds {self.front.max_body_bytes}")
+                reply = decision.error(413, f"body of {declared} bytes exceeds {cap}")
                 await self._send(reply, request.method, close=not keep)
                 return keep
             try:
-                body = await self._reading_body(self._read_body(body_deadline))
+                body = await self._reading_body(self._read_body(body_deadline, cap))
             except _TooLarge:
                 release()
-                await self._send(decision.error(413, f"body exceeds {self.front.max_body_bytes} bytes"),
+                await self._send(decision.error(413, f"body exceeds {cap} bytes"),
                                  request.method, close=True)
                 return False
             except _Timeout:
@@ -467,10 +471,10 @@ class _Connection(asyncio.Protocol):
             self._body_since = None
             self.front._bodies.discard(self)
 
-    async def _read_body(self, deadline: float) -> bytes:
+    async def _read_body(self, deadline: float, cap: int) -> bytes:
         if self.h11.they_are_waiting_for_100_continue:
             await self._write(self.h11.send(h11.InformationalResponse(status_code=100, headers=[])))
-        chunks, total, cap = [], 0, self.front.max_body_bytes
+        chunks, total = [], 0
         gap_s = self.front.limits.body_chunk_timeout_s
         while True:
             event = await self._next_event(deadline, gap_s)

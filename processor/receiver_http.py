@@ -1,8 +1,7 @@
 """OTLP/HTTP receiver: POST /v1/traces, /v1/metrics and /v1/logs, plus /healthz and /readyz.
 
 The service mounts more on the same port and front: the web view (`/ui`) and the deep-capture
-paths (`processor.capture.routes`), which read larger bodies (a rank's trace) than an OTLP
-request may be: the front reads up to the largest, and an OTLP body over `MAX_BODY_BYTES` is 413.
+paths (`processor.capture.routes`, whose trace upload reads up to its own cap).
 
 The routes run on the bounded HTTP/1.1 front of `http_front.HttpFront` (h11 on an
 asyncio loop: header and body timeouts, a connection cap, framing errors close
@@ -162,9 +161,6 @@ class OtlpHttpApp:
 
     def _export(self, route, content_type: str, answer_type: str, encoding: str, body: bytes) -> Reply:
         message_cls, signal = route
-        if len(body) > MAX_BODY_BYTES:  # the front may read more for other routes (capture traces)
-            self.stats.refused(signal, v.REFUSED_TOO_LARGE)
-            return _status_reply(413, f"body exceeds {MAX_BODY_BYTES} bytes", answer_type)
         try:
             if encoding == "gzip":
                 body = gunzip_capped(body) if body else body
@@ -220,12 +216,11 @@ class HttpReceiver(ServerThread):
                  auth: BearerAuth = BearerAuth(), tls: TlsConfig = TlsConfig(),
                  readiness: Callable[[], tuple[bool, str]] = lambda: (True, "ready"),
                  reuse_port: bool = False, max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS,
-                 limits: HttpLimits = HttpLimits(), max_body_bytes: int = MAX_BODY_BYTES):
+                 limits: HttpLimits = HttpLimits()):
         self.app = OtlpHttpApp(handler, auth, readiness, handler.stats, max_concurrent_requests)
         # The TLS handshake runs on the connection, bounded by the header timeout, never on the accept path.
-        # `max_body_bytes`: the largest body any route reads (a capture's trace may exceed an OTLP body).
         self.front = HttpFront((host, port), self.app, limits=limits, pool_size=max_concurrent_requests,
-                               max_body_bytes=max(MAX_BODY_BYTES, max_body_bytes),
+                               max_body_bytes=MAX_BODY_BYTES,
                                tls_context=tls.server_context() if tls.enabled else None,
                                reuse_port=reuse_port, retry_after_s=RETRY_AFTER_S, name="traceml-otlp-http",
                                on_event=handler.stats.connection_event)

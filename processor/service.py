@@ -332,8 +332,7 @@ class ProcessorService:
             warn_if_exposed("OTLP/HTTP", cfg.otlp_http[0], cfg.auth, cfg.tls)
             self.http = HttpReceiver(self.intake, *cfg.otlp_http, auth=cfg.auth, tls=cfg.tls,
                                      readiness=self.readiness, reuse_port=self.pool is not None,
-                                     max_concurrent_requests=cfg.max_concurrent_requests, limits=cfg.http_limits,
-                                     max_body_bytes=cfg.capture_max_trace_bytes)
+                                     max_concurrent_requests=cfg.max_concurrent_requests, limits=cfg.http_limits)
             if self.pool is None:
                 # The capture paths too: a rank's poll or upload must reach the process that holds the book.
                 from traceml.processor.capture.routes import CaptureRoutes

@@ -95,10 +95,12 @@ class CaptureRoutes:
             except ValueError:
                 return _error(400, f"rank must be a whole number, got {parts[2][:20]!r}")
             capture_id, part = parts[0], parts[3]
-            return self._admitted(lambda body: self._answer(capture_id, rank, part, body))
+            # A trace is read up to the capture cap (413 beyond, unread); every other body up to the front's.
+            cap = self.book.max_trace_bytes if part == PART_TRACE else None
+            return self._admitted(lambda body: self._answer(capture_id, rank, part, body), cap)
         return _error(404, "no such capture path")
 
-    def _admitted(self, handle) -> Reply | Accept:
+    def _admitted(self, handle, max_body_bytes: int | None = None) -> Reply | Accept:
         """Read the body under the receiver's admission limit (429 beyond it, before the body)."""
         app = self.app
         if app.in_flight >= app.max_concurrent_requests:
@@ -106,7 +108,8 @@ class CaptureRoutes:
                           (("Retry-After", "1"),))
         app.in_flight += 1
         return Accept(handle=lambda body: self._guarded(handle, body),
-                      error=lambda code, message: _error(code, message), release=app._release)
+                      error=lambda code, message: _error(code, message), release=app._release,
+                      max_body_bytes=max_body_bytes)
 
     @staticmethod
     def _guarded(handle, body: bytes) -> Reply:

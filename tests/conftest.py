@@ -64,7 +64,8 @@ def pytest_runtest_protocol(item, nextitem):
     try:
         return (yield)
     finally:
-        lock.leave(exclusive)
+        after = nextitem is not None and nextitem.get_closest_marker("serial") is not None
+        lock.leave(exclusive, next_exclusive=after)  # a serial test keeps the room for the next one
 
 
 def pytest_configure(config):

@@ -14,6 +14,12 @@ and a pytest started by a test does not; without xdist the tests run one at a ti
 nothing is locked. Each entry is a node id or a node id prefix (a module, or a test
 without its parameters); an entry that matches nothing in a module that was collected is
 an error, so a renamed test cannot silently fall out of the list.
+
+While a serial test runs, the other worker waits; before it starts, it waits for the test the
+other worker is running. So that the second wait is paid once rather than before each serial
+test, the scheduler hands all of them to one worker as one block (with the whole modules of
+those that share a fixture), the serial tests of the other modules first, one after the other,
+and a serial test followed by another on its worker keeps the machine for it (SerialLock).
 """
 from __future__ import annotations
 
@@ -49,8 +55,6 @@ SERIAL: dict[str, str] = {
         "the what-if of one run must hold a second run's step time within the first's step-to-step spread",
     "tests/launcher/test_demo_and_surfaces.py::test_a_balanced_runs_ledger_is_near_zero":
         "nothing is injected: a rank slowed by another test's load would lose time to straggler wait",
-    "tests/launcher/test_demo_and_surfaces.py::test_live_view_in_a_real_terminal_shows_the_diagnosis":
-        "the loader's delay must cover the gap for the verdict the live view shows",
     "tests/launcher/test_input_kinds.py::test_a_balanced_run_names_nobody":
         "nothing is injected: a rank slowed by another test's load would be named",
     "tests/launcher/test_resource_runs.py::"
@@ -67,6 +71,36 @@ SERIAL: dict[str, str] = {
 
 def _matches(nodeid: str, entry: str) -> bool:
     return nodeid == entry or nodeid.startswith(entry + "[") or nodeid.startswith(entry + "::")
+
+
+def is_serial(nodeid: str) -> bool:
+    return any(_matches(nodeid, entry) for entry in SERIAL)
+
+
+SERIAL_BLOCK = "serial tests"
+"""The scheduler's one work unit holding every serial test (and the grouped modules holding one)."""
+
+
+def work_units(collection: list[str], grouped: set[str]) -> dict[str, str]:
+    """node id -> its work unit: the serial block for a serial test and for every test of a
+    grouped module that holds one, the module for the other grouped modules, else the test."""
+    serial_modules = {nodeid.split("::", 1)[0] for nodeid in collection if is_serial(nodeid)}
+    units = {}
+    for nodeid in collection:
+        module = nodeid.split("::", 1)[0]
+        if module in grouped:
+            units[nodeid] = SERIAL_BLOCK if module in serial_modules else module
+        else:
+            units[nodeid] = SERIAL_BLOCK if is_serial(nodeid) else nodeid
+    return units
+
+
+def block_order(nodeids: list[str], grouped: set[str]) -> list[str]:
+    """The serial block's tests in running order: the serial tests of modules without a shared
+    fixture first, one after the other (the machine stays theirs throughout), then each grouped
+    module whole, as collected (a module's tests stay together, so its fixtures are built once)."""
+    alone = [nodeid for nodeid in nodeids if nodeid.split("::", 1)[0] not in grouped]
+    return alone + [nodeid for nodeid in nodeids if nodeid.split("::", 1)[0] in grouped]
 
 
 def group_shared_fixtures(items: list[pytest.Item], folder: Path) -> None:
@@ -98,7 +132,8 @@ _GROUPS_PREFIX = "module-groups-"
 def module_group_scheduling(config: pytest.Config, log=None):
     """pytest-xdist's load-by-scope scheduler where a scope is a whole module for the modules
     whose tests share a fixture (as the workers wrote them down) and a single test otherwise,
-    so independent heavy tests of one module still run on both workers."""
+    so independent heavy tests of one module still run on both workers; the serial tests are one
+    block, handed out first (`work_units`, `block_order`)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ModuleGroupScheduling(LoadScopeScheduling):
@@ -106,13 +141,22 @@ def module_group_scheduling(config: pytest.Config, log=None):
             super().__init__(config, log)
             self._folder = config._tmp_path_factory.getbasetemp()
             self._grouped: set[str] | None = None
+            self._units: dict[str, str] = {}
 
         def _split_scope(self, nodeid: str) -> str:
             if self._grouped is None:  # every worker has collected before the first test is handed out
                 self._grouped = {line for path in self._folder.glob(f"{_GROUPS_PREFIX}*.txt")
                                  for line in path.read_text().splitlines() if line}
-            module = nodeid.split("::", 1)[0]
-            return module if module in self._grouped else nodeid
+                self._units = work_units(list(self.collection or ()), self._grouped)
+            return self._units.get(nodeid, nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            block = self.workqueue.pop(SERIAL_BLOCK, None)
+            if block is not None:  # the first call: the block goes first, in its running order
+                self.workqueue[SERIAL_BLOCK] = {nodeid: block[nodeid]
+                                                for nodeid in block_order(list(block), self._grouped or set())}
+                self.workqueue.move_to_end(SERIAL_BLOCK, last=False)
+            super()._assign_work_unit(node)
 
     return ModuleGroupScheduling()
 
@@ -122,7 +166,7 @@ def mark_serial(items: list[pytest.Item], root: Path) -> None:
     modules = {}
     for item in items:
         modules.setdefault(item.nodeid.split("::", 1)[0], getattr(item, "module", None))
-        if any(_matches(item.nodeid, entry) for entry in SERIAL):
+        if is_serial(item.nodeid):
             item.add_marker(pytest.mark.serial)
     # Only a module that was collected can be checked; within it the test (or class) must exist
     # even when this run selected other tests of the module.
@@ -140,8 +184,13 @@ class SerialLock:
         folder.mkdir(parents=True, exist_ok=True)
         self._turnstile = open(folder / "serial-turnstile.lock", "a+b")
         self._room = open(folder / "serial-room.lock", "a+b")
+        self._kept = False  # still held exclusively for the next serial test
 
     def enter(self, exclusive: bool) -> None:
+        if self._kept:
+            if exclusive:
+                return
+            self._release(exclusive=True)  # the serial test it was kept for did not come
         fcntl.flock(self._turnstile, fcntl.LOCK_EX)
         if exclusive:
             fcntl.flock(self._room, fcntl.LOCK_EX)  # the turnstile stays closed until leave()
@@ -149,7 +198,16 @@ class SerialLock:
             fcntl.flock(self._room, fcntl.LOCK_SH)
             fcntl.flock(self._turnstile, fcntl.LOCK_UN)
 
-    def leave(self, exclusive: bool) -> None:
+    def leave(self, exclusive: bool, next_exclusive: bool = False) -> None:
+        """Release, unless a serial test is followed by another on this worker: then the room
+        stays closed for it, so the other worker does not slip a test in between."""
+        if exclusive and next_exclusive:
+            self._kept = True
+            return
+        self._release(exclusive)
+
+    def _release(self, exclusive: bool) -> None:
+        self._kept = False
         fcntl.flock(self._room, fcntl.LOCK_UN)
         if exclusive:
             fcntl.flock(self._turnstile, fcntl.LOCK_UN)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import harness.ports as ports
-from tests.serial_tests import SerialLock
+from tests.serial_tests import SERIAL_BLOCK, SerialLock, block_order, work_units
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,6 +62,44 @@ def test_a_serial_test_waits_for_the_others_and_new_ones_wait_for_it(tmp_path):
     serial.leave(exclusive=True)
     assert later_in.wait(30)
     later.leave(exclusive=False)
+
+
+@pytest.mark.slow
+def test_a_serial_test_followed_by_another_keeps_the_room_for_it(tmp_path):
+    serial, other = SerialLock(tmp_path), SerialLock(tmp_path)
+    serial.enter(exclusive=True)
+    serial.leave(exclusive=True, next_exclusive=True)  # the next test on this worker is serial too
+    other_in = _enter_in_thread(other, exclusive=False)
+    assert not other_in.wait(0.3)  # nothing slips in between the two serial tests
+    serial.enter(exclusive=True)  # the kept room: no wait
+    assert not other_in.wait(0.3)
+    serial.leave(exclusive=True)  # the last of the run
+    assert other_in.wait(30)
+    other.leave(exclusive=False)
+    serial.enter(exclusive=True)  # and it can be taken again
+    serial.leave(exclusive=True, next_exclusive=True)
+    serial.enter(exclusive=False)  # the serial test it was kept for did not come: released, then shared
+    serial.leave(exclusive=False)
+    assert _enter_in_thread(other, exclusive=True).wait(30)
+    other.leave(exclusive=True)
+
+
+def test_the_serial_tests_are_one_work_unit_alone_ones_first_and_grouped_modules_whole():
+    demo = "tests/launcher/test_demo_and_surfaces.py"
+    alone_serial = "tests/launcher/test_collective_diagnosis.py::test_a_balanced_ddp_run_names_no_rank"
+    alone_other = ("tests/launcher/test_collective_diagnosis.py::"
+                   "test_a_rank_slowed_inside_backward_is_named_with_backward_grown")
+    shared = "tests/processor/test_prometheus_exposition.py"
+    collection = [f"{demo}::test_demo_diagnosis_names_the_injected_problem_and_rank[balanced]",
+                  f"{demo}::test_top_reads_a_processor_database", alone_other, alone_serial,
+                  f"{shared}::test_a", f"{shared}::test_b", "tests/schema/test_x.py::test_y"]
+    units = work_units(collection, grouped={demo, shared})
+    assert units == {collection[0]: SERIAL_BLOCK, collection[1]: SERIAL_BLOCK,  # a grouped module with a serial test
+                     alone_other: alone_other, alone_serial: SERIAL_BLOCK,
+                     collection[4]: shared, collection[5]: shared,
+                     "tests/schema/test_x.py::test_y": "tests/schema/test_x.py::test_y"}
+    block = [nodeid for nodeid in collection if units[nodeid] == SERIAL_BLOCK]
+    assert block_order(block, grouped={demo, shared}) == [alone_serial, collection[0], collection[1]]
 
 
 def _workers_by_module(*paths: str) -> dict[str, set[str]]:

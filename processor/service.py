@@ -226,6 +226,7 @@ class ProcessorService:
             on_refreshed=self.capture_policy.after_refresh if auto else None,
             watch_interval_s=s.CAPTURE_WATCH_INTERVAL_S if auto else None)
         self.monitor.adopt(known)
+        self.captures.adopt(known)
         self.ingest = IngestQueue(self.store, stats=self.stats, on_committed=self.monitor.observe,
                                   max_pending_records=config.max_pending_records)
         self.intake = OtlpIntake(self.decoder, self.ingest, self.stats)

@@ -354,6 +354,24 @@ class CaptureBook:
         with self._lock:
             return [e.record for e in self._entries.values() if e.record.run_id == run_id]
 
+    def adopt(self, run_ids: Iterable[str]) -> None:
+        """At start-up: the captures of the runs adopted again come back from their files (a capture
+        open at the restart fails: its ranks may have answered the process that is gone), and the
+        files of every other run go (they left this processor before its restart)."""
+        from traceml.processor.capture.files import load_records
+
+        run_ids = list(run_ids)
+        self.files.keep_only(run_ids)
+        with self._lock:
+            for run_id in run_ids:
+                for record in load_records(self.files.db_path, run_id):
+                    if record.status == STATUS_DONE and self.digest is not None:
+                        record = replace(record, digest=self.digest(record))
+                    entry = _Entry(record, self.max_trace_bytes, self._mono())
+                    self._entries[record.capture_id] = entry
+                    if not record.finished:
+                        self._fail(entry, "the processor restarted while the capture was open")
+
     def stop(self) -> None:
         """The processor stops: captures still open fail, saying so (their ranks may answer a
         processor that is gone), and none is created after."""

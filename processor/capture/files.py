@@ -10,7 +10,8 @@ back with `load_records`. The run folder is named as the run's summary folder is
 A capture's files go when its run leaves the processor (`remove_run`, called when the run
 monitor forgets a run), which is also when its admission slot is freed: the store's rows are kept,
 but nothing serves a forgotten run's captures any more, and they are the only part of a run that
-is megabytes. `traceml run` copies the traces into its run folder first.
+is megabytes. A restarted processor keeps only the folders of the runs it adopts (`keep_only`).
+`traceml run` moves the traces into its run folder first.
 
 Writes replace files atomically (a temporary file renamed), so a reader never sees half a record.
 """
@@ -88,6 +89,26 @@ class CaptureFiles:
         if folder.exists():
             shutil.rmtree(folder, ignore_errors=True)
             LOG.info("run %r: its capture files were removed with it", run_id)
+
+
+    def keep_only(self, run_ids) -> list[str]:
+        """At start-up: remove the capture folders of every run but `run_ids` (the runs the
+        processor adopts again); the others left it before the restart. Returns the removed names."""
+        root = captures_root(self.db_path)
+        if not root.is_dir():
+            return []
+        kept = set()
+        for run_id in run_ids:
+            try:
+                kept.add(run_captures_folder(self.db_path, run_id).name)
+            except ValueError:
+                continue
+        removed = []
+        for folder in root.iterdir():
+            if folder.is_dir() and folder.name not in kept:
+                shutil.rmtree(folder, ignore_errors=True)
+                removed.append(folder.name)
+        return removed
 
 
 def _write(path: Path, data: bytes) -> None:

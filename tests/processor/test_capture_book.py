@@ -248,3 +248,22 @@ def test_the_policy_asks_the_book_after_a_refresh_and_a_balanced_run_asks_nothin
     [record] = book.of_run(RUN)
     assert (record.trigger, record.culprit_rank, record.reference_rank) == (d.COMPUTE_STRAGGLER, 1, 0)
     assert policy.choose_reference(RUN, 0) == 1
+
+
+def test_after_a_restart_the_adopted_runs_captures_come_back_open_ones_failed_and_other_runs_files_go(tmp_path):
+    before, _ = make_book(tmp_path, ranks={RUN: {0, 1}, "gone": {0, 1}})
+    done = before.request_capture(RUN, 1, 0)
+    before.receive_summary(done.capture_id, 1, summary(done.capture_id, 1, ROLE_CULPRIT, 40.0, 20.0))
+    before.receive_summary(done.capture_id, 0, summary(done.capture_id, 0, ROLE_REFERENCE, 20.0, 0.0))
+    before.request_capture("gone", 1, 0)
+    after, _ = make_book(tmp_path, ranks={RUN: {0, 1}})
+    after.adopt([RUN])
+    [restored] = after.of_run(RUN)
+    assert restored.status == STATUS_DONE and restored.digest.rows[0].name == "aten::sort"
+    assert not run_captures_folder(tmp_path / "traceml.db", "gone").exists()
+    opened = after.request_capture(RUN, 1, 0)  # nothing in progress: a new one is taken
+    again, _ = make_book(tmp_path, ranks={RUN: {0, 1}})
+    again.adopt([RUN])
+    record = again.get(opened.capture_id)
+    assert record.status == STATUS_FAILED and "restarted" in record.reason
+    assert load_records(tmp_path / "traceml.db", RUN)[-1].status == STATUS_FAILED

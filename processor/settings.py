@@ -416,9 +416,12 @@ SETTINGS: tuple[Setting, ...] = (
     HTTP_BODY_TIMEOUT, HTTP_BODY_CHUNK_TIMEOUT, HTTP_KEEPALIVE_TIMEOUT, HTTP_MAX_CONNECTIONS, CAPTURE,
     CAPTURE_STEPS, CAPTURE_COOLDOWN, CAPTURE_MAX_TRACE_BYTES, CAPTURE_DEADLINE, LOG_LEVEL)
 
-CAPTURE_WATCH_INTERVAL_S = 2.0
+CAPTURE_WATCH_INTERVAL_S = 5.0
 """With --capture auto, how often a run with new rows is analysed although nobody reads its figures:
-the diagnosis can only ask for a capture after an analysis (paced like every other refresh)."""
+the diagnosis can only ask for a capture after an analysis. Not 2 s: an analysis of a 2-rank run
+costs the processor about 10 ms, so a 2 s watch alone was about 0.5 % of a core per run (issue 37
+holds the processor's background cost); a straggler confirmed over 20 steps is still there 5 s
+later. A run the live view or a scrape reads is analysed at their pace and never waits for this."""
 
 # --- internal sizes: no flag, stated here so that their users share one value ------------
 

@@ -6,7 +6,8 @@ flow (`OtlpStepExporter._run`): it adds no wake-up of its own, so an idle job's 
 sleeps, and a request reaches the rank within `control_poll_interval_s` plus one export round of
 a step. A poll is a GET of `CONTROL_PATH?run_id=R&rank=N` on each configured processor base URL
 (`TRACEML_CONTROL_ENDPOINT`), with the headers (the token) and TLS files of the exporter's traces
-(`transport.http_client_options`, the one owner) and a `POLL_TIMEOUT_S` timeout: a dead or silent
+(`transport.http_client_options`, the one owner), on a kept-alive connection, and a
+`POLL_TIMEOUT_S` timeout: a dead or silent
 processor costs the exporter's thread at most that per URL and poll, never the training thread.
 A failed poll is counted and backs that URL off (doubling, up to `MAX_BACKOFF_S`); a request
 that does not parse, or names another run or rank, is counted and ignored. Nothing here raises.
@@ -22,18 +23,21 @@ waits, within the exporter's deadline, for a capture being summarised and upload
 from __future__ import annotations
 
 import collections
+import http.client
 import json
 import logging
+import ssl
 import sys
 import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 from traceml.schema.capture import (
     CAPTURES_PATH,
     CONTROL_PATH,
+    MAX_SUMMARY_BYTES,
     PART_FAILURE,
     PART_SUMMARY,
     PART_TRACE,
@@ -83,6 +87,51 @@ class _Upload:
             self.parts = [PART_SUMMARY] + ([PART_TRACE] if result.trace is not None else [])
 
 
+class _PollConnection:
+    """One kept-alive HTTP(S) connection to one processor, for polls: `http.client` costs the
+    exporter's thread (and so, through the GIL, the training thread) about a sixth of what a
+    `requests` call does, and a poll is the one thing this client does while nothing is pending."""
+
+    def __init__(self, base_url: str, verify, cert) -> None:
+        parts = urlsplit(base_url)
+        self._https = parts.scheme.lower() == "https"
+        self._host, self._port = parts.hostname, parts.port
+        self.prefix = parts.path.rstrip("/")
+        self._context = None
+        if self._https:
+            self._context = ssl.create_default_context(cafile=verify if isinstance(verify, str) else None)
+            if cert is not None:
+                self._context.load_cert_chain(cert[0], cert[1])
+        self._conn = None
+
+    def get(self, target: str, headers: dict, timeout_s: float) -> tuple[int, bytes]:
+        """(status, body) of one GET; raises OSError or http.client.HTTPException (the connection is
+        then dropped and made again by the next poll)."""
+        conn = self._conn
+        if conn is None:
+            conn = self._conn = (http.client.HTTPSConnection(self._host, self._port, timeout=timeout_s,
+                                                             context=self._context) if self._https
+                                 else http.client.HTTPConnection(self._host, self._port, timeout=timeout_s))
+        try:
+            conn.request("GET", self.prefix + target, headers=headers)
+            response = conn.getresponse()
+            body = response.read(MAX_SUMMARY_BYTES + 1)
+            if response.will_close or not response.isclosed():
+                self.close()
+            return response.status, body
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:
+                pass
+
+
 class ControlClient:
     """Polls and uploads for one rank; called on the exporter's worker thread (see the module docstring)."""
 
@@ -98,6 +147,7 @@ class ControlClient:
         self._upload_timeout_s = settings.traces.timeout_s
         self._headers, self._verify, self._cert = http_client_options(settings.traces, tls=True)
         self._query = urlencode({"run_id": identity.run_id, "rank": identity.rank})
+        self._polls = {url: _PollConnection(url, self._verify, self._cert) for url in self._urls}
         self._notify = notify
         self._arm = arm
         self._next_poll = {url: 0.0 for url in self._urls}
@@ -150,17 +200,16 @@ class ControlClient:
     def _poll(self, url: str) -> None:
         ok = False
         try:
-            response = self._session.get(f"{url}{CONTROL_PATH}?{self._query}", headers=self._headers,
-                                         timeout=POLL_TIMEOUT_S, verify=self._verify, cert=self._cert)
-            status, body = response.status_code, response.content
+            status, body = self._polls[url].get(f"{CONTROL_PATH}?{self._query}", self._headers, POLL_TIMEOUT_S)
             if status in (200, 204):
                 ok = True
                 self._counts["polls"] += 1
                 if status == 200:
                     self._received(url, body)
             else:
-                self._note(f"capture control poll of {url} answered HTTP {status}: {response.text[:200]}")
-        except self._requests.exceptions.RequestException as exc:
+                text = body[:200].decode("utf-8", "replace")
+                self._note(f"capture control poll of {url} answered HTTP {status}: {text}")
+        except (OSError, http.client.HTTPException, ssl.SSLError) as exc:
             self._note(f"capture control poll of {url} failed: {type(exc).__name__}: {exc}")
         if ok:
             self._failures_in_row[url] = 0
@@ -268,6 +317,8 @@ class ControlClient:
         return _REFUSED, detail
 
     def close(self) -> None:
+        for poll in self._polls.values():
+            poll.close()
         try:
             self._session.close()
         except Exception:

@@ -45,7 +45,7 @@ from traceml.records import ResolvedStepTime, ResourceSnapshot, StepMemorySnapsh
 from traceml.schema import vocabulary as v
 
 from .control import ControlClient, ControlStats
-from .encoding import OtlpEncoder
+from .encoding import EncodedRequest, OtlpEncoder
 from .process_ending import noted_ending
 from .settings import DEFAULT_SHUTDOWN_TIMEOUT_S, ExporterSettings
 from .transport import ExportOutcome, make_transport
@@ -146,9 +146,20 @@ class OtlpStepExporter:
         self._final_steps: int | None = None
         self._final_step_boundary: str | None = None
         self._final_instrumentation_drops: Mapping[str, int] | None = None
-        self._control = ControlClient(identity, settings, self._notify) if settings.control_endpoints else None
+        self._control = self._control_client(identity, settings)
         self._thread = threading.Thread(target=self._run, name="traceml-otlp-exporter", daemon=True)
         self._thread.start()
+
+    def _control_client(self, identity: RunIdentity, settings: ExporterSettings) -> ControlClient | None:
+        """The deep-capture control client when an endpoint is configured; one that cannot be built
+        (an unusable TLS file, say) is logged and left out: export goes on without it."""
+        if not settings.control_endpoints:
+            return None
+        try:
+            return ControlClient(identity, settings, self._notify)
+        except Exception as exc:
+            _log.error("traceml: deep-capture control off (%s: %s)", type(exc).__name__, exc)
+            return None
 
     # --- TelemetrySink (sampler threads) -------------------------------------------------
 
@@ -405,12 +416,12 @@ class OtlpStepExporter:
             self._resources.clear()
 
     def _send_steps(self, records: list[tuple[ResolvedStepTime, StepMemorySnapshot | None]]) -> None:
-        request, spans = self._encoder.new_trace_request()
+        spans: list[bytes] = []  # serialised spans: the request is written as bytes (encoding.py)
         steps = memory = 0
         for record, snapshot in records:
             before = len(spans)
             try:
-                self._encoder.add_step_spans(spans, record, snapshot)
+                self._encoder.encode_step_spans(spans, record, snapshot)
                 steps += 1
                 memory += snapshot is not None
                 self._last_step = record.step if self._last_step is None else max(self._last_step, record.step)
@@ -422,6 +433,7 @@ class OtlpStepExporter:
             return
         n_spans = len(spans)
         # Failures are counted in steps (one `traceml.step` span each); phase children ride along.
+        request = EncodedRequest(self._encoder.trace_request_bytes(spans))
         outcome = self._export(v.SIGNAL_TRACES, request, steps, rejected_unit=n_spans // steps)
         if outcome.delivered:
             self._steps_exported += steps - min(steps, outcome.rejected)

@@ -12,6 +12,7 @@ import gzip
 import json
 import os
 import socket
+import ssl
 import threading
 import time
 from dataclasses import replace
@@ -21,6 +22,7 @@ from types import SimpleNamespace
 import pytest
 
 from harness import free_port
+from harness.certificates import self_signed
 from harness.exporter_records import identity, step_record
 from harness.otlp_receiver import OtlpTestReceiver
 from traceml.exporter import OtlpStepExporter, resolve_settings
@@ -50,7 +52,7 @@ class ControlServer:
     """The processor's control and capture paths, played: GETs answered from `answers` in order (then
     204), every POST kept by its last path segment."""
 
-    def __init__(self, answers: list[bytes] = ()) -> None:
+    def __init__(self, answers: list[bytes] = (), tls: tuple | None = None) -> None:
         self.answers = list(answers)
         self.gets: list[str] = []
         self.posts: dict[str, list[tuple[str, bytes, str]]] = {}
@@ -84,7 +86,13 @@ class ControlServer:
                 self._reply(200, b"{}")
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_port}"
+        scheme = "http"
+        if tls is not None:  # (certificate, key)
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*map(str, tls))
+            self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
+            scheme = "https"
+        self.url = f"{scheme}://127.0.0.1:{self.httpd.server_port}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
     def part(self, name: str):
@@ -433,12 +441,15 @@ def test_the_summary_keeps_the_largest_entries_and_always_the_uncovered_host_tim
     assert [op.self_ms for op in ops if op.kind == KIND_HOST] == [0.0]
 
 
-def test_a_request_the_rank_cannot_take_is_answered_with_a_failure_saying_why():
+def test_a_request_the_rank_cannot_take_is_answered_with_a_failure_saying_why(tmp_path):
+    """Over TLS, trusting the CA file the exporter's own settings name."""
     from traceml.exporter.control import ControlClient
 
     request = _request("cap-busy", 3)
-    server = ControlServer([request.to_json()])
-    settings = replace(resolve_settings("http://127.0.0.1:4317", "grpc", environ={}),
+    cert, key = self_signed(tmp_path)
+    server = ControlServer([request.to_json()], tls=(cert, key))
+    settings = replace(resolve_settings("https://127.0.0.1:4317", "grpc",
+                                        environ={"OTEL_EXPORTER_OTLP_CERTIFICATE": str(cert)}),
                        control_endpoints=(server.url,), control_poll_interval_s=0.0)
     client = ControlClient(identity(RUN), settings, lambda: None,
                            arm=lambda req, deliver: "another capture is in progress on this rank")

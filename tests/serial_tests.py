@@ -46,7 +46,7 @@ SERIAL: dict[str, str] = {
     "tests/launcher/test_collective_hf.py":
         "the fast rank must wait 30 ms more than the slow one in each step's gather",
     "tests/launcher/test_demo_and_surfaces.py::test_demo_diagnosis_names_the_injected_problem_and_rank[balanced]":
-        "the balanced demo must name no rank; it runs first, so the module's shared balanced run is made here",
+        "the balanced demo must name no rank; the module's shared balanced run is made here",
     "tests/launcher/test_demo_and_surfaces.py::test_demo_diagnosis_names_the_injected_problem_and_rank[input-straggler]":
         "the module's shared input-straggler run is made here: its what-if is held against the balanced run's"
         " step time (the ledger test below)",

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import struct
 import sys
 from typing import Mapping, Sequence
 
@@ -149,6 +150,98 @@ def _id(nbytes: int, *parts: object) -> bytes:
     return digest if any(digest) else b"\x01" * nbytes  # all-zero ids are invalid in OTLP
 
 
+def _id_of(nbytes: int, data: bytes) -> bytes:
+    """`_id` of parts already joined and encoded (the encoder keeps the per-rank prefix)."""
+    digest = _blake2b(data, digest_size=nbytes).digest()
+    return digest if digest.strip(b"\0") else b"\x01" * nbytes
+
+
+# --- protobuf wire format, written directly -------------------------------------------
+# The step spans are written as bytes (issue 37: building the messages cost about 65 us of
+# the exporter thread per step, writing the bytes about a quarter of that). Fields go out
+# in the order protobuf's own serializer writes them, so the bytes are the ones
+# `SerializeToString` gives for the same message (tests/exporter/test_span_bytes.py).
+
+_VARINT_1 = [bytes((n,)) for n in range(128)]
+_blake2b = hashlib.blake2b
+_PACK_D = struct.Struct("<d").pack
+_PACK_Q = struct.Struct("<Q").pack
+_PACK_TIMES = struct.Struct("<BQBQ").pack  # start (field 7) and end (field 8), both fixed64
+
+
+def _varint(n: int) -> bytes:
+    if 0 <= n < 128:
+        return _VARINT_1[n]
+    if 0 < n < 16384:  # span lengths, step numbers
+        return bytes(((n & 0x7F) | 0x80, n >> 7))
+    if not -(1 << 63) <= n < (1 << 63):
+        raise ValueError(f"{n} is out of int64's range")
+    if n < 0:
+        n += 1 << 64  # int64 as protobuf writes it: two's complement, ten bytes
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _field(tag: bytes, payload: bytes) -> bytes:
+    """A length-delimited field: its tag, the payload's length, the payload."""
+    return tag + _varint(len(payload)) + payload
+
+
+def _attribute(kv: common_pb2.KeyValue) -> bytes:
+    """A KeyValue as a span's `attributes` field (9)."""
+    return _field(b"\x4a", kv.SerializeToString())
+
+
+def _int_attribute_head(key: str) -> tuple[bytes, int]:
+    """(the bytes of an int attribute before its value's varint, the length the KeyValue has
+    without that varint): the value's varint length completes both lengths."""
+    key_field = _field(b"\x0a", key.encode())
+    return key_field, len(key_field) + 3  # value field tag + AnyValue length + int_value tag
+
+
+def _int_attribute(head: tuple[bytes, int], value: int) -> bytes:
+    value_bytes = _varint(value)
+    n = len(value_bytes)
+    return (b"\x4a" + _varint(head[1] + n) + head[0] + b"\x12" + _VARINT_1[n + 1] + b"\x18"
+            + value_bytes)
+
+
+def _double_attribute_head(key: str) -> bytes:
+    """An attribute whose value is a double, up to the value's 8 bytes (its length is fixed)."""
+    key_field = _field(b"\x0a", key.encode())
+    return b"\x4a" + _varint(len(key_field) + 11) + key_field + b"\x12\x09\x21"
+
+
+_STEP_HEAD = _int_attribute_head(v.ATTR_STEP)
+_KIND_INTERNAL = b"\x30" + _varint(_SPAN_KIND_INTERNAL)
+_PEAK_ALLOCATED_HEAD = _int_attribute_head(v.ATTR_MEMORY_PEAK_ALLOCATED)
+_PEAK_RESERVED_HEAD = _int_attribute_head(v.ATTR_MEMORY_PEAK_RESERVED)
+
+
+def _times(start_ns: int, end_ns: int) -> bytes:
+    """Start and end (fields 7 and 8, fixed64); a zero is left out, as protobuf does."""
+    if start_ns and end_ns:
+        return _PACK_TIMES(0x39, start_ns, 0x41, end_ns)
+    return (b"\x39" + _PACK_Q(start_ns) if start_ns else b"") + (b"\x41" + _PACK_Q(end_ns) if end_ns else b"")
+
+
+class EncodedRequest:
+    """An OTLP request already serialised (the exporter's step spans): the transports send
+    `SerializeToString()` of what they are given, a message or this."""
+
+    __slots__ = ("body",)
+
+    def __init__(self, body: bytes):
+        self.body = body
+
+    def SerializeToString(self) -> bytes:  # noqa: N802 (protobuf's name, which the transports call)
+        return self.body
+
+
 def collective_last_entry(record: ResolvedStepTime) -> float | None:
     """Seconds from the step's first timed event to the start of its last collective wait (None: none)."""
     if v.RAW_COLLECTIVE_WAIT not in record.events:
@@ -197,9 +290,18 @@ class OtlpEncoder:
         self._rank_kv = common_pb2.KeyValue(key=v.ATTR_RANK, value=any_value(identity.rank))
         self._strategy_kv: common_pb2.KeyValue | None = None  # the step span's, once one is sent
         self._event_keys: dict[str, tuple[str, str, str]] = {}
-        self._phase_names: dict[str, tuple[str, common_pb2.KeyValue]] = {}
-        self._device_kvs: dict[str, common_pb2.KeyValue] = {}
         self._resource_kvs: dict[tuple[str, str], common_pb2.KeyValue] = {}
+        # The step spans' constant parts, as bytes (see `encode_step_spans`).
+        self._span_id_prefix = f"{identity.run_id}\0{identity.rank}\0".encode()
+        self._trace_id_prefix = f"{identity.run_id}\0".encode()
+        self._run_attr = _attribute(self._run_kv)
+        self._rank_attr = _attribute(self._rank_kv)
+        self._step_name = _field(b"\x2a", v.SPAN_STEP.encode()) + _KIND_INTERNAL
+        self._event_heads: dict[str, tuple[bytes, bytes, tuple[bytes, int]]] = {}
+        self._phase_parts: dict[str, tuple[bytes, bytes]] = {}  # raw event -> (name and kind, phase attribute)
+        self._device_attrs: dict[str, bytes] = {}
+        self._strategy_attr: tuple[str, bytes] | None = None
+        self._request_head: tuple[bytes, bytes] | None = None  # resource and scope fields, once built
 
     @property
     def resource(self) -> resource_pb2.Resource:
@@ -225,60 +327,109 @@ class OtlpEncoder:
     def add_step_spans(self, spans, record: ResolvedStepTime, memory: StepMemorySnapshot | None = None) -> int:
         """Append the step span and its phase children to `spans` (a repeated Span field) in place.
 
-        `memory` is the step's peak-memory snapshot when the exporter has it: its measured
-        peaks and device go on the step span (None peaks add nothing). Built in place
-        because copying finished messages into a request costs as much as building
-        them. Returns the number of spans added.
+        The messages `encode_step_spans` writes as bytes, for callers that want messages (the
+        exporter sends the bytes). Returns the number of spans added.
         """
-        run_id, rank, step = self.identity.run_id, self.identity.rank, record.step
-        span_id = _id(8, run_id, rank, step)
+        encoded: list[bytes] = []
+        added = self.encode_step_spans(encoded, record, memory)
+        for span in encoded:
+            spans.add().MergeFromString(span)
+        return added
+
+    def encode_step_spans(self, out: list, record: ResolvedStepTime,
+                          memory: StepMemorySnapshot | None = None) -> int:
+        """Append the step span and its phase children to `out`, each a serialised `Span`.
+
+        `memory` is the step's peak-memory snapshot when the exporter has it: its measured
+        peaks and device go on the step span (None peaks add nothing). Only what varies per
+        step is written here (ids, times, values); names, keys and the run and rank attributes
+        are bytes kept per rank. Returns the number of spans added.
+        """
+        step = record.step
+        step_text = str(step).encode()
+        span_id = _id_of(8, self._span_id_prefix + step_text)
         parent = parent_of(record.parent)
-        KV, AV = common_pb2.KeyValue, common_pb2.AnyValue
-        step_kv = KV(key=v.ATTR_STEP, value=AV(int_value=step))
-        attrs = [self._run_kv, self._rank_kv, step_kv]
+        step_attr = _int_attribute(_STEP_HEAD, step)
+        parts = [self._run_attr, self._rank_attr, step_attr]
+        heads = self._event_heads
         for raw_event, totals in record.events.items():
-            cpu_key, gpu_key, count_key = self._keys(raw_event)
-            attrs.append(KV(key=cpu_key, value=AV(double_value=totals.cpu_ms / 1000.0)))
+            head = heads.get(raw_event)
+            if head is None:
+                cpu_key, gpu_key, count_key = self._keys(raw_event)
+                head = (_double_attribute_head(cpu_key), _double_attribute_head(gpu_key),
+                        _int_attribute_head(count_key))
+                if len(heads) < _CACHE_MAX:
+                    heads[raw_event] = head
+            parts.append(head[0] + _PACK_D(totals.cpu_ms / 1000.0))
             if totals.gpu_ms is not None:
-                attrs.append(KV(key=gpu_key, value=AV(double_value=totals.gpu_ms / 1000.0)))
-            attrs.append(KV(key=count_key, value=AV(int_value=int(totals.count))))
+                parts.append(head[1] + _PACK_D(totals.gpu_ms / 1000.0))
+            parts.append(_int_attribute(head[2], int(totals.count)))
         last_entry = collective_last_entry(record)
         if last_entry is not None:
-            attrs.append(KV(key=v.ATTR_COLLECTIVE_LAST_ENTRY, value=AV(double_value=last_entry)))
+            parts.append(_double_attribute_head(v.ATTR_COLLECTIVE_LAST_ENTRY) + _PACK_D(last_entry))
         if memory is not None:
-            self._add_memory_attributes(attrs, memory)
+            self._memory_attributes(parts, memory)
         strategy = record.strategy
         if strategy is not None and strategy != self.identity.strategy:
-            attrs.append(self._step_strategy_kv(strategy))
+            kept = self._strategy_attr
+            if kept is None or kept[0] != strategy:
+                kept = self._strategy_attr = (strategy, _attribute(self._step_strategy_kv(strategy)))
+            parts.append(kept[1])
+        attributes = b"".join(parts)
         if parent is None:
-            trace_id = _id(16, run_id, step)
-            spans.add(trace_id=trace_id, span_id=span_id, name=v.SPAN_STEP, kind=_SPAN_KIND_INTERNAL,
-                      start_time_unix_nano=record.start_time_ns, end_time_unix_nano=record.end_time_ns,
-                      attributes=attrs)
+            trace_id = _id_of(16, self._trace_id_prefix + step_text)
+            head = b"\x0a\x10" + trace_id + b"\x12\x08" + span_id
+            flags = 0
         else:
             trace_id, parent_span_id, flags, trace_state = parent
-            spans.add(trace_id=trace_id, span_id=span_id, parent_span_id=parent_span_id, flags=flags,
-                      trace_state=trace_state, name=v.SPAN_STEP, kind=_SPAN_KIND_INTERNAL,
-                      start_time_unix_nano=record.start_time_ns, end_time_unix_nano=record.end_time_ns,
-                      attributes=attrs)
+            head = b"\x0a\x10" + trace_id + b"\x12\x08" + span_id
+            if trace_state:
+                head += _field(b"\x1a", trace_state.encode())
+            head += b"\x22\x08" + parent_span_id
+        span = head + self._step_name + _times(record.start_time_ns, record.end_time_ns) + attributes
+        if flags:
+            span += b"\x85\x01" + struct.pack("<I", flags)  # flags (16, fixed32)
+        out.append(span)
         if not self.phase_spans:
             return 1
         added = 1
+        child_head = b"\x0a\x10" + trace_id
+        child_parent = b"\x22\x08" + span_id
+        child_attrs = self._rank_attr + step_attr
+        id_prefix = self._span_id_prefix + step_text + b"\0"
+        names = self._phase_parts
         for index, phase in enumerate(record.phases):
-            if phase.raw_event == _WHOLE_STEP:
+            raw_event = phase.raw_event
+            if raw_event == _WHOLE_STEP:
                 continue  # the step span itself: a child would only repeat it
-            cached = self._phase_names.get(phase.raw_event)
+            cached = names.get(raw_event)
             if cached is None:
-                name = v.phase_name(phase.raw_event)
-                cached = (v.SPAN_PHASE_PREFIX + name, KV(key=v.ATTR_PHASE, value=AV(string_value=name)))
-                if len(self._phase_names) < _CACHE_MAX:
-                    self._phase_names[phase.raw_event] = cached
+                name = v.phase_name(raw_event)
+                phase_kv = common_pb2.KeyValue(key=v.ATTR_PHASE, value=common_pb2.AnyValue(string_value=name))
+                cached = (_field(b"\x2a", (v.SPAN_PHASE_PREFIX + name).encode()) + _KIND_INTERNAL,
+                          _attribute(phase_kv))
+                if len(names) < _CACHE_MAX:
+                    names[raw_event] = cached
             added += 1
-            spans.add(trace_id=trace_id, span_id=_id(8, run_id, rank, step, index), parent_span_id=span_id,
-                      name=cached[0], kind=_SPAN_KIND_INTERNAL,
-                      start_time_unix_nano=phase.start_time_ns, end_time_unix_nano=phase.end_time_ns,
-                      attributes=(self._rank_kv, step_kv, cached[1]))
+            out.append(child_head + b"\x12\x08" + _id_of(8, id_prefix + str(index).encode()) + child_parent
+                       + cached[0] + _times(phase.start_time_ns, phase.end_time_ns) + child_attrs + cached[1])
         return added
+
+    def _memory_attributes(self, parts: list, memory: StepMemorySnapshot) -> None:
+        """The device and each measured peak (bytes); nothing at all when no peak was measured."""
+        allocated, reserved = memory.peak_allocated_bytes, memory.peak_reserved_bytes
+        if allocated is None and reserved is None:
+            return
+        device_attr = self._device_attrs.get(memory.device)
+        if device_attr is None:
+            device_attr = _attribute(common_pb2.KeyValue(key=v.ATTR_DEVICE, value=any_value(str(memory.device))))
+            if len(self._device_attrs) < _CACHE_MAX:
+                self._device_attrs[memory.device] = device_attr
+        parts.append(device_attr)
+        if allocated is not None:
+            parts.append(_int_attribute(_PEAK_ALLOCATED_HEAD, int(allocated)))
+        if reserved is not None:
+            parts.append(_int_attribute(_PEAK_RESERVED_HEAD, int(reserved)))
 
     def _step_strategy_kv(self, strategy: str) -> common_pb2.KeyValue:
         """`traceml.training.strategy` on the step span: the strategy the training side recognised
@@ -289,23 +440,6 @@ class OtlpEncoder:
             kv = self._strategy_kv = common_pb2.KeyValue(key=v.ATTR_TRAINING_STRATEGY,
                                                          value=any_value(strategy))
         return kv
-
-    def _add_memory_attributes(self, attrs: list, memory: StepMemorySnapshot) -> None:
-        """The device and each measured peak (bytes); nothing at all when no peak was measured."""
-        allocated, reserved = memory.peak_allocated_bytes, memory.peak_reserved_bytes
-        if allocated is None and reserved is None:
-            return
-        device_kv = self._device_kvs.get(memory.device)
-        if device_kv is None:
-            device_kv = common_pb2.KeyValue(key=v.ATTR_DEVICE, value=any_value(str(memory.device)))
-            if len(self._device_kvs) < _CACHE_MAX:
-                self._device_kvs[memory.device] = device_kv
-        attrs.append(device_kv)
-        KV, AV = common_pb2.KeyValue, common_pb2.AnyValue
-        if allocated is not None:
-            attrs.append(KV(key=v.ATTR_MEMORY_PEAK_ALLOCATED, value=AV(int_value=int(allocated))))
-        if reserved is not None:
-            attrs.append(KV(key=v.ATTR_MEMORY_PEAK_RESERVED, value=AV(int_value=int(reserved))))
 
     def run_end_span(self, start_ns: int, end_ns: int, steps_completed: int, last_step: int | None,
                      dropped: Mapping[str, int], failures: int, retries: int,
@@ -338,6 +472,16 @@ class OtlpEncoder:
         scope_spans = resource_spans.scope_spans.add()
         scope_spans.scope.CopyFrom(self.scope)
         return request, scope_spans.spans
+
+    def trace_request_bytes(self, spans: Sequence[bytes]) -> bytes:
+        """A serialised ExportTraceServiceRequest of this rank's resource and scope around `spans`
+        (serialised Spans, as `encode_step_spans` writes them)."""
+        head = self._request_head
+        if head is None:
+            head = self._request_head = (_field(b"\x0a", self.resource.SerializeToString()),
+                                         _field(b"\x0a", self.scope.SerializeToString()))
+        scope_spans = head[1] + b"".join([b"\x12" + _varint(len(span)) + span for span in spans])
+        return _field(b"\x0a", head[0] + _field(b"\x12", scope_spans))
 
     def trace_request(self, spans: Sequence[trace_pb2.Span]) -> trace_service_pb2.ExportTraceServiceRequest:
         request, target = self.new_trace_request()

@@ -38,6 +38,13 @@ _MAX_BACKOFF_S = 4.0
 _RETRYABLE_HTTP = frozenset({429, 502, 503, 504})
 _STATUS_DETAILS_KEY = "grpc-status-details-bin"  # a google.rpc.Status, where gRPC servers put details
 _RETRY_INFO_KEY = "google.rpc.retryinfo-bin"  # a bare RetryInfo, which the OTel Python SDK also reads
+_TRACE_EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+_METRICS_EXPORT = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
+
+
+def _serialized(request) -> bytes:
+    """A request's bytes: a protobuf message or an already serialised `encoding.EncodedRequest`."""
+    return request.SerializeToString()
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,8 +173,8 @@ class GrpcTransport:
     def _connect(self) -> None:
         """Build the channel and the two services' stubs (at start, and again after `release`)."""
         grpc, settings = self._grpc, self._settings
-        from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
-        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+        from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
         compression = (grpc.Compression.Gzip if settings.compression == COMPRESSION_GZIP
                        else grpc.Compression.NoCompression)
@@ -192,9 +199,15 @@ class GrpcTransport:
                                                 options=options, compression=compression)
         else:
             self._channel = grpc.insecure_channel(settings.grpc_target, options=options, compression=compression)
+        # The generated stubs' serializer is the message class's own, which refuses a request the
+        # exporter already wrote as bytes (encoding.EncodedRequest); each request serialises itself.
         self._stubs = {
-            v.SIGNAL_TRACES: trace_service_pb2_grpc.TraceServiceStub(self._channel),
-            v.SIGNAL_METRICS: metrics_service_pb2_grpc.MetricsServiceStub(self._channel),
+            v.SIGNAL_TRACES: self._channel.unary_unary(
+                _TRACE_EXPORT, request_serializer=_serialized,
+                response_deserializer=trace_service_pb2.ExportTraceServiceResponse.FromString),
+            v.SIGNAL_METRICS: self._channel.unary_unary(
+                _METRICS_EXPORT, request_serializer=_serialized,
+                response_deserializer=metrics_service_pb2.ExportMetricsServiceResponse.FromString),
         }
 
     def release(self) -> None:
@@ -219,7 +232,7 @@ class GrpcTransport:
             if remaining <= 0:
                 return ExportOutcome(False, retries, error="deadline passed before sending")
             try:
-                response = stub.Export(request, metadata=self._metadata, timeout=remaining)
+                response = stub(request, metadata=self._metadata, timeout=remaining)
                 return ExportOutcome(True, retries, _rejected(signal, response))
             except self._grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.serial_tests import SerialLock, group_shared_fixtures, mark_serial, module_group_scheduling
+from tests.serial_tests import (SerialLock, group_shared_fixtures, is_beside_serial, mark_serial,
+                                module_group_scheduling)
 
 _SERIAL_LOCK = pytest.StashKey["SerialLock"]()
 
@@ -52,12 +53,13 @@ def pytest_xdist_make_scheduler(config, log):
 
 @pytest.hookimpl(tryfirst=True, wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Under pytest-xdist, a `serial` test runs with no other test beside it (tests/serial_tests.py).
+    """Under pytest-xdist, a `serial` test runs with no other test beside it but those listed as
+    fit to (tests/serial_tests.py: they wait and use next to no CPU; they take no lock).
 
     The outermost wrapper, so the wait for the lock is neither in the test's timeout nor its duration.
     """
     lock = item.config.stash.get(_SERIAL_LOCK, None)
-    if lock is None:
+    if lock is None or is_beside_serial(item.nodeid):  # it may run beside a serial test: no lock
         return (yield)
     exclusive = item.get_closest_marker("serial") is not None
     lock.enter(exclusive)

@@ -69,12 +69,39 @@ SERIAL: dict[str, str] = {
 }
 
 
+# node id (prefix) -> why it may run beside a serial test: it waits on timeouts or deadlines and uses
+# next to no CPU (measured with its children, on a loaded machine), so it neither disturbs a serial
+# test nor is disturbed by one more than by any other neighbour. It takes no lock, and the scheduler
+# hands these out right after the serial block, so the other worker runs them while the block holds
+# the machine instead of idling.
+BESIDE_SERIAL: dict[str, str] = {
+    "tests/processor/test_settings.py::test_stop_stays_bounded_when_the_push_timeout_is_no_limit":
+        "waits out a destination that never answers: 12.5 s, 0.01 CPU-s",
+    "tests/exporter/test_failure_modes.py::test_sink_calls_never_block_and_losses_are_counted":
+        "dead, stalled and failing endpoints: about 2 s each, 0.05 CPU-s",
+    "tests/exporter/test_failure_modes.py::test_grpc_retry_info_is_retried_no_sooner_than_its_delay":
+        "waits out a retry delay: 1 s each, 0.02 CPU-s",
+    "tests/exporter/test_failure_modes.py::test_http_retry_after_seconds_is_honoured":
+        "waits out a Retry-After: 1 s each, 0.03 CPU-s",
+    "tests/exporter/test_failure_modes.py::test_http_retry_after_as_an_http_date_is_honoured":
+        "waits out a Retry-After date: 1.5 s, 0.02 CPU-s",
+    "tests/exporter/test_failure_modes.py::test_export_resumes_when_a_dead_grpc_endpoint_comes_up":
+        "waits for an endpoint to come up: 1.5 s, 0.03 CPU-s",
+    "tests/launcher/test_top_missing_database.py::test_once_waits_when_asked":
+        "waits for a database to appear: 1.6 s, 0.01 CPU-s",
+}
+
+
 def _matches(nodeid: str, entry: str) -> bool:
     return nodeid == entry or nodeid.startswith(entry + "[") or nodeid.startswith(entry + "::")
 
 
 def is_serial(nodeid: str) -> bool:
     return any(_matches(nodeid, entry) for entry in SERIAL)
+
+
+def is_beside_serial(nodeid: str) -> bool:
+    return any(_matches(nodeid, entry) for entry in BESIDE_SERIAL)
 
 
 SERIAL_BLOCK = "serial tests"
@@ -93,6 +120,14 @@ def work_units(collection: list[str], grouped: set[str]) -> dict[str, str]:
         else:
             units[nodeid] = SERIAL_BLOCK if is_serial(nodeid) else nodeid
     return units
+
+
+def queue_order(units: list[str]) -> list[str]:
+    """The work units in the order they are handed out: the serial block, then the tests that may
+    run beside it (each its own unit unless its module is grouped), then the rest as they were."""
+    block = [unit for unit in units if unit == SERIAL_BLOCK]
+    beside = [unit for unit in units if unit != SERIAL_BLOCK and is_beside_serial(unit)]
+    return block + beside + [unit for unit in units if unit != SERIAL_BLOCK and not is_beside_serial(unit)]
 
 
 def block_order(nodeids: list[str], grouped: set[str]) -> list[str]:
@@ -142,6 +177,7 @@ def module_group_scheduling(config: pytest.Config, log=None):
             self._folder = config._tmp_path_factory.getbasetemp()
             self._grouped: set[str] | None = None
             self._units: dict[str, str] = {}
+            self._ordered = False
 
         def _split_scope(self, nodeid: str) -> str:
             if self._grouped is None:  # every worker has collected before the first test is handed out
@@ -151,18 +187,22 @@ def module_group_scheduling(config: pytest.Config, log=None):
             return self._units.get(nodeid, nodeid)
 
         def _assign_work_unit(self, node) -> None:
-            block = self.workqueue.pop(SERIAL_BLOCK, None)
-            if block is not None:  # the first call: the block goes first, in its running order
-                self.workqueue[SERIAL_BLOCK] = {nodeid: block[nodeid]
-                                                for nodeid in block_order(list(block), self._grouped or set())}
-                self.workqueue.move_to_end(SERIAL_BLOCK, last=False)
+            if not self._ordered:  # the first call: the block goes first, in its running order
+                self._ordered = True
+                block = self.workqueue.get(SERIAL_BLOCK)
+                if block is not None:
+                    self.workqueue[SERIAL_BLOCK] = {nodeid: block[nodeid]
+                                                    for nodeid in block_order(list(block), self._grouped or set())}
+                for unit in reversed(queue_order(list(self.workqueue))):
+                    self.workqueue.move_to_end(unit, last=False)
             super()._assign_work_unit(node)
 
     return ModuleGroupScheduling()
 
 
 def mark_serial(items: list[pytest.Item], root: Path) -> None:
-    """Add the `serial` marker to the listed tests; refuse an entry that names nothing collected."""
+    """Add the `serial` marker to the listed tests; refuse an entry (of either list) that names
+    nothing collected."""
     modules = {}
     for item in items:
         modules.setdefault(item.nodeid.split("::", 1)[0], getattr(item, "module", None))
@@ -170,9 +210,10 @@ def mark_serial(items: list[pytest.Item], root: Path) -> None:
             item.add_marker(pytest.mark.serial)
     # Only a module that was collected can be checked; within it the test (or class) must exist
     # even when this run selected other tests of the module.
-    stale = [entry for entry in SERIAL if not (root / entry.split("::", 1)[0]).is_file()
+    stale = [entry for entry in (*SERIAL, *BESIDE_SERIAL) if not (root / entry.split("::", 1)[0]).is_file()
              or (entry.split("::", 1)[0] in modules and "::" in entry
                  and not hasattr(modules[entry.split("::", 1)[0]], entry.split("::")[1].split("[", 1)[0]))]
+    stale += [entry for entry in BESIDE_SERIAL if is_serial(entry)]  # one or the other
     if stale:
         raise pytest.UsageError(f"tests/serial_tests.py names tests that do not exist: {stale}")
 

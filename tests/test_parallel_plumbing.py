@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import harness.ports as ports
-from tests.serial_tests import SERIAL_BLOCK, SerialLock, block_order, work_units
+from tests.serial_tests import BESIDE_SERIAL, SERIAL_BLOCK, SerialLock, block_order, queue_order, work_units
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -100,6 +100,14 @@ def test_the_serial_tests_are_one_work_unit_alone_ones_first_and_grouped_modules
                      "tests/schema/test_x.py::test_y": "tests/schema/test_x.py::test_y"}
     block = [nodeid for nodeid in collection if units[nodeid] == SERIAL_BLOCK]
     assert block_order(block, grouped={demo, shared}) == [alone_serial, collection[0], collection[1]]
+
+
+def test_the_tests_fit_to_run_beside_the_serial_block_are_handed_out_right_after_it():
+    beside = next(iter(BESIDE_SERIAL))
+    units = ["tests/a.py::test_x", f"{beside}[p]", "tests/processor/test_prometheus_exposition.py", SERIAL_BLOCK,
+             "tests/b.py::test_y"]
+    assert queue_order(units) == [SERIAL_BLOCK, f"{beside}[p]", "tests/a.py::test_x",
+                                  "tests/processor/test_prometheus_exposition.py", "tests/b.py::test_y"]
 
 
 def _workers_by_module(*paths: str) -> dict[str, set[str]]:

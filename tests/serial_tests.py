@@ -89,6 +89,14 @@ BESIDE_SERIAL: dict[str, str] = {
         "waits for an endpoint to come up: 1.5 s, 0.03 CPU-s",
     "tests/launcher/test_top_missing_database.py::test_once_waits_when_asked":
         "waits for a database to appear: 1.6 s, 0.01 CPU-s",
+    "tests/reliability/test_downstream_outage.py::test_destination_down_then_up_ingest_continues_and_the_gap_is_reported":
+        "waits out a destination's outage: 3 s, 0.15 CPU-s",
+    "tests/reliability/test_downstream_outage.py::test_http_destination_down_then_up":
+        "waits out a destination's outage: 1.2 s, 0.05 CPU-s",
+    "tests/processor/test_runs.py::test_run_without_markers_ends_after_idle_timeout":
+        "waits out a 1 s idle timeout: 1.2 s, 0.07 CPU-s",
+    "tests/instrumentation/test_resource_sampler.py::test_stop_takes_a_last_sample_so_a_short_run_still_has_its_figures":
+        "waits for a sampler's stop: 1.1 s, 0.01 CPU-s",
 }
 
 

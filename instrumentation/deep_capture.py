@@ -103,6 +103,11 @@ def arm(request: CaptureRequest, deliver: Deliver) -> str | None:
             return "another capture is in progress on this rank"
         if not _se.is_recording():
             return "TraceML is not recording on this rank"
+        # Kineto (torch 2.13) prints "USDT:... profiler_start/stop" on the rank's stderr at each
+        # capture, in the middle of the job's own output; level 6 silences it (5 and below still
+        # print). Read when the profiler is first used, so set here, before that; a user's own
+        # KINETO_LOG_LEVEL is kept.
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
         try:
             import torch.profiler  # noqa: F401  (here, off the training thread: it loads the profiler)
             from torch.autograd.profiler import record_function

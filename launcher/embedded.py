@@ -1,8 +1,9 @@
 """The embedded `traceml-processor`: a child process on free loopback ports.
 
 On the host node of a multi-node job (`launcher/multinode.py`) its OTLP gRPC
-receiver listens on the rendezvous host's address and a fixed port instead, so
-every node's ranks reach it; OTLP/HTTP (and `/readyz`) stay on loopback.
+receiver listens on the rendezvous host's address and a fixed port instead, and
+its OTLP/HTTP (deep-capture control, uploads, `/readyz`) on the same address and
+the next port, so every node's ranks reach both.
 
 A child process rather than a thread keeps the processor's GIL time (OTLP
 decoding, SQLite commits, analysis) away from the launcher's elastic agent, and
@@ -30,6 +31,13 @@ class EmbeddedProcessorError(RuntimeError):
     """The embedded processor did not start; the message says why and where its log is."""
 
 
+LOOPBACK = "127.0.0.1"
+
+
+def _base_url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def free_loopback_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -43,6 +51,7 @@ class ProcessorEndpoints:
     ui: tuple[str, int] | None = None  # the web view's address (`traceml run --ui`)
     grpc_host: str = "127.0.0.1"  # where OTLP gRPC listens
     advertised_host: str | None = None  # the name the ranks use, when not grpc_host (a 0.0.0.0 bind)
+    http_host: str = LOOPBACK  # where OTLP/HTTP listens (a node's address on a multi-node host)
 
     @property
     def grpc_address(self) -> str:
@@ -55,12 +64,16 @@ class ProcessorEndpoints:
 
     @property
     def ready_url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}/readyz"
+        """Asked by the launcher on this machine: a wildcard bind is reached through loopback."""
+        host = {"0.0.0.0": LOOPBACK, "::": "::1"}.get(self.http_host, self.http_host)
+        return f"{_base_url(host, self.http_port)}/readyz"
 
     @property
     def control_url(self) -> str:
-        """The OTLP/HTTP base URL the ranks poll for capture requests (`TRACEML_CONTROL_ENDPOINT`)."""
-        return f"http://127.0.0.1:{self.http_port}"
+        """The OTLP/HTTP base URL the ranks poll for capture requests (`TRACEML_CONTROL_ENDPOINT`):
+        loopback on one node, the name every node's ranks use on a multi-node host."""
+        host = self.http_host if self.http_host == LOOPBACK else (self.advertised_host or self.http_host)
+        return _base_url(host, self.http_port)
 
     def ui_url(self, run_id: str | None = None) -> str | None:
         """The web view's address (its page of `run_id` when given); None without --ui."""
@@ -78,12 +91,14 @@ class EmbeddedProcessor:
 
     def __init__(self, db_path: Path, summary_dir: Path, log_path: Path,
                  ui: tuple[str, int] | None = None, grpc_bind: tuple[str, int] | None = None,
-                 advertised_host: str | None = None, auth_token_file: Path | None = None) -> None:
+                 advertised_host: str | None = None, auth_token_file: Path | None = None,
+                 http_bind: tuple[str, int] | None = None) -> None:
         self.db_path = Path(db_path)
         self.summary_dir = Path(summary_dir)
         self.log_path = Path(log_path)
         self.ui = ui  # serve the web view here; port 0 = a free loopback port
         self.grpc_bind = grpc_bind  # (host, port) for OTLP gRPC; None = a free loopback port
+        self.http_bind = http_bind  # (host, port) for OTLP/HTTP; None = a free loopback port
         self.advertised_host = advertised_host
         self.auth_token_file = auth_token_file  # --auth-token-file for the processor
         self.endpoints: ProcessorEndpoints | None = None
@@ -96,7 +111,8 @@ class EmbeddedProcessor:
             "--db", str(self.db_path),
             "--otlp-grpc", (f"[{endpoints.grpc_host}]:{endpoints.grpc_port}" if ":" in endpoints.grpc_host
                             else f"{endpoints.grpc_host}:{endpoints.grpc_port}"),
-            "--otlp-http", f"127.0.0.1:{endpoints.http_port}",
+            "--otlp-http", (f"[{endpoints.http_host}]:{endpoints.http_port}" if ":" in endpoints.http_host
+                            else f"{endpoints.http_host}:{endpoints.http_port}"),
             "--summary-dir", str(self.summary_dir),
         ]
         if endpoints.ui is not None:
@@ -109,8 +125,8 @@ class EmbeddedProcessor:
     def start(self, ready_timeout_s: float = READY_TIMEOUT_S) -> ProcessorEndpoints:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         grpc_host, grpc_port = self.grpc_bind or ("127.0.0.1", free_loopback_port())
-        http_port = free_loopback_port()
-        while http_port == grpc_port:
+        http_host, http_port = self.http_bind or (LOOPBACK, free_loopback_port())
+        while http_port == grpc_port and self.http_bind is None:
             http_port = free_loopback_port()
         ui = None
         if self.ui is not None:
@@ -118,7 +134,7 @@ class EmbeddedProcessor:
             while not port or port in (grpc_port, http_port):
                 port = free_loopback_port()
             ui = (host, port)
-        endpoints = ProcessorEndpoints(grpc_port, http_port, ui, grpc_host, self.advertised_host)
+        endpoints = ProcessorEndpoints(grpc_port, http_port, ui, grpc_host, self.advertised_host, http_host)
         self._log_file = open(self.log_path, "ab")
         child_env = dict(os.environ)
         # The processor must not export its own summary metrics to the endpoint the
@@ -192,8 +208,11 @@ def _die_with_parent() -> None:
 
 
 def _is_ready(url: str) -> bool:
+    # Never through a proxy of the environment: the processor is on this machine (a node's own
+    # address on a multi-node host, which NO_PROXY rarely lists).
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        with urllib.request.urlopen(url, timeout=1.0) as response:
+        with opener.open(url, timeout=1.0) as response:
             return response.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False

@@ -16,7 +16,9 @@ node needs to hear from another before its ranks start:
   keeps its own processor (a warning says so).
 
 The address is derived, not published: the endpoint's host and
-`--processor-port` (default `DEFAULT_PROCESSOR_PORT`). Every node computes it from
+`--processor-port` (default `DEFAULT_PROCESSOR_PORT`) for OTLP gRPC, and the next
+port for its OTLP/HTTP (`CONTROL_PORT_OFFSET`), which every node's ranks poll for
+deep-capture requests and upload captures to. Every node computes both from
 its own arguments, and no rank of any node starts before the rendezvous
 completes, which needs the host's agent, which `traceml run` starts only once
 the processor answers `/readyz`: a late host delays everyone exactly as torchrun
@@ -34,6 +36,9 @@ from urllib.parse import quote
 
 DEFAULT_PROCESSOR_PORT = 29317  # torchrun's 29xxx range, "317" for OTLP's 4317 (taken by node collectors)
 C10D_DEFAULT_PORT = 29400  # torch's own default for a c10d endpoint without a port
+# OTLP/HTTP (capture control, uploads) = --processor-port + 1: derived like the gRPC port, so a rank
+# on any node can be asked for a capture with nothing published between nodes.
+CONTROL_PORT_OFFSET = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,10 +49,20 @@ class ProcessorPlacement:
     host: str  # the rendezvous host as the nodes name it
     port: int
     why: str  # for the log line: which rule chose the host
+    # OTLP/HTTP of the job's processor (captures); None: the host's is taken, the processor keeps
+    # a loopback one and other nodes' ranks cannot be asked for captures.
+    control_port: int | None = None
 
     @property
     def endpoint(self) -> str:
         return f"http://{format_host(self.host)}:{self.port}"
+
+    @property
+    def control_url(self) -> str | None:
+        """The base URL every node's ranks poll for capture requests (`TRACEML_CONTROL_ENDPOINT`)."""
+        if self.control_port is None:
+            return None
+        return f"http://{format_host(self.host)}:{self.control_port}"
 
     @property
     def address(self) -> str:
@@ -64,15 +79,21 @@ def placement_of(args: argparse.Namespace, processor_port: int) -> ProcessorPlac
 
     backend = str(args.rdzv_backend)
     endpoint = get_rdzv_endpoint(args)
+    control_port = control_port_of(processor_port)
     if backend == "static":
         host = _endpoint_host(args.rdzv_endpoint, 29500) if args.rdzv_endpoint else str(args.master_addr)
         return ProcessorPlacement(int(args.node_rank) == 0, host, processor_port,
-                                  "static rendezvous: --node-rank 0 hosts the store")
+                                  "static rendezvous: --node-rank 0 hosts the store", control_port)
     if backend == "c10d" and endpoint:
         host = _endpoint_host(endpoint, C10D_DEFAULT_PORT)
         is_host, why = _hosts_c10d_store(args, endpoint, host)
-        return ProcessorPlacement(is_host, host, processor_port, why)
+        return ProcessorPlacement(is_host, host, processor_port, why, control_port)
     return None
+
+
+def control_port_of(processor_port: int) -> int:
+    """The job's processor's OTLP/HTTP port, derived from `--processor-port` on every node."""
+    return processor_port + CONTROL_PORT_OFFSET
 
 
 def _endpoint_host(endpoint: str, default_port: int) -> str:

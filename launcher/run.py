@@ -20,6 +20,7 @@ node hosting the rendezvous store, and every node's ranks export to it
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import sys
@@ -104,7 +105,9 @@ def add_traceml_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--processor-port", dest="traceml_processor_port", type=int,
                        default=multinode.DEFAULT_PROCESSOR_PORT, metavar="PORT",
                        help="several nodes without --endpoint: the OTLP gRPC port of the job's one "
-                            "processor, on the rendezvous host (default %(default)s; same on every node)")
+                            "processor, on the rendezvous host; its OTLP/HTTP port, where every node's "
+                            "ranks are asked for deep captures, is the next one (default %(default)s "
+                            "and +1; same on every node)")
     group.add_argument("--processor-token-file", dest="traceml_processor_token_file", default=None,
                        metavar="FILE",
                        help="several nodes without --endpoint: the bearer token the job's processor "
@@ -117,8 +120,8 @@ def parse(argv: Sequence[str], prog: str = "traceml run") -> tuple[argparse.Name
     args = parser.parse_args(list(argv))
     if args.traceml_refresh <= 0:
         parser.error("--refresh must be positive")
-    if not 0 < args.traceml_processor_port < 65536:
-        parser.error("--processor-port must be between 1 and 65535")
+    if not (0 < args.traceml_processor_port and multinode.control_port_of(args.traceml_processor_port) < 65536):
+        parser.error("--processor-port must be between 1 and 65534 (the next port is its OTLP/HTTP)")
     ui = None
     if args.traceml_ui or args.traceml_ui_address:
         from traceml.processor.api import parse_host_port
@@ -332,8 +335,7 @@ def launch(args: argparse.Namespace, options: RunOptions, *, out: TextIO | None 
                 if processor is None and placement is not None and \
                         rank_env.get(env.TRACEML_OTLP_ENDPOINT) == placement.endpoint:
                     # Another launcher on this machine hosts the job's processor after all.
-                    placement = multinode.ProcessorPlacement(False, placement.host, placement.port,
-                                                             placement.why)
+                    placement = dataclasses.replace(placement, hosts_here=False)
                     _remove_if_empty(run_path)
                     run_path = None
                 if options.live and processor is not None:
@@ -392,7 +394,15 @@ def _placement(args: argparse.Namespace, options: RunOptions, out: TextIO):
             _say(out, f"port {placement.port} on {placement.host} is already in use: this node exports "
                       f"to the processor there (another launcher of this job on this machine, or "
                       f"choose a free --processor-port on every node)")
-            return multinode.ProcessorPlacement(False, placement.host, placement.port, placement.why)
+            return dataclasses.replace(placement, hosts_here=False)
+        if multinode.port_taken(bind, placement.control_port):
+            # Not another launcher (it would hold the gRPC port too): a stranger. Telemetry goes on;
+            # only the other nodes' deep captures are lost (their polls fail, counted, never raised).
+            _say(out, f"warning: port {placement.control_port} on {placement.host} (--processor-port + 1, "
+                      f"the job's processor's OTLP/HTTP) is already in use: the processor serves it on "
+                      f"loopback, so ranks of other nodes cannot be asked for deep captures; choose a "
+                      f"--processor-port whose next port is free, on every node")
+            return dataclasses.replace(placement, control_port=None)
     return placement
 
 
@@ -403,6 +413,9 @@ def _export_to_job_processor(placement, options: RunOptions, rank_env: dict[str,
     rank_env[env.TRACEML_OTLP_PROTOCOL] = "grpc"
     _say(out, f"run {run_id}: no processor on this node; the ranks export OTLP gRPC to the job's "
               f"processor on {placement.address} ({placement.why})")
+    if not os.environ.get(env.TRACEML_CONTROL_ENDPOINT, "").strip() and placement.control_url:
+        # Deep captures: the ranks poll the job's processor's OTLP/HTTP, at --processor-port + 1.
+        rank_env[env.TRACEML_CONTROL_ENDPOINT] = placement.control_url
     if options.live or options.ui is not None or options.html_report:
         _say(out, "--live, --ui and --html-report apply on the node that runs the job's processor")
 
@@ -464,9 +477,10 @@ def _start_embedded(args: argparse.Namespace, options: RunOptions, run_path: Pat
     shared = {}
     if placement is not None:
         token_file = options.processor_token_file
-        shared = dict(grpc_bind=(multinode.bind_host_for(placement.host), placement.port),
-                      advertised_host=placement.host,
-                      auth_token_file=Path(token_file).resolve() if token_file else None)
+        bind = multinode.bind_host_for(placement.host)
+        shared = dict(grpc_bind=(bind, placement.port), advertised_host=placement.host,
+                      auth_token_file=Path(token_file).resolve() if token_file else None,
+                      http_bind=None if placement.control_port is None else (bind, placement.control_port))
     processor = EmbeddedProcessor(db_path=run_path / rd.DB_FILENAME, summary_dir=Path(options.runs_dir),
                                   log_path=run_path / "processor.log", ui=options.ui, **shared)
     try:
@@ -485,21 +499,25 @@ def _start_embedded(args: argparse.Namespace, options: RunOptions, run_path: Pat
     rank_env[env.TRACEML_OTLP_ENDPOINT] = endpoints.otlp_grpc_endpoint
     rank_env[env.TRACEML_OTLP_PROTOCOL] = "grpc"
     if not os.environ.get(env.TRACEML_CONTROL_ENDPOINT, "").strip():
-        # Deep captures: this node's ranks poll the processor's loopback HTTP port for requests
-        # (other nodes' ranks cannot reach it: a user's own setting is kept as it is).
+        # Deep captures: the ranks poll the processor's OTLP/HTTP for requests: loopback on one
+        # node, the rendezvous host at --processor-port + 1 for every node's ranks on several (a
+        # user's own setting is kept as it is).
         rank_env[env.TRACEML_CONTROL_ENDPOINT] = endpoints.control_url
     _say(out, f"run {run_id}: embedded processor on {endpoints.grpc_address} (OTLP gRPC), "
               f"data in {run_path}")
     if endpoints.ui is not None:
         _say(out, f"live web view: {endpoints.ui_url(run_id)}")
     if placement is not None:
-        _say(out, f"every node's ranks export to it ({placement.why}); the summary of all ranks "
+        polls = (f" and poll {endpoints.control_url} for deep-capture requests"
+                 if placement.control_port is not None else "")
+        _say(out, f"every node's ranks export to it ({placement.why}){polls}; the summary of all ranks "
                   f"is written here")
         from traceml.processor.api import is_loopback
 
         if not options.processor_token_file and not is_loopback(endpoints.grpc_host):
             _say(out, f"warning: the job's processor listens on {endpoints.grpc_address} without a "
-                      f"bearer token or TLS: anyone who can reach that address can send it telemetry; "
+                      f"bearer token or TLS: anyone who can reach that address (and "
+                      f"{endpoints.control_url}) can send it telemetry and ask for deep captures; "
                       f"pass --processor-token-file FILE (the same token on every node), or run "
                       f"traceml-processor with --tls-cert/--auth-token-file and pass --endpoint")
     elif _is_multi_node(args.nnodes):

@@ -11,7 +11,12 @@ steps and the summary would miss it); `--local-addr`
 gives c10d's rank order (sorted node addresses), so node 1 holds global rank 1,
 whose input pipeline straggles. Node 1 starts first, as it may on a cluster.
 The one summary, on node 0, must name rank 1 and hold both ranks; node 1
-starts no processor and writes no run folder.
+starts no processor and writes no run folder. The processor's automatic deep
+capture of rank 1 must reach node 1 (its ranks poll the OTLP/HTTP port derived
+from `--processor-port`, +1, on the rendezvous host) and end with a digest: the
+loop runs until rank 0 sees that capture ended (`--until-capture`, at most
+`MAX_UPDATES`), a few seconds more than the 30 updates it ran before. No rank's
+output carries kineto's `USDT:` lines (TraceML sets KINETO_LOG_LEVEL).
 
 Needs root (or CAP_SYS_ADMIN and CAP_NET_ADMIN) and iproute2
 (scripts/install-system-deps.sh); skipped, with the reason, otherwise. The
@@ -21,6 +26,7 @@ not collide, and are deleted in `finally` with every process left in them.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -29,10 +35,12 @@ import time
 import pytest
 
 from tests.launcher.launcher_helpers import SCRIPTS, TRACEML, clean_env
+from traceml.launcher import multinode
 
 NODE_ADDRESSES = ("10.77.0.1", "10.77.0.2")
 RDZV_PORT = 29400
 RUN_TIMEOUT_S = 240
+MAX_UPDATES = 1500  # a bound: the loop stops once the capture ended (a few hundred updates here)
 
 
 def _ip(*args: str) -> subprocess.CompletedProcess:
@@ -87,7 +95,8 @@ def _node_command(nodes: TwoNodes, node: int, rdzv_id: str, token_file) -> list[
             "--rdzv-id", rdzv_id, "--rdzv-conf", f"is_host={1 if node == 0 else 0}",
             "--local-addr", NODE_ADDRESSES[node], "--no-summary-print",
             "--processor-token-file", str(token_file),
-            str(SCRIPTS / "plain_loop.py"), "--updates", "30", "--straggler-rank", "1", "--delay-ms", "25"]
+            str(SCRIPTS / "plain_loop.py"), "--updates", str(MAX_UPDATES), "--until-capture",
+            "--straggler-rank", "1", "--delay-ms", "25"]
 
 
 @pytest.mark.slow
@@ -124,7 +133,10 @@ def test_two_nodes_share_one_processor_and_the_straggler_on_node_1_is_named(tmp_
         assert "no processor on this node" in node1_out, both
         assert f"job's processor on {NODE_ADDRESSES[0]}:" in node1_out, both
         assert "the summary of all ranks is written on that node" in node1_out, both
-        assert "rank 1: 30 updates" in node1_out, both  # the straggling rank ran on node 1
+        assert re.search(r"^rank 1: \d+ updates", node1_out, re.M), both  # the straggler ran on node 1
+        control = f"http://{NODE_ADDRESSES[0]}:{multinode.control_port_of(multinode.DEFAULT_PROCESSOR_PORT)}"
+        assert f"poll {control} for deep-capture requests" in node0_out, both
+        assert "USDT" not in node0_out + node1_out, both  # kineto's profiler_start/stop lines
         assert not (tmp_path / "node1" / "traceml_runs").exists(), both  # node 1 started no processor
         assert "every node's ranks export to it" in node0_out, both
         assert "without a bearer token" not in node0_out, both
@@ -140,6 +152,17 @@ def test_two_nodes_share_one_processor_and_the_straggler_on_node_1_is_named(tmp_
         diagnosis = summary["diagnosis"]
         assert diagnosis["kind"] == "INPUT_STRAGGLER", (diagnosis, both)
         assert diagnosis["culprit_rank"] == 1, (diagnosis, both)
+        # The automatic capture of the culprit on node 1 reached it and came back with a digest.
+        auto = [c for c in summary["captures"] if c["trigger"] != "manual"]
+        assert len(auto) == 1, (summary["captures"], both)
+        capture = auto[0]
+        assert (capture["status"], capture["culprit_rank"], capture["reference_rank"]) == ("done", 1, 0), \
+            (capture, both)
+        assert capture["digest"]["rows"] and len(capture["traces"]) == 2, capture
+        for name in capture["traces"]:  # moved beside the summary on node 0
+            assert (run_dirs[0] / name).is_file(), (name, list(run_dirs[0].iterdir()))
+        updates = re.search(r"^rank 1: (\d+) updates", node1_out, re.M).group(1)
+        print(f"\n[figure] two nodes: {updates} updates until the capture of rank 1 ended")
     finally:
         for proc in procs:
             if proc.poll() is None:

@@ -75,3 +75,88 @@ def test_the_token_goes_to_the_ranks_percent_encoded_and_an_empty_file_stops_the
 def test_the_processor_port_is_checked():
     with pytest.raises(SystemExit):
         parse(["--processor-port", "0", "train.py"])
+
+
+def test_the_control_address_is_derived_from_the_processor_port_on_every_node():
+    """Deep captures: every node's ranks poll the job's processor's OTLP/HTTP at --processor-port + 1."""
+    host = _placement("--nnodes", "2", "--node-rank", "0", "--master-addr", "10.1.2.3")
+    other = _placement("--nnodes", "2", "--node-rank", "1", "--master-addr", "10.1.2.3")
+    assert host.control_url == other.control_url == "http://10.1.2.3:29318"
+    c10d = _placement("--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "[fd00::1]:29400",
+                      "--processor-port", "31000")
+    assert (c10d.control_port, c10d.control_url) == (31001, "http://[fd00::1]:31001")
+    parse(["--processor-port", "65534", "train.py"])
+    with pytest.raises(SystemExit):  # its OTLP/HTTP port would be 65536
+        parse(["--processor-port", "65535", "train.py"])
+
+
+def _free_pair() -> tuple[int, socket.socket]:
+    """A free loopback port P whose next port P + 1 is held by the returned listener."""
+    for _ in range(50):
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1] - 1
+        if 0 < port and not multinode.port_taken("127.0.0.1", port):
+            return port, listener
+        listener.close()
+    pytest.skip("no free port below a free one")
+
+
+def _host_args(port: int):
+    return parse(["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29400",
+                  "--rdzv-conf", "is_host=1", "--processor-port", str(port), "train.py"])
+
+
+def test_a_taken_control_port_on_the_host_keeps_the_processor_but_loses_other_nodes_captures():
+    import io
+
+    from traceml.launcher import run
+
+    port, listener = _free_pair()
+    with listener:
+        out = io.StringIO()
+        placement = run._placement(*_host_args(port), out)
+        # A stranger holds P + 1 (another launcher of this job would hold P too): this node still
+        # hosts the processor, whose OTLP/HTTP stays on a free loopback port.
+        assert placement.hosts_here and placement.control_port is None and placement.control_url is None
+        assert f"port {port + 1} on 127.0.0.1 (--processor-port + 1" in out.getvalue()
+    with socket.socket() as grpc:  # P taken: another launcher of the job; its P + 1 is the control port
+        grpc.bind(("127.0.0.1", port))
+        grpc.listen()
+        placement = run._placement(*_host_args(port), io.StringIO())
+        assert not placement.hosts_here and placement.control_url == f"http://127.0.0.1:{port + 1}"
+
+
+def test_the_ranks_of_every_node_get_the_control_endpoint_unless_the_user_set_it(monkeypatch):
+    import io
+
+    from traceml.launcher import run
+    from traceml.launcher.embedded import EmbeddedProcessor, ProcessorEndpoints
+    from traceml.schema import environment as env
+
+    other = _placement("--nnodes", "2", "--node-rank", "1", "--master-addr", "10.1.2.3")
+    options = parse(["train.py"])[1]
+    monkeypatch.delenv(env.TRACEML_CONTROL_ENDPOINT, raising=False)
+    rank_env: dict[str, str] = {}
+    run._export_to_job_processor(other, options, rank_env, "r", io.StringIO())
+    assert rank_env[env.TRACEML_CONTROL_ENDPOINT] == "http://10.1.2.3:29318"
+    monkeypatch.setenv(env.TRACEML_CONTROL_ENDPOINT, "http://mine:4318")
+    rank_env = {}
+    run._export_to_job_processor(other, options, rank_env, "r", io.StringIO())
+    assert env.TRACEML_CONTROL_ENDPOINT not in rank_env  # inherited as the user set it
+
+    # The host node's processor: OTLP/HTTP bound beside gRPC (the node's address, not every
+    # interface), the ranks given the name every node uses, readiness asked on this machine.
+    host = ProcessorEndpoints(29317, 29318, grpc_host="10.1.2.3", http_host="10.1.2.3",
+                              advertised_host="10.1.2.3")
+    assert host.control_url == "http://10.1.2.3:29318" and host.ready_url == "http://10.1.2.3:29318/readyz"
+    named = ProcessorEndpoints(29317, 29318, grpc_host="0.0.0.0", http_host="0.0.0.0",
+                               advertised_host="head-node")
+    assert named.control_url == "http://head-node:29318" and named.ready_url == "http://127.0.0.1:29318/readyz"
+    command = EmbeddedProcessor(db_path="db", summary_dir=".", log_path="log").command(host)
+    assert command[command.index("--otlp-http") + 1] == "10.1.2.3:29318"
+    # One node: loopback, as before.
+    single = ProcessorEndpoints(40000, 40001)
+    assert single.control_url == "http://127.0.0.1:40001"
+    assert ProcessorEndpoints(1, 2, http_host="::", advertised_host="fd00::1").ready_url == "http://[::1]:2/readyz"

@@ -195,10 +195,17 @@ def runs():
     big = torch.randn(20_000)
     out = {}
 
+    def endless():
+        while True:
+            yield torch.randn(8, 16)
+
+    loader = iter(traceml.wrap_dataloader(endless()))  # the DataLoader patch's timing path
+
     def manual_step(_, extra=True):
+        x = next(loader)
         with traceml.trace_step(model):
             with traceml.timed_input():
-                x = torch.randn(8, 16)
+                x = x + torch.randn(8, 16)
             with traceml.timed_forward():
                 loss = model(x).sum()
                 if extra:
@@ -309,7 +316,8 @@ def test_the_trace_is_gzip_chrome_json_with_the_input_annotated(runs):
     names = {e.get("name") for e in events}
     assert "aten::sort" in names and ANNOTATION_INPUT in names
     inputs = [op for op in summary.ops if op.name == ANNOTATION_INPUT]
-    assert len(inputs) == 1 and inputs[0].kind == KIND_INPUT and inputs[0].count == run.request.steps
+    # Each captured step's two input regions: the wrapped loader's next() and timed_input.
+    assert len(inputs) == 1 and inputs[0].kind == KIND_INPUT and inputs[0].count == 2 * run.request.steps
 
 
 @pytest.mark.slow  # the module\'s real runs: about 5 s on 2 idle cores, torch included

@@ -52,8 +52,10 @@ class ControlServer:
     """The processor's control and capture paths, played: GETs answered from `answers` in order (then
     204), every POST kept by its last path segment."""
 
-    def __init__(self, answers: list[bytes] = (), tls: tuple | None = None) -> None:
+    def __init__(self, answers: list[bytes] = (), tls: tuple | None = None,
+                 statuses: dict | None = None) -> None:
         self.answers = list(answers)
+        self.statuses = {part: list(codes) for part, codes in (statuses or {}).items()}  # part -> POST codes
         self.gets: list[str] = []
         self.posts: dict[str, list[tuple[str, bytes, str]]] = {}
         self.headers: list[dict] = []
@@ -79,11 +81,14 @@ class ControlServer:
 
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                part = self.path.rsplit("/", 1)[-1]
                 with server.lock:
                     server.headers.append(dict(self.headers))
-                    server.posts.setdefault(self.path.rsplit("/", 1)[-1], []).append(
-                        (self.path, body, self.headers.get("Content-Type", "")))
-                self._reply(200, b"{}")
+                    codes = server.statuses.get(part)
+                    status = codes.pop(0) if codes else 200
+                    if status == 200:
+                        server.posts.setdefault(part, []).append((self.path, body, self.headers.get("Content-Type", "")))
+                self._reply(status, b"{}" if status == 200 else b"no")
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         scheme = "http"
@@ -93,7 +98,7 @@ class ControlServer:
             self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
             scheme = "https"
         self.url = f"{scheme}://127.0.0.1:{self.httpd.server_port}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True).start()
 
     def part(self, name: str):
         with self.lock:
@@ -495,3 +500,57 @@ def test_one_capture_at_a_time_and_an_armed_one_the_run_ends_before_fails():
     finally:
         deep_capture.reset()
         step_events.set_recording(False)
+
+
+def _answering_client(server: ControlServer, trace: bytes | None):
+    """A control client whose captures answer at once with a small summary (and `trace`)."""
+    from traceml.deep_capture import CaptureResult
+    from traceml.exporter.control import ControlClient
+    from traceml.schema.capture import KIND_OP, OpTime
+
+    def arm(request, deliver):
+        summary = RankCaptureSummary(
+            capture_id=request.capture_id, run_id=request.run_id, rank=request.rank, role=request.role,
+            first_step=3, step_ms=(1.0,), activities=("cpu",),
+            ops=(OpTime("aten::sort", KIND_OP, 1, 0.5), OpTime(HOST_NAME, KIND_HOST, 1, 0.5)),
+            trace_bytes=None if trace is None else len(trace))
+        deliver(CaptureResult(request, summary=summary, trace=trace))
+        return None
+
+    settings = replace(resolve_settings("http://127.0.0.1:4317", "grpc", environ={}),
+                       control_endpoints=(server.url,), control_poll_interval_s=0.0)
+    return ControlClient(identity(RUN), settings, lambda: None, arm=arm)
+
+
+def test_uploads_are_tried_again_after_a_server_error_and_a_refused_trace_is_counted():
+    server = ControlServer([_request("cap-up", 1).to_json()], statuses={"summary": [503], "trace": [413]})
+    client = _answering_client(server, b"\x1f\x8b not really a trace")
+    try:
+        client.on_round(1)  # the request, and the answer queued at once
+        client.on_round(1)  # summary: 503, kept for a later round
+        assert not server.part("summary") and client.stats().upload_failures == 0
+        client.on_round(1)  # summary delivered; the trace refused (413): final, counted
+        assert len(server.part("summary")) == 1 and not server.part("trace") and not server.part("failure")
+        stats = client.stats()
+        assert (stats.uploads, stats.upload_failures) == (1, 1)
+        client.on_round(1)
+        assert client.stats().uploads == 1  # nothing left to send
+    finally:
+        client.close()
+        server.close()
+
+
+def test_a_refused_summary_is_followed_by_a_failure_naming_the_refusal():
+    server = ControlServer([_request("cap-no", 1).to_json()], statuses={"summary": [400]})
+    client = _answering_client(server, b"trace")
+    try:
+        client.on_round(1)
+        client.on_round(1)
+        (path, body, _), = server.part("failure")
+        assert path.endswith("/cap-no/ranks/0/failure")
+        assert json.loads(body)["reason"].startswith("the processor refused the summary: HTTP 400")
+        assert not server.part("trace")  # the trace is not sent after a refused summary
+        assert (client.stats().uploads, client.stats().upload_failures) == (1, 1)
+    finally:
+        client.close()
+        server.close()

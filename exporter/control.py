@@ -106,7 +106,16 @@ class _PollConnection:
 
     def get(self, target: str, headers: dict, timeout_s: float) -> tuple[int, bytes]:
         """(status, body) of one GET; raises OSError or http.client.HTTPException (the connection is
-        then dropped and made again by the next poll)."""
+        then dropped and made again by the next poll). A kept-alive connection the processor closed
+        meanwhile (its idle timeout) is replaced once, at once: that is no failed poll."""
+        if self._conn is not None:
+            try:
+                return self._get(target, headers, timeout_s)
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                pass  # closed by the peer while idle; _get dropped it
+        return self._get(target, headers, timeout_s)
+
+    def _get(self, target: str, headers: dict, timeout_s: float) -> tuple[int, bytes]:
         conn = self._conn
         if conn is None:
             conn = self._conn = (http.client.HTTPSConnection(self._host, self._port, timeout=timeout_s,

@@ -53,7 +53,7 @@ class ControlServer:
     204), every POST kept by its last path segment."""
 
     def __init__(self, answers: list[bytes] = (), tls: tuple | None = None,
-                 statuses: dict | None = None) -> None:
+                 statuses: dict | None = None, keepalive_s: float | None = None) -> None:
         self.answers = list(answers)
         self.statuses = {part: list(codes) for part, codes in (statuses or {}).items()}  # part -> POST codes
         self.gets: list[str] = []
@@ -63,6 +63,10 @@ class ControlServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            if keepalive_s is not None:  # HTTP/1.1: the connection stays open until idle this long
+                protocol_version = "HTTP/1.1"
+                timeout = keepalive_s
+
             def log_message(self, *args):
                 pass
 
@@ -551,6 +555,25 @@ def test_a_refused_summary_is_followed_by_a_failure_naming_the_refusal():
         assert json.loads(body)["reason"].startswith("the processor refused the summary: HTTP 400")
         assert not server.part("trace")  # the trace is not sent after a refused summary
         assert (client.stats().uploads, client.stats().upload_failures) == (1, 1)
+    finally:
+        client.close()
+        server.close()
+
+
+def test_a_kept_alive_poll_connection_the_processor_closed_is_replaced_without_a_failure():
+    from traceml.exporter.control import ControlClient
+
+    server = ControlServer(keepalive_s=0.1)
+    settings = replace(resolve_settings("http://127.0.0.1:4317", "grpc", environ={}),
+                       control_endpoints=(server.url,), control_poll_interval_s=0.0)
+    client = ControlClient(identity(RUN), settings, lambda: None)
+    try:
+        client.on_round(1)
+        assert client._polls[server.url]._conn is not None  # kept alive
+        time.sleep(0.4)  # the server closes it after 0.1 s idle
+        client.on_round(2)
+        stats = client.stats()
+        assert (stats.polls, stats.poll_failures) == (2, 0) and len(server.gets) == 2
     finally:
         client.close()
         server.close()

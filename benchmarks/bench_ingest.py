@@ -7,6 +7,8 @@
         # only: OTLP/gRPC ingest of that git ref vs the working tree, alternating, same run
     .venv/bin/python -m benchmarks.bench_ingest --baseline-ref 13a4bdd --transport http --batch-sizes 64 512
         # the same over OTLP/HTTP (keep-alive connections), e.g. across the HTTP front change
+    .venv/bin/python -m benchmarks.bench_ingest --baseline-ref fd60ee5 --baseline-wire --batch-sizes 64 512
+        # a ref from before the OpenTelemetry names (2026-12-01): it is sent its own wire format
     .venv/bin/python -m benchmarks.bench_ingest --idle-flood 2000 --baseline-ref 13a4bdd
         # only: 2,000 idle connections to the HTTP port, that ref then this tree
 
@@ -34,6 +36,7 @@ import os
 import re
 import statistics
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -130,6 +133,41 @@ def extract_ref(ref: str, folder: Path) -> Path:
     return folder
 
 
+_BASELINE_BUILD = """
+import pickle, sys, time
+import otlp_payloads as p
+ranks, batch, total, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+requests, rank, sent, step_of, base = [], 0, 0, [0] * ranks, time.time()
+while sent < total:
+    first = step_of[rank]
+    spans = [p.step_span(first + i, rank, end_s=base + (first + i) * 0.05) for i in range(batch)]
+    requests.append(p.trace_request("ab", rank, spans, world_size=1000).SerializeToString())
+    step_of[rank] += batch
+    sent += batch
+    rank = (rank + 1) % ranks
+with open(out, "wb") as f:
+    pickle.dump(requests, f)
+"""
+
+
+def baseline_requests(old_root: Path, ranks: int, batch: int, total: int, folder: Path) -> list[bytes]:
+    """`build_requests`' shape in the baseline's own wire format (`--baseline-wire`): its payload
+    builder (harness/ or tests/processor/otlp_payloads.py of the tree `extract_ref` laid out)
+    run in a child on the baseline's code, for trees whose decoder refuses today's names."""
+    import pickle
+
+    source = old_root / "source"
+    builders = [d for d in (source / "harness", source / "tests" / "processor") if (d / "otlp_payloads.py").exists()]
+    if not builders:
+        raise SystemExit(f"--baseline-wire: no otlp_payloads.py under {source}/harness or tests/processor")
+    out = folder / f"baseline-requests-{batch}.pickle"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(old_root), str(builders[0]), str(source)])}
+    subprocess.run([sys.executable, "-c", _BASELINE_BUILD, str(ranks), str(batch), str(total), str(out)],
+                   check=True, env=env, cwd=folder)
+    with open(out, "rb") as f:
+        return pickle.load(f)
+
+
 def bench_before_after(folder: Path, args) -> dict:
     """Same requests, same run: the processor at `--baseline-ref` and this tree, alternating
     (one process; OTLP/gRPC, or OTLP/HTTP with `--transport http`), so machine load hits both alike."""
@@ -138,13 +176,16 @@ def bench_before_after(folder: Path, args) -> dict:
     out: dict = {}
     for batch in args.batch_sizes:
         requests = build_requests("ab", args.ranks, batch, int(args.seconds * 35_000))
+        old_requests = (baseline_requests(old_root, args.ranks, batch, int(args.seconds * 35_000), folder)
+                        if args.baseline_wire else requests)
         for round_ in range(args.rounds):
             for label, root in ((args.baseline_ref, old_root), ("this tree", None)):
+                sent = old_requests if root is not None else requests
                 proc = Processor(folder / f"ab-{batch}-{round_}-{root is None}", code_root=root)
                 try:
                     cpu_before = proc.cpu_s()
                     sender = grpc_sender(proc.grpc) if args.transport == "grpc" else http_sender(proc.http)
-                    rate, acked = sustained(sender, requests, batch, args.seconds, args.threads)
+                    rate, acked = sustained(sender, sent, batch, args.seconds, args.threads)
                     per_cpu_s = acked / max(1e-9, proc.cpu_s() - cpu_before)
                     assert proc.rows() == acked, "rows stored != spans acknowledged"
                 finally:
@@ -308,6 +349,9 @@ def main() -> None:
     p.add_argument("--baseline-root", metavar="DIR",
                    help="like --baseline-ref, with the baseline code already laid out as DIR/traceml (e.g. this "
                         "tree with one module swapped back, when the wire format moved on since the ref)")
+    p.add_argument("--baseline-wire", action="store_true",
+                   help="with --baseline-ref: send the baseline its own wire format, built by its own payload "
+                        "module (for refs before the OpenTelemetry names of 2026-12-01, e.g. fd60ee5)")
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds per version with --baseline-ref")
     p.add_argument("--idle-flood", type=int, metavar="N",
                    help="only: hold N idle connections to the HTTP port and report threads, RSS, idle CPU and "

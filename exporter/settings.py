@@ -25,7 +25,6 @@ logged, as the OpenTelemetry resource SDK specification says.
 from __future__ import annotations
 
 import logging
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, TypeVar
@@ -384,18 +383,10 @@ def control_endpoints(env: Mapping[str, str]) -> tuple[str, ...]:
 
 def _control_poll_interval_s(env: Mapping[str, str]) -> float:
     """TRACEML_CONTROL_POLL_INTERVAL in seconds (floored at MIN_CONTROL_POLL_INTERVAL_S), else the default."""
-    name = env_names.TRACEML_CONTROL_POLL_INTERVAL
-    raw = env.get(name)
-    if raw is None or not raw.strip():
-        return DEFAULT_CONTROL_POLL_INTERVAL_S
-    try:
-        seconds = float(raw.strip())
-    except ValueError:
-        seconds = float("nan")
-    if not math.isfinite(seconds) or seconds <= 0:
-        env_values.warn_ignored(name, raw, "a positive number of seconds")
-        return DEFAULT_CONTROL_POLL_INTERVAL_S
-    return max(MIN_CONTROL_POLL_INTERVAL_S, seconds)
+    seconds = env_values.positive_seconds(env_names.TRACEML_CONTROL_POLL_INTERVAL,
+                                          env.get(env_names.TRACEML_CONTROL_POLL_INTERVAL),
+                                          MIN_CONTROL_POLL_INTERVAL_S)
+    return DEFAULT_CONTROL_POLL_INTERVAL_S if seconds is None else seconds
 
 
 def parse_resource_attributes(raw: str) -> dict[str, str]:

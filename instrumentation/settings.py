@@ -7,7 +7,6 @@ reader of TRACEML_DISABLE goes through `kill_switch()`.
 """
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from typing import Mapping
@@ -79,15 +78,8 @@ def read_resource_settings(environ: Mapping[str, str] | None = None) -> Resource
             enabled = False
         elif value not in env_names.TRUE_VALUES:
             env_values.warn_ignored(env_names.TRACEML_RESOURCES, raw, "1/true/yes/on or 0/false/no/off")
-    interval = DEFAULT_RESOURCE_INTERVAL_S
-    raw = env.get(env_names.TRACEML_RESOURCE_INTERVAL)
-    if raw is not None and raw.strip():
-        try:
-            seconds = float(raw.strip())
-        except ValueError:
-            seconds = float("nan")
-        if math.isfinite(seconds) and seconds > 0:
-            interval = max(MIN_RESOURCE_INTERVAL_S, seconds)
-        else:
-            env_values.warn_ignored(env_names.TRACEML_RESOURCE_INTERVAL, raw, "a positive number of seconds")
+    interval = env_values.positive_seconds(env_names.TRACEML_RESOURCE_INTERVAL,
+                                           env.get(env_names.TRACEML_RESOURCE_INTERVAL), MIN_RESOURCE_INTERVAL_S)
+    if interval is None:
+        interval = DEFAULT_RESOURCE_INTERVAL_S
     return ResourceSettings(enabled=enabled, interval_s=interval)

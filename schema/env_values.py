@@ -20,6 +20,7 @@ Standard library only.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from typing import Mapping
 
@@ -85,6 +86,22 @@ def non_negative_int(name: str, raw: str | None) -> int | None:
 def positive_int(name: str, raw: str | None) -> int | None:
     """An Integer whose valid values are positive (queue and batch sizes), else None."""
     return _int_at_least(name, raw, 1)
+
+
+def positive_seconds(name: str, raw: str | None, floor_s: float) -> float | None:
+    """TraceML's own interval variables: a positive number of seconds (at least `floor_s`,
+    so a tiny value cannot spin a thread), else None with a warning unless unset or empty."""
+    value = _present(raw)
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not math.isfinite(seconds) or seconds <= 0:
+        warn_ignored(name, raw, "a positive number of seconds")
+        return None
+    return max(floor_s, seconds)
 
 
 TIMEOUT_EXPECTED = "a whole number >= 0"

@@ -164,6 +164,7 @@ def _id_of(nbytes: int, data: bytes) -> bytes:
 # `SerializeToString` gives for the same message (tests/exporter/test_span_bytes.py).
 
 _VARINT_1 = [bytes((n,)) for n in range(128)]
+_INDEX_TEXT = [str(n).encode() for n in range(64)]  # a phase child's index, as its id's input spells it
 _blake2b = hashlib.blake2b
 _PACK_D = struct.Struct("<d").pack
 _PACK_Q = struct.Struct("<Q").pack
@@ -298,7 +299,7 @@ class OtlpEncoder:
         self._run_attr = _attribute(self._run_kv)
         self._rank_attr = _attribute(self._rank_kv)
         self._step_name = _field(b"\x2a", v.SPAN_STEP.encode()) + _KIND_INTERNAL
-        self._event_heads: dict[str, tuple[bytes, bytes, tuple[bytes, int]]] = {}
+        self._event_heads: dict[str, tuple[bytes, bytes, tuple[bytes, int], bytes]] = {}
         self._phase_parts: dict[str, tuple[bytes, bytes]] = {}  # raw event -> (name and kind, phase attribute)
         self._device_attrs: dict[str, bytes] = {}
         self._strategy_attr: tuple[str, bytes] | None = None
@@ -357,14 +358,16 @@ class OtlpEncoder:
             head = heads.get(raw_event)
             if head is None:
                 cpu_key, gpu_key, count_key = self._keys(raw_event)
-                head = (_double_attribute_head(cpu_key), _double_attribute_head(gpu_key),
-                        _int_attribute_head(count_key))
+                count_head = _int_attribute_head(count_key)
+                head = (_double_attribute_head(cpu_key), _double_attribute_head(gpu_key), count_head,
+                        _int_attribute(count_head, 1))  # a region once a step: the usual count
                 if len(heads) < _CACHE_MAX:
                     heads[raw_event] = head
-            parts.append(head[0] + _PACK_D(totals.cpu_ms / 1000.0))
+            parts += (head[0], _PACK_D(totals.cpu_ms / 1000.0))
             if totals.gpu_ms is not None:
-                parts.append(head[1] + _PACK_D(totals.gpu_ms / 1000.0))
-            parts.append(_int_attribute(head[2], int(totals.count)))
+                parts += (head[1], _PACK_D(totals.gpu_ms / 1000.0))
+            count = int(totals.count)
+            parts.append(head[3] if count == 1 else _int_attribute(head[2], count))
         last_entry = collective_last_entry(record)
         if last_entry is not None:
             parts.append(_double_attribute_head(v.ATTR_COLLECTIVE_LAST_ENTRY) + _PACK_D(last_entry))
@@ -412,7 +415,8 @@ class OtlpEncoder:
                 if len(names) < _CACHE_MAX:
                     names[raw_event] = cached
             added += 1
-            out.append(child_head + b"\x12\x08" + _id_of(8, id_prefix + str(index).encode()) + child_parent
+            index_text = _INDEX_TEXT[index] if index < len(_INDEX_TEXT) else str(index).encode()
+            out.append(child_head + b"\x12\x08" + _id_of(8, id_prefix + index_text) + child_parent
                        + cached[0] + _times(phase.start_time_ns, phase.end_time_ns) + child_attrs + cached[1])
         return added
 

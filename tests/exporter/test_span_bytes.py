@@ -3,7 +3,7 @@ the bytes protobuf itself serialises for the same messages, built field by field
 the encoder built them before it wrote bytes. Records cover every optional part: GPU clocks or
 none, a zero value, memory with both, one or no peak, a job's parent span with and without
 trace state, a strategy of the step's own, a collective wait, no phase children, ints past one
-byte, zero times."""
+byte, zero times, a step with 70 phase children."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -100,6 +100,9 @@ def _cases():
         StepMemorySnapshot(4, "cuda:0", 5, None, 5)
     yield step_record(5)._replace(parent=_Context(remote=False, state=""), strategy=v.STRATEGY_SINGLE), None
     yield step_record(300_000, phases=False)._replace(start_time_ns=0), memory_record(7)
+    many = step_record(9)
+    yield many._replace(phases=tuple(PhaseInterval(v.RAW_FORWARD, many.start_time_ns + i, many.start_time_ns + i + 1)
+                                     for i in range(70))), None  # child indexes past the encoder's spelled ones
     yield step_record(2**33)._replace(events={"user_region": EventTotals(-1.0, 1e300, 2**31)}), \
         StepMemorySnapshot(2**33, "cuda:0", -3, 2**63 - 1, 5)
 

@@ -138,24 +138,30 @@ class SpanDecoder:
         foreign_steps: list = []
         for part in getattr(request, "unreadable", ()):  # `otlp_read.PartlyReadable`
             batch.reject(part.reason, part.describe("spans"), part.items)
+        phase_prefix = v.SPAN_PHASE_PREFIX
         for resource_spans in request.resource_spans:
-            spans = [s for scope in resource_spans.scope_spans for s in scope.spans]
-            if not spans:
-                continue
-            traceml = [s for s in spans if s.name.startswith("traceml.")]
-            foreign = len(spans) - len(traceml)
+            # One pass, each name read once: a step's phase children (most of our spans) are
+            # only counted, and the rest split into ours and what the mapping layer is offered.
+            traceml: list = []
+            foreign: list = []
+            phase_children = 0
+            for scope in resource_spans.scope_spans:
+                for span in scope.spans:
+                    name = span.name
+                    if not name.startswith("traceml."):
+                        foreign.append(span)
+                    elif name.startswith(phase_prefix):
+                        phase_children += 1
+                    else:
+                        traceml.append((span, name))
+            if phase_children:
+                batch.ignored[IGNORED_PHASE_SPAN] += phase_children
             if foreign:
-                mappings.offer(resource_spans.resource,
-                               [s for s in spans if not s.name.startswith("traceml.")] if traceml else spans,
-                               batch, limits, foreign_steps)
+                mappings.offer(resource_spans.resource, foreign, batch, limits, foreign_steps)
             if not traceml:
                 continue
             res = resource_identity(resource_spans.resource.attributes, limits)
-            for span in traceml:
-                name = span.name
-                if name.startswith(v.SPAN_PHASE_PREFIX):
-                    batch.ignored[IGNORED_PHASE_SPAN] += 1
-                    continue
+            for span, name in traceml:
                 if name != v.SPAN_STEP and name != v.SPAN_RUN_END:
                     batch.ignored[IGNORED_FOREIGN] += 1
                     continue

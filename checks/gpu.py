@@ -26,16 +26,35 @@ real background samplers, delivered to a sink):
 - NCCL collective wait (one-rank NCCL group): an explicit `all_reduce` enqueued behind a
   sleep kernel gets a GPU time per step while the CPU call returns without waiting
   for the kernel (nothing synchronised); a DDP training step gets one collective-wait occurrence
-  with a GPU time inside backward's. Skipped when NCCL is unavailable.
+  with a GPU time inside backward's. Skipped when NCCL is unavailable;
+- deep capture (issue 33) with CUDA activities, under the real `traceml run --nproc-per-node 2`
+  (embedded processor, `--capture auto`) of checks/gpu_capture_job.py: two gloo ranks on cuda:0
+  (two NCCL ranks cannot share one device), rank 1's forward sorting a large CUDA tensor (about
+  30 ms per step) that rank 0 never sorts. From final_summary.json: COMPUTE_STRAGGLER rank 1; one
+  automatic capture, done, rank 1 against rank 0; both ranks recorded `cuda` activities (the
+  processor's captures route, and no "no device kernels" in the digest's not_seen); the top
+  row a sort kernel with device time, on rank 1 only; both raw traces beside the summary are
+  gzip'd Chrome traces with kernel events, the culprit's with sort kernels. The job stops its
+  steps after 60 s, the launch is stopped after 150 s (the CPU form took 13 s on 2 cores).
+  Skipped when a distribution `traceml run` or its processor needs is not installed (a bare
+  GPU image may lack the OTLP ones). Written without a GPU: it has not yet run on one (its
+  launching and reading ran against the job's `--device cpu` form).
 
     python -m checks.gpu        (from the repository root; works from a copy of the tree without installing)
 """
 from __future__ import annotations
 
+import gzip
+import json
 import os
+import re
+import signal
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from benchmarks.lib import checkout  # noqa: F401  (imports the checkout when not installed)
 import traceml  # noqa: E402
@@ -488,6 +507,166 @@ def report_call_costs(torch) -> None:
     print("INFO call costs (us): " + ", ".join(f"{k} {v:.2f}" for k, v in costs.items()), flush=True)
 
 
+# --- deep capture (issue 33) under the real `traceml run` ------------------------------------------
+
+CAPTURE_JOB = checkout.ROOT / "checks" / "gpu_capture_job.py"
+CAPTURE_EXTRA_MS = 30.0  # rank 1's extra sort time per step (the job calibrates its repeats to it)
+CAPTURE_LIMIT_S = 150  # the whole `traceml run`; the job stops itself after 60 s of steps
+
+
+def _launcher_missing() -> list[str]:
+    """The distributions `traceml run`, its ranks and its embedded processor need that are not
+    installed here: pyproject.toml's core dependencies and its `processor` and `train` extras
+    (the one list), read by name; a requirement with an environment marker (an old Python's
+    backport) is left out."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: the processor extra's backport
+        import tomli as tomllib
+
+    from traceml.schema.version_floors import installed_version
+
+    project = tomllib.loads((checkout.ROOT / "pyproject.toml").read_text())["project"]
+    extras = project.get("optional-dependencies", {})
+    wanted = [*project.get("dependencies", []), *extras.get("processor", []), *extras.get("train", [])]
+    names = {re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", line).group(1) for line in wanted if ";" not in line}
+    return sorted(name for name in names if installed_version(name) is None)
+
+
+def _importable_tree(folder: Path) -> Path:
+    """A folder that makes this tree's `traceml` importable by path in a fresh interpreter (the
+    launcher, the ranks torchrun starts, the embedded processor), installed or not: the package
+    layout of setup.py's `PACKAGE_ROOTS` (`checkout.package_roots`) built of symbolic links to the
+    tree's folders. Put first on PYTHONPATH it wins over an installed copy, so what runs is this tree."""
+    roots = checkout.package_roots()
+    for name, source in sorted(roots.items(), key=lambda item: item[0].count(".")):
+        dest = folder.joinpath(*name.split("."))
+        inner = {other.split(".")[-1] for other in roots if other.startswith(name + ".")}
+        if not inner:
+            dest.symlink_to(checkout.ROOT / source, target_is_directory=True)
+            continue
+        dest.mkdir(parents=True)
+        for entry in (checkout.ROOT / source).iterdir():
+            if entry.name not in inner and entry.name != "__pycache__":
+                (dest / entry.name).symlink_to(entry)
+    return folder
+
+
+def run_capture_job(workdir: Path, device: str = "cuda") -> dict:
+    """`traceml run --nproc-per-node 2 checks/gpu_capture_job.py --device DEVICE` in `workdir`,
+    from this tree (installed or not), with the launcher's defaults (embedded processor,
+    `--capture auto`). Returns its exit status, output, run folder and what the job saw."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TRACEML_", "PET_", "TORCHELASTIC_"))}
+    tree = _importable_tree(workdir / "importable")
+    env["PYTHONPATH"] = os.pathsep.join([str(tree), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               TRACEML_EXIT_AFTER_FLUSH="1")  # gloo's teardown can abort after the ranks flushed
+    cwd = workdir / "job"
+    cwd.mkdir()
+    command = [sys.executable, "-m", "traceml.launcher.cli", "run", "--nproc-per-node", "2", str(CAPTURE_JOB),
+               "--device", device, "--extra-ms", str(CAPTURE_EXTRA_MS)]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    timed_out = False
+    try:
+        output, _ = proc.communicate(timeout=CAPTURE_LIMIT_S)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        for sig, grace in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):  # the launcher ends its ranks
+            try:
+                os.killpg(proc.pid, sig)
+                output, _ = proc.communicate(timeout=grace)
+                break
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                continue
+        else:
+            output = b""
+    runs = sorted(p for p in (cwd / "traceml_runs").glob("*") if p.is_dir())
+    seen = cwd / "capture_seen.json"
+    return {"returncode": proc.returncode, "timed_out": timed_out, "output": (output or b"").decode(errors="replace"),
+            "wall_s": time.monotonic() - t0, "run_dir": runs[0] if len(runs) == 1 else None,
+            "run_dirs": len(runs), "seen": json.loads(seen.read_text()) if seen.exists() else None}
+
+
+def judge_capture_run(run: dict, device: str = "cuda") -> None:
+    """PASS/FAIL lines for one run of the capture job (the reading `check_deep_capture` does)."""
+    print(f"INFO capture: `traceml run` took {run['wall_s']:.1f} s, exit status {run['returncode']}", flush=True)
+    summary_path = None if run["run_dir"] is None else run["run_dir"] / "final_summary.json"
+    ok = run["returncode"] == 0 and summary_path is not None and summary_path.exists()
+    check("capture.run", ok, f"exit status {run['returncode']}"
+          + (f" (stopped after {CAPTURE_LIMIT_S} s)" if run["timed_out"] else "") + f", {run['run_dirs']} run folder(s)"
+          + ("" if ok else f"; output tail:\n{run['output'][-3000:]}"))
+    if not ok:
+        return
+    summary = json.loads(summary_path.read_text())
+    straggler = next((i for i in summary["issues"] if i.get("culprit_rank") is not None), None)
+    check("capture.straggler", straggler is not None and (straggler["kind"], straggler["culprit_rank"])
+          == ("COMPUTE_STRAGGLER", 1), "the first finding naming a rank: "
+          + ("none" if straggler is None else f"{straggler['kind']} rank {straggler['culprit_rank']}")
+          + f" (issues: {[(i['kind'], i.get('culprit_rank')) for i in summary['issues']]})")
+    auto = [c for c in summary.get("captures", []) if c["trigger"] != "manual"]
+    capture = auto[0] if len(auto) == 1 else None
+    check("capture.done", capture is not None and capture["status"] == "done"
+          and (capture["culprit_rank"], capture["reference_rank"]) == (1, 0),
+          f"{len(auto)} automatic capture(s): " + ("" if capture is None else
+          f"{capture['trigger']} {capture['status']} ({capture['reason']}), rank {capture['culprit_rank']} "
+          f"vs rank {capture['reference_rank']}"))
+    if capture is None or capture["digest"] is None:
+        return
+    digest = capture["digest"]
+    print(f"INFO capture: gap {digest['gap_ms']:.2f} ms per step; rows "
+          + "; ".join(f"{r['kind']} {r['name'][:80]!r} culprit {r['culprit_ms']:.2f} reference {r['reference_ms']} "
+                      f"excess {r['excess_ms']}" for r in digest["rows"][:6])
+          + f"; not seen: {digest['not_seen']}", flush=True)
+    want = "cuda" if device == "cuda" else "cpu"
+    record = next((c for c in (run["seen"] or {}).get("captures", []) if c["capture_id"] == capture["capture_id"]),
+                  None)
+    activities = {} if record is None else {r["rank"]: r["activities"] for r in record["ranks"]}
+    no_kernels = [n for n in digest["not_seen"] if n.startswith("no device kernels")]
+    check("capture.activities", sorted(activities) == [0, 1] and all(want in a for a in activities.values())
+          and (device != "cuda" or not no_kernels),
+          f"each captured rank's activities as the processor's captures route gave them: {activities}; "
+          f"the digest's 'no device kernels' notes: {no_kernels}")
+    top = digest["rows"][0] if digest["rows"] else None
+    known = top is not None and (top["excess_ms"] if top["excess_ms"] is not None else top["culprit_ms"])
+    check("capture.top_row", top is not None and "sort" in top["name"].lower()
+          and top["kind"] == ("kernel" if device == "cuda" else "op") and known > 5
+          and (top["reference_ms"] is None or top["reference_ms"] < 0.1 * top["culprit_ms"]),
+          "the top excess is the extra sort " + ("kernel, with device time" if device == "cuda" else "operator")
+          + f" on rank 1 only: {top}")
+    traces = capture.get("traces") or []
+    kernels, sorts = {}, {}
+    for name in traces:
+        try:
+            events = json.loads(gzip.decompress((run["run_dir"] / name).read_bytes())).get("traceEvents") or []
+        except (OSError, ValueError) as exc:
+            kernels[name] = f"unreadable: {type(exc).__name__}: {exc}"
+            continue
+        on_device = [e for e in events if isinstance(e, dict) and str(e.get("cat", "")).lower() == "kernel"]
+        kernels[name] = len(on_device)
+        sorts[name] = sum("sort" in str(e.get("name", "")).lower() for e in on_device)
+    culprit = [n for n in traces if ".rank1." in n]
+    wanted_kernels = device == "cuda"
+    check("capture.traces", len(traces) == 2 and all(n.endswith(".pt.trace.json.gz") for n in traces)
+          and all(isinstance(k, int) and (k > 0) == wanted_kernels for k in kernels.values())
+          and (not wanted_kernels or (len(culprit) == 1 and sorts.get(culprit[0], 0) > 0)),
+          f"beside final_summary.json, gzip'd Chrome traces: kernel events {kernels}, sort kernels {sorts}")
+
+
+def check_deep_capture(torch) -> None:
+    """Issue 33's straggler case with CUDA activities: `traceml run --nproc-per-node 2` of
+    checks/gpu_capture_job.py (gloo, both ranks on cuda:0, rank 1's forward sorting a large CUDA
+    tensor rank 0 never sorts), read from final_summary.json and the traces beside it."""
+    missing = _launcher_missing()
+    if missing:
+        print(f"SKIP capture: `traceml run` cannot start here: not installed: {', '.join(missing)} "
+              "(`pip install '.[processor]'`, or their wheels where no index can be reached)", flush=True)
+        return
+    with tempfile.TemporaryDirectory(prefix="traceml-gpu-capture-") as folder:
+        judge_capture_run(run_capture_job(Path(folder), "cuda"), "cuda")
+
+
 def main() -> int:
     try:
         import torch
@@ -499,7 +678,8 @@ def main() -> int:
         return 0
     print(f"INFO device {torch.cuda.get_device_name(0)}, torch {torch.__version__}", flush=True)
     for fn in (report_call_costs, check_sleep_kernels, check_forward_wrapper, check_matmul, check_memory,
-               check_auto_mode, check_resources, check_nccl_collective_wait, check_gpu_overhead):
+               check_auto_mode, check_resources, check_nccl_collective_wait, check_gpu_overhead,
+               check_deep_capture):
         try:
             fn(torch)
         except Exception as exc:  # report and go on with the other checks

@@ -10,8 +10,12 @@ within a bounded time. No method raises into the caller.
 A step's peak memory travels on its step span. Timing and memory reach us from two
 sampler threads, so the worker joins them by step number: a measured snapshot waits
 for its step (`_memory_by_step`), and while the job's snapshots carry measured peaks
-a step waits up to `MEMORY_JOIN_WAIT_S` for its snapshot. A measured snapshot whose
-step was already sent is counted as dropped (queue `metrics`, the memory queue).
+a step waits up to `MEMORY_JOIN_WAIT_S` for its snapshot. Snapshots come from one
+sampler thread in step order, so once a later step's snapshot has arrived, a step still
+without its own will not get one (the instrumentation lost or never took it): it leaves
+at once instead of waiting, and a run of such steps cannot hold the queue
+`MEMORY_JOIN_WAIT_S` per step until it overflows. A measured snapshot whose step was
+already sent is counted as dropped (queue `metrics`, the memory queue).
 
 Resource snapshots (`on_resources`, from the resource sampler's thread) wait in a bounded
 queue of their own, dropped and counted under the same `metrics` queue when it is full,
@@ -120,6 +124,7 @@ class OtlpStepExporter:
         self._resource_capacity = min(RESOURCE_QUEUE_SIZE, settings.queue_size)
         self._resources_exported = 0
         self._expect_memory = False  # the latest snapshot had a measured peak: steps wait for theirs
+        self._memory_high: int | None = None  # the highest step a measured snapshot arrived for
         self._head_since: float | None = None  # when the step at the queue's head began waiting
         self._capacity = settings.queue_size
         self._wake_at = max(1, min(settings.max_batch, settings.queue_size // 2))
@@ -371,6 +376,9 @@ class OtlpStepExporter:
             self._expect_memory = measured
             if not measured:
                 continue
+            high = self._memory_high
+            if high is None or record.step > high:
+                self._memory_high = record.step
             if self._last_step is not None and record.step <= self._last_step:
                 self._dropped[QUEUE_METRICS] += 1  # its step span has left already
                 continue
@@ -380,12 +388,13 @@ class OtlpStepExporter:
             by_step[record.step] = record
 
     def _ready_steps(self, limit: int, final: bool) -> list[tuple[ResolvedStepTime, StepMemorySnapshot | None]]:
-        steps, by_step = self._steps, self._memory_by_step
+        steps, by_step, high = self._steps, self._memory_by_step, self._memory_high
         ready = []
         while steps and len(ready) < limit:
             head = steps[0]
             memory = by_step.pop(head.step, None)
-            if memory is None and self._expect_memory and not final:
+            # A later step's snapshot has arrived: this step's will not come (they arrive in order).
+            if memory is None and self._expect_memory and not final and (high is None or head.step >= high):
                 now = time.monotonic()
                 if self._head_since is None:
                     self._head_since = now

@@ -141,7 +141,7 @@ def one_round(endpoint: str, steps: int) -> dict:
 
 
 def measure(steps: int, rounds: int) -> dict:
-    from benchmarks.bench_exporter import ReceiverProcess
+    from benchmarks.lib.receiver_process import ReceiverProcess
 
     receiver = ReceiverProcess()
     try:

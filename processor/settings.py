@@ -421,7 +421,8 @@ CAPTURE_WATCH_INTERVAL_S = 5.0
 the diagnosis can only ask for a capture after an analysis. Not 2 s: an analysis of a 2-rank run
 costs the processor about 10 ms, so a 2 s watch alone was about 0.5 % of a core per run (issue 37
 holds the processor's background cost); a straggler confirmed over 20 steps is still there 5 s
-later. A run the live view or a scrape reads is analysed at their pace and never waits for this."""
+later. A run a scrape or the summary push reads is analysed at their pace and never waits for this
+(`traceml run`'s live view and the web view read through sessions of their own: they do not)."""
 
 # --- internal sizes: no flag, stated here so that their users share one value ------------
 

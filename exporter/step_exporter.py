@@ -11,8 +11,8 @@ A step's peak memory travels on its step span. Timing and memory reach us from t
 sampler threads, so the worker joins them by step number: a measured snapshot waits
 for its step (`_memory_by_step`), and while the job's snapshots carry measured peaks
 a step waits up to `MEMORY_JOIN_WAIT_S` for its snapshot. Snapshots come from one
-sampler thread in step order, so once a later step's snapshot has arrived, a step still
-without its own will not get one (the instrumentation lost or never took it): it leaves
+sampler thread in step order, so once its own or a later step's snapshot has arrived, a
+step still without one will not get it (the instrumentation lost or never took it): it leaves
 at once instead of waiting, and a run of such steps cannot hold the queue
 `MEMORY_JOIN_WAIT_S` per step until it overflows. A measured snapshot whose step was
 already sent is counted as dropped (queue `metrics`, the memory queue).
@@ -393,8 +393,9 @@ class OtlpStepExporter:
         while steps and len(ready) < limit:
             head = steps[0]
             memory = by_step.pop(head.step, None)
-            # A later step's snapshot has arrived: this step's will not come (they arrive in order).
-            if memory is None and self._expect_memory and not final and (high is None or head.step >= high):
+            # A snapshot for this step or a later one has arrived and is not here (they arrive in
+            # order; its own was dropped): none will come for this step.
+            if memory is None and self._expect_memory and not final and (high is None or head.step > high):
                 now = time.monotonic()
                 if self._head_since is None:
                     self._head_since = now

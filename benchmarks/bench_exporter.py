@@ -24,35 +24,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import time
 
 from benchmarks.lib.json_output import add_json_flag, print_json, table_output
+from benchmarks.lib.receiver_process import ReceiverProcess
 from harness.exporter_records import identity, memory_record, step_record
-from harness.child_python import child_env, module_command
 from traceml.exporter import OtlpStepExporter, resolve_settings
 from traceml.exporter.encoding import OtlpEncoder
-
-
-class ReceiverProcess:
-    """`harness.otlp_receiver` in its own process (count-only)."""
-
-    def __init__(self):
-        self.proc = subprocess.Popen(module_command("harness.otlp_receiver"), env=child_env(),
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        grpc_port, http_port = self.proc.stdout.readline().split()
-        self.grpc = f"http://127.0.0.1:{grpc_port}"
-        self.http = f"http://127.0.0.1:{http_port}"
-
-    def counts(self) -> tuple[int, int]:
-        self.proc.stdin.write("counts\n")
-        self.proc.stdin.flush()
-        spans, points = self.proc.stdout.readline().split()
-        return int(spans), int(points)
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(10)
 
 
 def thread_cpu_ns(native_id: int) -> int:

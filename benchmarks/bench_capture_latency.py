@@ -1,7 +1,7 @@
 """From a confirmed finding to its capture's digest (issue 33 item 4), on real `traceml run` jobs.
 
-Method. Each run is `traceml run --nproc-per-node 2 benchmarks/capture_latency_job.py`: two gloo
-ranks, the embedded processor with its defaults (`--capture auto`), rank 1's forward sorting a
+Method. Each run is `traceml run --nproc-per-node 2 -m harness.sort_straggler_job --max-steps 1500`
+(the deep-capture job the tests and checks/gpu.py run too): two gloo ranks, the embedded processor with its defaults (`--capture auto`), rank 1's forward sorting a
 tensor rank 0 never sorts (a COMPUTE_STRAGGLER), the job ending once the automatic capture
 finished. Everything is then read from what the product recorded, in the run folder:
 
@@ -48,9 +48,9 @@ import urllib.request
 from pathlib import Path
 
 from benchmarks.lib.json_output import add_json_flag, print_json, table_output
+from harness.child_python import child_env
 
-ROOT = Path(__file__).resolve().parents[1]
-JOB = ROOT / "benchmarks" / "capture_latency_job.py"
+JOB = ["-m", "harness.sort_straggler_job", "--max-steps", "1500"]  # from the root (child_env's PYTHONPATH)
 CONFIRM_STEPS = 20  # processor.diagnosis.policy.DiagnosisPolicy.crit_min_steps (read below when importable)
 PARTS = ("export", "analysis", "delivery", "recording", "upload", "confirmable_to_digest", "requested_to_digest")
 
@@ -72,7 +72,7 @@ def _free_port() -> int:
 def _env(extra: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TRACEML_"))}
     env.update(OMP_NUM_THREADS="1", TRACEML_EXIT_AFTER_FLUSH="1", **extra)  # gloo's teardown can abort when loaded
-    return env
+    return child_env(env)  # the repository root first on PYTHONPATH: the ranks import the job from it
 
 
 def _scrape(url: str, interval_s: float, stop: threading.Event, count: list) -> None:
@@ -95,7 +95,7 @@ def _one_run(mode: str, scrape_interval_s: float, workdir: Path) -> dict:
     cpu0 = os.times()
     started = time.perf_counter()
     try:
-        proc = subprocess.run([sys.executable, "-m", "traceml.launcher.cli", "run", "--nproc-per-node", "2", str(JOB)],
+        proc = subprocess.run([sys.executable, "-m", "traceml.launcher.cli", "run", "--nproc-per-node", "2", *JOB],
                               cwd=workdir, env=_env(extra), capture_output=True, text=True, timeout=300,
                               stdin=subprocess.DEVNULL)
     finally:

@@ -28,7 +28,7 @@ real background samplers, delivered to a sink):
   for the kernel (nothing synchronised); a DDP training step gets one collective-wait occurrence
   with a GPU time inside backward's. Skipped when NCCL is unavailable;
 - deep capture (issue 33) with CUDA activities, under the real `traceml run --nproc-per-node 2`
-  (embedded processor, `--capture auto`) of checks/gpu_capture_job.py: two gloo ranks on cuda:0
+  (embedded processor, `--capture auto`) of harness.sort_straggler_job: two gloo ranks on cuda:0
   (two NCCL ranks cannot share one device), rank 1's forward sorting a large CUDA tensor (about
   30 ms per step) that rank 0 never sorts. From final_summary.json: COMPUTE_STRAGGLER rank 1; one
   automatic capture, done, rank 1 against rank 0; both ranks recorded `cuda` activities (the
@@ -509,9 +509,10 @@ def report_call_costs(torch) -> None:
 
 # --- deep capture (issue 33) under the real `traceml run` ------------------------------------------
 
-CAPTURE_JOB = checkout.ROOT / "checks" / "gpu_capture_job.py"
+CAPTURE_JOB = "harness.sort_straggler_job"  # the deep-capture job the tests and a benchmark run too
 CAPTURE_EXTRA_MS = 30.0  # rank 1's extra sort time per step (the job calibrates its repeats to it)
-CAPTURE_LIMIT_S = 150  # the whole `traceml run`; the job stops itself after 60 s of steps
+CAPTURE_WATCH_S = 60  # the job stops its steps after this even if no capture ended
+CAPTURE_LIMIT_S = 150  # the whole `traceml run`
 
 
 def _launcher_missing() -> list[str]:
@@ -537,7 +538,9 @@ def _importable_tree(folder: Path) -> Path:
     """A folder that makes this tree's `traceml` importable by path in a fresh interpreter (the
     launcher, the ranks torchrun starts, the embedded processor), installed or not: the package
     layout of setup.py's `PACKAGE_ROOTS` (`checkout.package_roots`) built of symbolic links to the
-    tree's folders. Put first on PYTHONPATH it wins over an installed copy, so what runs is this tree."""
+    tree's folders. Put first on PYTHONPATH it wins over an installed copy, so what runs is this tree.
+    It links the tree's `harness` too (not installed; the ranks run the capture job from it) and
+    nothing else of the root, whose other folders could shadow an installed distribution."""
     roots = checkout.package_roots()
     for name, source in sorted(roots.items(), key=lambda item: item[0].count(".")):
         dest = folder.joinpath(*name.split("."))
@@ -549,11 +552,12 @@ def _importable_tree(folder: Path) -> Path:
         for entry in (checkout.ROOT / source).iterdir():
             if entry.name not in inner and entry.name != "__pycache__":
                 (dest / entry.name).symlink_to(entry)
+    (folder / "harness").symlink_to(checkout.ROOT / "harness", target_is_directory=True)
     return folder
 
 
 def run_capture_job(workdir: Path, device: str = "cuda") -> dict:
-    """`traceml run --nproc-per-node 2 checks/gpu_capture_job.py --device DEVICE` in `workdir`,
+    """`traceml run --nproc-per-node 2 -m harness.sort_straggler_job --device DEVICE` in `workdir`,
     from this tree (installed or not), with the launcher's defaults (embedded processor,
     `--capture auto`). Returns its exit status, output, run folder and what the job saw."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TRACEML_", "PET_", "TORCHELASTIC_"))}
@@ -563,8 +567,9 @@ def run_capture_job(workdir: Path, device: str = "cuda") -> dict:
                TRACEML_EXIT_AFTER_FLUSH="1")  # gloo's teardown can abort after the ranks flushed
     cwd = workdir / "job"
     cwd.mkdir()
-    command = [sys.executable, "-m", "traceml.launcher.cli", "run", "--nproc-per-node", "2", str(CAPTURE_JOB),
-               "--device", device, "--extra-ms", str(CAPTURE_EXTRA_MS)]
+    command = [sys.executable, "-m", "traceml.launcher.cli", "run", "--nproc-per-node", "2", "-m", CAPTURE_JOB,
+               "--device", device, "--extra-ms", str(CAPTURE_EXTRA_MS), "--forward-wait-ms", "0",
+               "--max-seconds", str(CAPTURE_WATCH_S), "--max-steps", "5000", "--seen-to", "capture_seen.json"]
     t0 = time.monotonic()
     proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True)
@@ -656,7 +661,7 @@ def judge_capture_run(run: dict, device: str = "cuda") -> None:
 
 def check_deep_capture(torch) -> None:
     """Issue 33's straggler case with CUDA activities: `traceml run --nproc-per-node 2` of
-    checks/gpu_capture_job.py (gloo, both ranks on cuda:0, rank 1's forward sorting a large CUDA
+    harness.sort_straggler_job (gloo, both ranks on cuda:0, rank 1's forward sorting a large CUDA
     tensor rank 0 never sorts), read from final_summary.json and the traces beside it."""
     missing = _launcher_missing()
     if missing:

@@ -18,6 +18,8 @@ needs are re-exported here:
 - `sinks.RecordingSink`: a sink that keeps every record the samplers deliver;
 - `otlp_payloads`, `exporter_records`: OTLP requests and TraceML records, built by hand;
 - `tiny_training`: the small training step, plain or traced;
+- `sort_straggler_job`: the deep-capture job (`traceml run -m`), with `capture_watch` (rank 0 watches
+  the run's captures; every rank stops at the same update);
 - `reliability`: the reliability scenarios tests/reliability runs and checks/ runs longer.
 """
 from harness.ports import free_port

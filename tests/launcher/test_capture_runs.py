@@ -1,5 +1,5 @@
 """Deep captures in real runs under `traceml run` (issue 33's tests): 2 gloo ranks, the embedded
-processor with its defaults (--capture auto), `scripts/capture_job.py`.
+processor with its defaults (--capture auto), the shared job `harness.sort_straggler_job` on the CPU.
 
 Two runs, each read by every assertion that concerns it:
 - rank 1's forward sorts a tensor rank 0 never sorts: the compute straggler's automatic capture
@@ -17,19 +17,21 @@ import json
 
 import pytest
 
-from tests.launcher.launcher_helpers import SCRIPTS, traceml
+from harness.child_python import child_env
+from tests.launcher.launcher_helpers import traceml
 from traceml.schema.capture import ANNOTATION_INPUT, KIND_INPUT
 from traceml.schema.diagnosis import STRAGGLER_KINDS
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = str(SCRIPTS / "capture_job.py")
-EXIT = {"TRACEML_EXIT_AFTER_FLUSH": "1"}  # gloo's teardown can abort on a loaded CPU
+JOB = ["-m", "harness.sort_straggler_job"]
+ENV = {"TRACEML_EXIT_AFTER_FLUSH": "1",  # gloo's teardown can abort on a loaded CPU
+       "PYTHONPATH": child_env()["PYTHONPATH"]}  # the ranks import the job from the repository root
 
 
 def _run(workdir, *args: str):
     workdir.mkdir(parents=True, exist_ok=True)
-    run = traceml(["run", "--nproc-per-node", "2", SCRIPT, *args], workdir, timeout=300, **EXIT)
+    run = traceml(["run", "--nproc-per-node", "2", *JOB, *args], workdir, timeout=300, **ENV)
     assert run.returncode == 0, run.output[-4000:]
     return run
 

@@ -34,6 +34,7 @@ import time
 
 import pytest
 
+from harness.child_python import child_env
 from tests.launcher.launcher_helpers import SCRIPTS, TRACEML, clean_env
 from traceml.launcher import multinode
 
@@ -116,7 +117,8 @@ def test_two_nodes_share_one_processor_and_the_straggler_on_node_1_is_named(tmp_
             cwd = tmp_path / f"node{node}"
             cwd.mkdir()
             env = clean_env(GLOO_SOCKET_IFNAME=nodes.veths[node], TRACEML_EXIT_AFTER_FLUSH="1",
-                            NO_PROXY=",".join(NODE_ADDRESSES), no_proxy=",".join(NODE_ADDRESSES))
+                            NO_PROXY=",".join(NODE_ADDRESSES), no_proxy=",".join(NODE_ADDRESSES),
+                            PYTHONPATH=child_env()["PYTHONPATH"])  # --until-capture's harness.capture_watch
             procs.append(subprocess.Popen(_node_command(nodes, node, rdzv_id, token_file), cwd=cwd, env=env,
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                           stdin=subprocess.DEVNULL, start_new_session=True))

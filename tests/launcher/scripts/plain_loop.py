@@ -7,15 +7,11 @@ loop), --marked (the same loop with `traceml.trace_step`, for comparison), and
 --straggler-rank R with --delay-ms D (that rank's input pipeline sleeps D ms
 per batch: an input straggler), --until-capture (rank 0 watches the job's processor until an
 automatic deep capture of the run is done or failed, and the loop stops there; --updates then bounds
-it).
+it: harness.capture_watch, so the repository root must be on PYTHONPATH).
 """
 import argparse
 import contextlib
-import json
-import os
-import threading
 import time
-import urllib.request
 
 import torch
 import torch.distributed as dist
@@ -82,30 +78,11 @@ else:
         for optimizer in optimizers:
             optimizer.zero_grad(set_to_none=True)
 
-    captured = threading.Event()
+    watch = None
+    if args.until_capture:  # imports traceml's wire vocabulary: only this variant does
+        from harness.capture_watch import CaptureWatch, stop_together
 
-    def watch_captures():
-        """Rank 0: ask the processor `traceml run` named (TRACEML_CONTROL_ENDPOINT, with the ranks'
-        token) for the run's captures until an automatic one ended."""
-        from traceml.schema.capture import CAPTURES_PATH
-        from traceml.schema.otlp_headers import parse_otlp_headers
-
-        base = os.environ["TRACEML_CONTROL_ENDPOINT"].split(",")[0].rstrip("/")
-        headers = dict(parse_otlp_headers(os.environ.get("TRACEML_OTLP_HEADERS", "")))
-        url = f"{base}{CAPTURES_PATH}?run_id={os.environ['TRACEML_RUN_ID']}"
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        while not captured.is_set():
-            try:
-                with opener.open(urllib.request.Request(url, headers=headers), timeout=5) as answer:
-                    found = json.loads(answer.read())["captures"]
-            except OSError:  # not there yet, or busy: ask again
-                found = []
-            if any(c["trigger"] != "manual" and c["status"] in ("done", "failed") for c in found):
-                captured.set()
-            time.sleep(0.3)
-
-    if args.until_capture and rank == 0:
-        threading.Thread(target=watch_captures, daemon=True).start()
+        watch = CaptureWatch().start() if rank == 0 else None
 
     updates = 0
     it = iter(loader)
@@ -118,11 +95,8 @@ else:
             with step_scope():
                 update(next(it) for _ in range(args.accum))
         updates += 1
-        if args.until_capture:  # every rank stops at the same update
-            flag = torch.tensor([1.0 if captured.is_set() else 0.0])
-            dist.all_reduce(flag)
-            if flag.item() > 0:
-                break
+        if args.until_capture and stop_together(watch):  # every rank stops at the same update
+            break
     print(f"rank {rank}: {updates} updates", flush=True)
 dist.barrier()
 dist.destroy_process_group()

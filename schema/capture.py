@@ -125,6 +125,22 @@ def _ms(doc: dict, key: str, what: str) -> float:
     return value
 
 
+def _whole(doc: dict, key: str, what: str, lo: int, hi: int | None = None) -> int:
+    """An integer (never a boolean) in lo..hi (or >= lo)."""
+    value = _need(doc, key, int, what)
+    if value < lo or (hi is not None and value > hi):
+        span = f">= {lo}" if hi is None else f"{lo}..{hi}"
+        raise CaptureFormatError(f"{what}: {key!r} must be {span}, got {value}")
+    return value
+
+
+def _role(doc: dict, what: str) -> str:
+    role = _need(doc, "role", str, what)
+    if role not in ROLES:
+        raise CaptureFormatError(f"{what}: 'role' must be one of {', '.join(ROLES)}, got {role!r}")
+    return role
+
+
 def _load(raw: bytes | str, what: str) -> dict:
     if len(raw) > MAX_SUMMARY_BYTES:
         raise CaptureFormatError(f"{what}: {len(raw)} bytes, over the {MAX_SUMMARY_BYTES} allowed")
@@ -157,15 +173,9 @@ class CaptureRequest:
     def from_json(cls, raw: bytes | str) -> "CaptureRequest":
         what = "capture request"
         doc = _load(raw, what)
-        role = _need(doc, "role", str, what)
-        if role not in ROLES:
-            raise CaptureFormatError(f"{what}: 'role' must be one of {', '.join(ROLES)}, got {role!r}")
-        steps = _need(doc, "steps", int, what)
-        if not 1 <= steps <= MAX_STEPS:
-            raise CaptureFormatError(f"{what}: 'steps' must be 1..{MAX_STEPS}, got {steps}")
-        max_bytes = _need(doc, "max_trace_bytes", int, what)
-        if max_bytes < 0:
-            raise CaptureFormatError(f"{what}: 'max_trace_bytes' must be >= 0, got {max_bytes}")
+        role = _role(doc, what)
+        steps = _whole(doc, "steps", what, 1, MAX_STEPS)
+        max_bytes = _whole(doc, "max_trace_bytes", what, 0)
         return cls(capture_id=_capture_id(doc, what), run_id=_need(doc, "run_id", str, what),
                    rank=_rank(doc, what), role=role, steps=steps, max_trace_bytes=max_bytes)
 
@@ -190,9 +200,7 @@ class ManualRequest:
         reference = doc.get("reference")
         if reference is not None:
             reference = _rank({"rank": reference}, what + " 'reference'")
-        steps = doc.get("steps", DEFAULT_STEPS)
-        if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
-            raise CaptureFormatError(f"{what}: 'steps' must be an integer 1..{MAX_STEPS}, got {steps!r}")
+        steps = _whole({"steps": doc.get("steps", DEFAULT_STEPS)}, "steps", what, 1, MAX_STEPS)
         return cls(run_id=_need(doc, "run_id", str, what), rank=_rank(doc, what), reference=reference,
                    steps=steps)
 
@@ -250,9 +258,7 @@ class RankCaptureSummary:
     def from_json(cls, raw: bytes | str) -> "RankCaptureSummary":
         what = "capture summary"
         doc = _load(raw, what)
-        role = _need(doc, "role", str, what)
-        if role not in ROLES:
-            raise CaptureFormatError(f"{what}: 'role' must be one of {', '.join(ROLES)}, got {role!r}")
+        role = _role(doc, what)
         steps = _need(doc, "step_ms", list, what)
         if not 1 <= len(steps) <= MAX_STEPS:
             raise CaptureFormatError(f"{what}: 'step_ms' must hold 1..{MAX_STEPS} steps, got {len(steps)}")
@@ -271,20 +277,13 @@ class RankCaptureSummary:
             kind = _need(entry, "kind", str, where)
             if kind not in OP_KINDS:
                 raise CaptureFormatError(f"{where}: 'kind' must be one of {', '.join(OP_KINDS)}, got {kind!r}")
-            count = _need(entry, "count", int, where)
-            if count < 0:
-                raise CaptureFormatError(f"{where}: 'count' must be >= 0, got {count}")
+            count = _whole(entry, "count", where, 0)
             ops.append(OpTime(name=_need(entry, "name", str, where)[:MAX_NAME_CHARS], kind=kind, count=count,
                               self_ms=_ms(entry, "self_ms", where),
                               device_ms=_ms(entry, "device_ms", where) if "device_ms" in entry else 0.0))
-        trace_bytes = doc.get("trace_bytes")
-        if trace_bytes is not None and (isinstance(trace_bytes, bool) or not isinstance(trace_bytes, int)
-                                        or trace_bytes < 0):
-            raise CaptureFormatError(f"{what}: 'trace_bytes' must be null or an integer >= 0")
+        trace_bytes = None if doc.get("trace_bytes") is None else _whole(doc, "trace_bytes", what, 0)
         first_step = _need(doc, "first_step", int, what)
-        left_out = doc.get("ops_left_out", 0)
-        if isinstance(left_out, bool) or not isinstance(left_out, int) or left_out < 0:
-            raise CaptureFormatError(f"{what}: 'ops_left_out' must be an integer >= 0")
+        left_out = _whole({"ops_left_out": doc.get("ops_left_out", 0)}, "ops_left_out", what, 0)
         notes = doc.get("notes", [])
         if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
             raise CaptureFormatError(f"{what}: 'notes' must be a list of strings")
@@ -316,10 +315,7 @@ def valid_capture_id(value: str) -> bool:
 
 
 def _rank(doc: dict, what: str) -> int:
-    rank = _need(doc, "rank", int, what)
-    if rank < 0:
-        raise CaptureFormatError(f"{what}: 'rank' must be >= 0, got {rank}")
-    return rank
+    return _whole(doc, "rank", what, 0)
 
 
 def trace_file_name(run_label: str, capture_id: str, rank: int) -> str:

@@ -42,12 +42,12 @@ from traceml.schema.vocabulary import RAW_DATALOADER_NEXT
 
 from . import step_events as _se
 from .process_state import timing_policy as _policy
+from .step_boundary import INFERRED_STEP
 
 _perf_ns = time.perf_counter_ns
 _PROFILER_STEP = "ProfilerStep#"
 """torch.profiler's own range around a profiled window: not an operator; its self time is what no
 operator covers, which the summary counts as KIND_HOST itself."""
-_INFERRED_STEP = "_traceml_internal:inferred_step"  # step_boundary.INFERRED_STEP, without importing it here
 
 
 @dataclass(frozen=True)
@@ -236,7 +236,7 @@ def _open_before(rec: _Recording, events: list) -> None:
     inferred = loader = False
     for event in events:
         name = event[0]
-        if name == _INFERRED_STEP:
+        if name == INFERRED_STEP:
             inferred = True
         elif name == RAW_DATALOADER_NEXT:
             loader = True

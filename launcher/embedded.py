@@ -23,6 +23,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from .multinode import format_host
+
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
 
@@ -35,7 +37,7 @@ LOOPBACK = "127.0.0.1"
 
 
 def _base_url(host: str, port: int) -> str:
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    return f"http://{format_host(host)}:{port}"
 
 
 def free_loopback_port() -> int:
@@ -56,7 +58,7 @@ class ProcessorEndpoints:
     @property
     def grpc_address(self) -> str:
         host = self.advertised_host or self.grpc_host
-        return f"[{host}]:{self.grpc_port}" if ":" in host else f"{host}:{self.grpc_port}"
+        return f"{format_host(host)}:{self.grpc_port}"
 
     @property
     def otlp_grpc_endpoint(self) -> str:
@@ -81,8 +83,7 @@ class ProcessorEndpoints:
             return None
         from urllib.parse import quote
 
-        host = f"[{self.ui[0]}]" if ":" in self.ui[0] else self.ui[0]
-        base = f"http://{host}:{self.ui[1]}/ui/"
+        base = f"{_base_url(*self.ui)}/ui/"
         return base if run_id is None else f"{base}run?id={quote(run_id, safe='')}"
 
 
@@ -109,15 +110,13 @@ class EmbeddedProcessor:
         command = [
             sys.executable, "-m", "traceml.processor.cli",
             "--db", str(self.db_path),
-            "--otlp-grpc", (f"[{endpoints.grpc_host}]:{endpoints.grpc_port}" if ":" in endpoints.grpc_host
-                            else f"{endpoints.grpc_host}:{endpoints.grpc_port}"),
-            "--otlp-http", (f"[{endpoints.http_host}]:{endpoints.http_port}" if ":" in endpoints.http_host
-                            else f"{endpoints.http_host}:{endpoints.http_port}"),
+            "--otlp-grpc", f"{format_host(endpoints.grpc_host)}:{endpoints.grpc_port}",
+            "--otlp-http", f"{format_host(endpoints.http_host)}:{endpoints.http_port}",
             "--summary-dir", str(self.summary_dir),
         ]
         if endpoints.ui is not None:
             host, port = endpoints.ui
-            command += ["--ui", f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+            command += ["--ui", f"{format_host(host)}:{port}"]
         if self.auth_token_file is not None:
             command += ["--auth-token-file", str(self.auth_token_file)]
         return command

@@ -14,6 +14,10 @@ from __future__ import annotations
 import datetime
 import gzip
 import json
+import shutil
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -105,3 +109,43 @@ def test_an_input_stragglers_digest_points_at_the_input_path(input_run):
     assert not any(r["kind"] == "op" and (r["excess_ms"] or 0) > top["excess_ms"] / 2
                    for r in capture["digest"]["rows"]), capture["digest"]
     print(f"\n[figure] confirmed finding -> digest: {_seconds(capture):.1f} s (requested -> done)")
+
+
+TB_LOAD = textwrap.dedent("""
+    import json, sys
+    from torch_tb_profiler import consts, io
+    from torch_tb_profiler.profiler.loader import RunLoader
+    if __name__ == "__main__":  # the loader parses each worker's trace in a spawned process
+        run = RunLoader("run", sys.argv[1], io.Cache()).load()
+        out = {}
+        for worker in run.get_workers(consts.OVERALL_VIEW.display_name):
+            for span in run.get_spans(worker):
+                profile = run.get_profile(worker, span)
+                ops = profile.operation_table_by_name
+                rows = ops["data"] if isinstance(ops, dict) else ops
+                out[worker] = {"views": [v.name for v in profile.views], "ops": [r["name"] for r in rows]}
+        print(json.dumps(out))
+""")
+
+
+def test_tensorboards_pytorch_profiler_plugin_opens_both_ranks_traces(op_run, tmp_path):
+    """The raw traces are for the user's tools: TensorBoard's PyTorch profiler plugin
+    (torch-tb-profiler, its own loader) lists both ranks' traces of the run folder as workers and
+    reads their operators, the extra sort on rank 1's."""
+    pytest.importorskip("torch_tb_profiler", reason="torch-tb-profiler (dev extra) is not installed")
+    capture = _automatic(op_run.summary)
+    logdir = tmp_path / "run"
+    logdir.mkdir()
+    for name in capture["traces"]:
+        shutil.copy2(op_run.run_dir / name, logdir / name)
+    script = tmp_path / "tb_load.py"
+    script.write_text(TB_LOAD)
+    done = subprocess.run([sys.executable, str(script), str(logdir)], capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    workers = json.loads(done.stdout.strip().splitlines()[-1])
+    by_rank = {name.rsplit(".rank", 1)[1]: seen for name, seen in workers.items()}
+    assert sorted(by_rank) == ["0", "1"], workers.keys()
+    for seen in by_rank.values():
+        assert {"overall", "operator", "trace"} <= set(seen["views"]), seen["views"]
+    assert "aten::sort" in by_rank["1"]["ops"] and "aten::sort" not in by_rank["0"]["ops"]

@@ -202,7 +202,8 @@ def test_a_runs_capture_files_are_removed_when_the_run_leaves_the_processor(tmp_
         service.captures.receive_trace(record.capture_id, 1, gzip.compress(b'{"traceEvents": []}'))
         assert capture_trace_paths(service.config.db, "leaving")
         assert wait_until(lambda: service.monitor.state("leaving") is None, 20)
-        assert not run_captures_folder(service.config.db, "leaving").exists()
-        assert service.captures.of_run("leaving") == []
+        # The monitor drops the run's state first and then tells the book: wait for both, in either order.
+        assert wait_until(lambda: not run_captures_folder(service.config.db, "leaving").exists(), 10)
+        assert wait_until(lambda: service.captures.of_run("leaving") == [], 10)
     finally:
         service.stop()

@@ -20,8 +20,8 @@ from tests.launcher.launcher_helpers import TRACEML, TracemlRun, clean_env, trac
 STEPS = "60"  # >= 20 aligned steps, so findings are confirmed; each run takes ~15-25 s here
 
 # In running order: the two scenarios that share the machine first, then the two that run alone
-# (tests/serial_tests.py) right before the two ledger tests that run alone too, so the four hold
-# the machine in one stretch instead of waiting twice for the other worker's test to end.
+# (tests/serial_tests.py) right before the balanced run's ledger test that runs alone too, so the
+# three hold the machine in one stretch instead of waiting twice for the other worker's test to end.
 EXPECTED = {
     "input-bound": ({"INPUT_BOUND"}, None),
     "compute-straggler": ({"COMPUTE_STRAGGLER"}, 1),
@@ -31,9 +31,6 @@ EXPECTED = {
     "input-straggler": ({"INPUT_STRAGGLER"}, 1),
 }
 
-
-RUN_TO_RUN = 0.05
-"""How far one run's mean step time may differ from another run of the same job here (relative)."""
 
 IN_A_TERMINAL = "compute-straggler"
 """The scenario whose shared run is made with `--live` in a real terminal: its verdict does not
@@ -110,31 +107,6 @@ def _balanced(demo_runs, tmp_path):
 
 
 @pytest.mark.slow
-def test_an_injected_stragglers_ledger_attributes_most_lost_time_to_it_and_predicts_the_run_without_it(
-        demo_runs, tmp_path):
-    """Issue 35: the input straggler's badput ledger and what-if, against a second run of the same job
-    (same model, data, seed and steps) without the injected delay: the balanced demo."""
-    slow = demo_runs("input-straggler").summary
-    plain = _balanced(demo_runs, tmp_path).summary
-    ledger = slow["badput"]
-    window = ledger["window"]
-    what_if = next(w for w in ledger["what_if"] if w["kind"] == "INPUT_STRAGGLER")
-    assert what_if["culprit_rank"] == 1 and window["causes"]["straggler_wait"]["culprit_rank"] == 1
-    # Most of the time the run lost is the straggler's: the others' wait for it and its own input stall.
-    assert what_if["lost_rank_seconds"] >= 0.5 * window["total_rank_seconds"], ledger
-    # Its what-if predicts the run without the delay within the window's spread. The second run
-    # is a measurement too: two runs of one job on this shared 2-core machine differ by a few
-    # percent (seen: 1.3 % below the interval on a quiet machine), so its figure counts as inside
-    # when it is within RUN_TO_RUN of the interval.
-    measured = what_if["step_time_ms"] / plain["global"]["average"]["step_time_ms"]
-    assert what_if["speedup_low"] * (1 - RUN_TO_RUN) <= measured <= what_if["speedup_high"] * (1 + RUN_TO_RUN), \
-        (measured, what_if)
-    assert ledger["devices_known"] == 0 and ledger["run"]["total_device_hours"] is None  # CPU: none known
-    assert "What if: INPUT_STRAGGLER (rank 1) at the median" in slow["card"]
-    assert "device-hours: none known" in slow["card"]
-
-
-@pytest.mark.slow
 def test_a_balanced_runs_ledger_is_near_zero(demo_runs, tmp_path):
     """Nothing injected: no rank's lateness and no input costs anything worth naming. Its
     communication (gloo's all-reduce on two busy cores) and this machine's drift still cost time,
@@ -157,6 +129,26 @@ def test_a_balanced_runs_ledger_is_near_zero(demo_runs, tmp_path):
     assert not [w for w in plain["what_if"] if "STRAGGLER" in w["kind"] or w["kind"] == "INPUT_BOUND"]
     per_step = plain["window"]["total_rank_seconds"] / plain["window"]["steps"]
     assert per_step <= 0.5 * slow["window"]["total_rank_seconds"] / slow["window"]["steps"], (shares, slow)
+
+
+@pytest.mark.slow
+def test_an_injected_input_stragglers_ledger_attributes_most_lost_time_to_it(demo_runs):
+    """Issue 35: the input straggler's badput ledger and what-if on the demo. Whether the what-if
+    predicts a second run of the same job without the delay is held on a job whose step is
+    device-like (tests/launcher/test_collective_diagnosis.py): here the ranks' compute shares two
+    cores, so the run without the delay is slower per rank than the straggler's others were."""
+    slow = demo_runs("input-straggler").summary
+    ledger = slow["badput"]
+    window = ledger["window"]
+    what_if = next(w for w in ledger["what_if"] if w["kind"] == "INPUT_STRAGGLER")
+    assert what_if["culprit_rank"] == 1 and window["causes"]["straggler_wait"]["culprit_rank"] == 1
+    # Most of the time the run lost is the straggler's: the others' wait for it and its own input stall.
+    assert what_if["lost_rank_seconds"] >= 0.5 * window["total_rank_seconds"], ledger
+    # The delay is about 1.5 plain steps: at the median the step is more than 1.5x faster.
+    assert 1.5 <= what_if["speedup_low"] <= what_if["speedup"] <= what_if["speedup_high"], what_if
+    assert ledger["devices_known"] == 0 and ledger["run"]["total_device_hours"] is None  # CPU: none known
+    assert "What if: INPUT_STRAGGLER (rank 1) at the median" in slow["card"]
+    assert "device-hours: none known" in slow["card"]
 
 
 @pytest.mark.slow

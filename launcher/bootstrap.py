@@ -15,7 +15,6 @@ failures are reported on stderr and never stop training.
 """
 from __future__ import annotations
 
-import atexit
 import importlib.util
 import os
 import runpy
@@ -141,15 +140,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     _note_ending(None)
     _shutdown()
     if env_flag(os.environ.get(TRACEML_EXIT_AFTER_FLUSH)):
-        _exit_now()
+        from traceml.launcher.process_exit import exit_without_teardown
+
+        exit_without_teardown(0)
 
 
-def _exit_now() -> None:
-    """Leave like a normal exit, minus interpreter teardown (see TRACEML_EXIT_AFTER_FLUSH)."""
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 if __name__ == "__main__":

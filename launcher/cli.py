@@ -132,5 +132,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def console_main() -> None:
+    """The `traceml` console script: `main`, then, when the command imported torch (`run`,
+    `demo`), an exit without the interpreter's teardown (`process_exit`): the launcher holds
+    nothing it would save. A non-daemon thread still running gets the normal exit, which waits
+    for it."""
+    code = main()
+    if "torch" in sys.modules:
+        from traceml.launcher.process_exit import exit_without_teardown, others_still_running
+
+        if not others_still_running():
+            exit_without_teardown(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()

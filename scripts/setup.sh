@@ -10,10 +10,16 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # Strict editable mode: each import name maps exactly onto its folder (setup.py's
 # PACKAGE_ROOTS), which tools can follow; a new module needs this script run again.
-# --no-compile, then compileall on every core: pip writes the bytecode of its 12,000 modules one
-# file at a time: about 40 % of this script's CPU time, on one core of two.
-.venv/bin/python -m pip install -q --no-compile --disable-pip-version-check \
-  "torch==2.13.0" -e ".[dev,processor,huggingface,lightning,gpu]" --config-settings editable_mode=strict 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
+PACKAGES=("torch==2.13.0" -e ".[dev,processor,huggingface,lightning,gpu]" --config-settings editable_mode=strict)
+# uv installs them from the sources pip is configured with (scripts/uv_install.py), several times
+# faster than pip; pip does it where uv cannot be had or fails. Neither writes bytecode here:
+# compileall below does, on every core (pip would write its 12,000 modules one at a time).
+quiet_pip() { grep -v "is ignored: it is neither a file nor a directory" || true; }
+.venv/bin/python -m pip install -q --disable-pip-version-check "uv>=0.5" 2>&1 | quiet_pip
+if ! { [ -x .venv/bin/uv ] && .venv/bin/python scripts/uv_install.py .venv/bin/uv "${PACKAGES[@]}"; }; then
+  echo "setup: uv was not available or failed (see above); installing with pip" >&2
+  .venv/bin/python -m pip install -q --no-compile --disable-pip-version-check "${PACKAGES[@]}" 2>&1 | quiet_pip
+fi
 # A few packages ship files for other Python versions that do not compile; they are never imported.
 # Skipped: the packages' own test suites and transformers' model zoo but its auto mappings (a
 # third of the sources, about 20 CPU-seconds; nothing here imports them: a model is written in torch).

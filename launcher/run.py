@@ -411,6 +411,7 @@ def _export_to_job_processor(placement, options: RunOptions, rank_env: dict[str,
     """A node that does not host the rendezvous: no processor here, the ranks export to the host's."""
     rank_env[env.TRACEML_OTLP_ENDPOINT] = placement.endpoint
     rank_env[env.TRACEML_OTLP_PROTOCOL] = "grpc"
+    _to_our_processor(rank_env)
     _say(out, f"run {run_id}: no processor on this node; the ranks export OTLP gRPC to the job's "
               f"processor on {placement.address} ({placement.why})")
     if not os.environ.get(env.TRACEML_CONTROL_ENDPOINT, "").strip() and placement.control_url:
@@ -418,6 +419,15 @@ def _export_to_job_processor(placement, options: RunOptions, rank_env: dict[str,
         rank_env[env.TRACEML_CONTROL_ENDPOINT] = placement.control_url
     if options.live or options.ui is not None or options.html_report:
         _say(out, "--live, --ui and --html-report apply on the node that runs the job's processor")
+
+
+def _to_our_processor(rank_env: dict[str, str]) -> None:
+    """Ranks that export only to TraceML's processor (this launcher's, or the job's on another
+    node) send no phase child spans unless TRACEML_PHASE_SPANS says otherwise: those spans are
+    for trace viewers, which this destination is not (the processor counts and drops them,
+    docs/wire-format.md), and they are most of what a step costs to encode, send and decode."""
+    if not os.environ.get(env.TRACEML_PHASE_SPANS, "").strip():
+        rank_env[env.TRACEML_PHASE_SPANS] = "0"
 
 
 def _launcher_ending(args: argparse.Namespace, failure: BaseException | None):
@@ -498,6 +508,7 @@ def _start_embedded(args: argparse.Namespace, options: RunOptions, run_path: Pat
         return None
     rank_env[env.TRACEML_OTLP_ENDPOINT] = endpoints.otlp_grpc_endpoint
     rank_env[env.TRACEML_OTLP_PROTOCOL] = "grpc"
+    _to_our_processor(rank_env)
     if not os.environ.get(env.TRACEML_CONTROL_ENDPOINT, "").strip():
         # Deep captures: the ranks poll the processor's OTLP/HTTP for requests: loopback on one
         # node, the rendezvous host at --processor-port + 1 for every node's ranks on several (a

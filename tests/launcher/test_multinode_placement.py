@@ -160,3 +160,31 @@ def test_the_ranks_of_every_node_get_the_control_endpoint_unless_the_user_set_it
     single = ProcessorEndpoints(40000, 40001)
     assert single.control_url == "http://127.0.0.1:40001"
     assert ProcessorEndpoints(1, 2, http_host="::", advertised_host="fd00::1").ready_url == "http://[::1]:2/readyz"
+
+
+def test_ranks_exporting_only_to_our_processor_send_no_phase_spans_unless_the_user_asks(monkeypatch, tmp_path):
+    """Phase child spans are for trace viewers; the embedded processor and the job's processor
+    on another node only count and drop them, so those ranks are told not to send them, and a
+    user's TRACEML_PHASE_SPANS (on or off) is left to the ranks as it is."""
+    import io
+
+    from traceml.launcher import run
+    from traceml.launcher.embedded import EmbeddedProcessor, ProcessorEndpoints
+    from traceml.schema import environment as env
+
+    monkeypatch.setattr(EmbeddedProcessor, "start", lambda self: ProcessorEndpoints(40000, 40001))
+    args, options = parse(["train.py"])
+    other = _placement("--nnodes", "2", "--node-rank", "1", "--master-addr", "10.1.2.3")
+
+    def rank_envs():
+        embedded: dict[str, str] = {}
+        assert run._start_embedded(args, options, tmp_path / "run", embedded, "r", io.StringIO()) is not None
+        remote: dict[str, str] = {}
+        run._export_to_job_processor(other, options, remote, "r", io.StringIO())
+        return embedded, remote
+
+    monkeypatch.delenv(env.TRACEML_PHASE_SPANS, raising=False)
+    assert [e[env.TRACEML_PHASE_SPANS] for e in rank_envs()] == ["0", "0"]
+    for mine in ("1", "0"):
+        monkeypatch.setenv(env.TRACEML_PHASE_SPANS, mine)
+        assert [env.TRACEML_PHASE_SPANS in e for e in rank_envs()] == [False, False]  # inherited as set

@@ -1,6 +1,6 @@
 """Where the training process's background CPU per step goes (issue 37), on CPU clocks.
 
-    .venv/bin/python -m benchmarks.bench_background [--steps 4000] [--rounds 3] [--json]
+    .venv/bin/python -m benchmarks.bench_background [--steps 4000] [--rounds 3] [--protocol P] [--phase-spans on|off|both] [--json]
     .venv/bin/python -m benchmarks.in_tree /tmp/before benchmarks.bench_background   # an older tree
         (copy this file into that tree first; it uses only what older trees have)
 
@@ -13,10 +13,11 @@ step and on each part's own thread clock:
    steps (one 0.5 s interval of 40 steps/s): drain, resolve and sum each batch into a
    record, hand it to the exporter's queue (on the calling thread here);
 2. the exporter thread, one export every 40 steps (one 1 s export interval) through
-   `force_flush` to a real OTLP/gRPC receiver in another process: encode, send and
-   wait for the answer (its thread's CPU from /proc/self/task/<tid>/schedstat);
-3. gRPC's own threads in this process over the same time (the process's CPU less the
-   calling thread's and the exporter thread's);
+   `force_flush` to a real OTLP receiver in another process, over `--protocol` (grpc,
+   http/protobuf, or both, one after the other): encode, send and wait for the answer
+   (its thread's CPU from /proc/self/task/<tid>/schedstat);
+3. the transport's own threads in this process over the same time (gRPC's; none for
+   OTLP/HTTP): the process's CPU less the calling thread's and the exporter thread's;
 4. encoding alone, the same records written into requests of 40 steps on the calling
    thread (the step span, its peak memory, and its phase children).
 
@@ -93,14 +94,14 @@ def _encode_alone(encoder, records: list) -> float:
     return (time.thread_time_ns() - started) / max(1, len(records)) / 1e3
 
 
-def one_round(endpoint: str, steps: int) -> dict:
+def one_round(endpoint: str, protocol: str, steps: int, phase_spans: bool = True) -> dict:
     from harness.exporter_records import identity
     from traceml import step_events
     from traceml.exporter import OtlpStepExporter, resolve_settings
     from traceml.exporter.encoding import OtlpEncoder
     from traceml.samplers import StepMemorySampler, StepTimeSampler
 
-    settings = resolve_settings(endpoint, "grpc", environ={})
+    settings = resolve_settings(endpoint, protocol, phase_spans=phase_spans, environ={})
     exporter = OtlpStepExporter(identity("bench-background"), settings, instrumentation_drops=lambda: {})
     keep = _Keep()
     timing, memory = StepTimeSampler(sinks=(exporter, keep)), StepMemorySampler(sinks=(exporter, keep))
@@ -140,12 +141,13 @@ def one_round(endpoint: str, steps: int) -> dict:
             "spans_per_step": stats.spans_exported / steps}
 
 
-def measure(steps: int, rounds: int) -> dict:
+def measure(steps: int, rounds: int, protocol: str = "grpc", phase_spans: bool = True) -> dict:
     from benchmarks.lib.receiver_process import ReceiverProcess
 
     receiver = ReceiverProcess()
+    endpoint = receiver.grpc if protocol == "grpc" else receiver.http
     try:
-        results = [one_round(receiver.grpc, steps) for _ in range(rounds)]
+        results = [one_round(endpoint, protocol, steps, phase_spans) for _ in range(rounds)]
     finally:
         receiver.close()
     figures = {key: statistics.median(r[key] for r in results) for key in results[0]}
@@ -158,20 +160,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--protocol", choices=("grpc", "http/protobuf", "both"), default="grpc",
+                        help="the exporter's transport (both: one after the other, in one run)")
+    parser.add_argument("--phase-spans", choices=("on", "off", "both"), default="on",
+                        help="the step's phase child spans (off: as `traceml run` sends to its own processor)")
     add_json_flag(parser)
     args = parser.parse_args()
     with table_output(args.json):
         print(f"bench_background: {args.rounds} rounds of {args.steps} steps; load average "
               f"{os.getloadavg()[0]:.1f}")
-        f = measure(args.steps, args.rounds)
-        print(f"per step, CPU: samplers (drain, resolve, hand over) {f['samplers_us']:.1f} us; exporter thread "
-              f"(encode, send, answer) {f['exporter_thread_us']:.1f} us; gRPC's threads {f['grpc_threads_us']:.1f} us;"
-              f" total {f['total_us']:.1f} us ({f['spans_per_step']:.0f} spans per step)")
-        print(f"encoding alone (requests of {STEPS_PER_EXPORT} steps, serialised): {f['encode_alone_us']:.1f} us "
-              f"per step")
+        protocols = ("grpc", "http/protobuf") if args.protocol == "both" else (args.protocol,)
+        phases = ("on", "off") if args.phase_spans == "both" else (args.phase_spans,)
+        figures = {}
+        for protocol, phase in ((p, ph) for p in protocols for ph in phases):
+            label = f"{protocol}, phase spans {phase}"
+            f = figures[label] = measure(args.steps, args.rounds, protocol, phase == "on")
+            print(f"{label}: per step, CPU: samplers (drain, resolve, hand over) {f['samplers_us']:.1f} us; "
+                  f"exporter thread (encode, send, answer) {f['exporter_thread_us']:.1f} us; the transport's "
+                  f"threads {f['grpc_threads_us']:.1f} us; total {f['total_us']:.1f} us "
+                  f"({f['spans_per_step']:.0f} spans per step)")
+            print(f"{label}: encoding alone (requests of {STEPS_PER_EXPORT} steps, serialised): "
+                  f"{f['encode_alone_us']:.1f} us per step")
         print(f"load average {os.getloadavg()[0]:.1f} at the end")
     if args.json:
-        print_json("bench_background", args, f)
+        print_json("bench_background", args, figures if len(figures) > 1 else next(iter(figures.values())))
 
 
 if __name__ == "__main__":

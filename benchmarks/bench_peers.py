@@ -30,8 +30,8 @@ MLP, loader and optimizer shapes: hidden 64, batch 16, about 0.35 ms; hidden
 960, batch 128, about 10 ms). All five phases are timed by every tool (input,
 H2D, forward, backward, optimizer):
 
-- ours, manual and auto, with the exporter live (OTLP/gRPC to a real
-  `traceml-processor` subprocess, as `traceml run` has it);
+- ours, manual and auto, with the exporter live (OTLP/HTTP without phase child
+  spans to a real `traceml-processor` subprocess, as a one-node `traceml run` has it);
 - the original, manual (`wrap_dataloader_fetch`, `wrap_h2d`, `wrap_forward`,
   `wrap_backward`, `wrap_optimizer`) and auto (`init(mode="auto")`: its global
   patches and optimizer hooks), each with its own per-process runtime
@@ -168,7 +168,11 @@ def _worker_ours(job, folder: Path) -> tuple[dict, _Helper, callable]:
 
     proc = ProcessorProcess(folder, extra_args=["--log-level", "WARNING", "--idle-timeout", "3600"])
     proc.start(wait_readyz=True)
-    traceml.init(mode="manual", endpoint=f"http://127.0.0.1:{proc.grpc}", protocol="grpc", run_id="bench-peers")
+    # As `traceml run` sets up a rank of a one-node job: OTLP/HTTP to its processor, no phase child
+    # spans (for trace viewers; the processor drops them). bench_background measures the exporter
+    # over both protocols with and without them.
+    traceml.init(mode="manual", endpoint=f"http://127.0.0.1:{proc.http}", protocol="http/protobuf",
+                 run_id="bench-peers", phase_spans=False)
     with_timed_loader(job)
 
     def variant(mode):
@@ -392,7 +396,7 @@ BACKGROUND_BLOCK_S = 1.0
 """One sample of the background figures: the other threads' and the helper's CPU over this long."""
 OTHER_THREADS_WORKED_S = 50e-6
 """A step during which the process's other threads spent more CPU than this had background work in
-it (below: the jitter of reading two CPU clocks, and an idle gRPC channel's poller ticks)."""
+it (below: the jitter of reading two CPU clocks, and an idle exporter's poller ticks)."""
 BACKGROUND_TOOLS = {"ours": ("ours manual", "ours auto"), "original-manual": ("original manual",),
                     "original-auto": ("original auto",)}
 """The variants whose background work is measured in place: every tool with threads or a helper."""

@@ -32,7 +32,7 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlencode
 
 from traceml.schema.capture import (
     CAPTURES_PATH,
@@ -47,7 +47,7 @@ from traceml.schema.capture import (
 
 from .identity import RunIdentity
 from .settings import ExporterSettings
-from .transport import http_client_options
+from .transport import KeptAliveConnection, http_client_options
 
 _log = logging.getLogger("traceml.exporter")
 
@@ -87,60 +87,6 @@ class _Upload:
             self.parts = [PART_SUMMARY] + ([PART_TRACE] if result.trace is not None else [])
 
 
-class _PollConnection:
-    """One kept-alive HTTP(S) connection to one processor, for polls: `http.client` costs the
-    exporter's thread (and so, through the GIL, the training thread) about a sixth of what a
-    `requests` call does, and a poll is the one thing this client does while nothing is pending."""
-
-    def __init__(self, base_url: str, verify, cert) -> None:
-        parts = urlsplit(base_url)
-        self._https = parts.scheme.lower() == "https"
-        self._host, self._port = parts.hostname, parts.port
-        self.prefix = parts.path.rstrip("/")
-        self._context = None
-        if self._https:
-            self._context = ssl.create_default_context(cafile=verify if isinstance(verify, str) else None)
-            if cert is not None:
-                self._context.load_cert_chain(cert[0], cert[1])
-        self._conn = None
-
-    def get(self, target: str, headers: dict, timeout_s: float) -> tuple[int, bytes]:
-        """(status, body) of one GET; raises OSError or http.client.HTTPException (the connection is
-        then dropped and made again by the next poll). A kept-alive connection the processor closed
-        meanwhile (its idle timeout) is replaced once, at once: that is no failed poll."""
-        if self._conn is not None:
-            try:
-                return self._get(target, headers, timeout_s)
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
-                pass  # closed by the peer while idle; _get dropped it
-        return self._get(target, headers, timeout_s)
-
-    def _get(self, target: str, headers: dict, timeout_s: float) -> tuple[int, bytes]:
-        conn = self._conn
-        if conn is None:
-            conn = self._conn = (http.client.HTTPSConnection(self._host, self._port, timeout=timeout_s,
-                                                             context=self._context) if self._https
-                                 else http.client.HTTPConnection(self._host, self._port, timeout=timeout_s))
-        try:
-            conn.request("GET", self.prefix + target, headers=headers)
-            response = conn.getresponse()
-            body = response.read(MAX_SUMMARY_BYTES + 1)
-            if response.will_close or not response.isclosed():
-                self.close()
-            return response.status, body
-        except BaseException:
-            self.close()
-            raise
-
-    def close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                conn.close()
-            except Exception:
-                pass
-
-
 class ControlClient:
     """Polls and uploads for one rank; called on the exporter's worker thread (see the module docstring)."""
 
@@ -156,7 +102,7 @@ class ControlClient:
         self._upload_timeout_s = settings.traces.timeout_s
         self._headers, self._verify, self._cert = http_client_options(settings.traces, tls=True)
         self._query = urlencode({"run_id": identity.run_id, "rank": identity.rank})
-        self._polls = {url: _PollConnection(url, self._verify, self._cert) for url in self._urls}
+        self._polls = {url: KeptAliveConnection(url, self._verify, self._cert) for url in self._urls}
         self._notify = notify
         self._arm = arm
         self._next_poll = {url: 0.0 for url in self._urls}
@@ -209,7 +155,8 @@ class ControlClient:
     def _poll(self, url: str) -> None:
         ok = False
         try:
-            status, body = self._polls[url].get(f"{CONTROL_PATH}?{self._query}", self._headers, POLL_TIMEOUT_S)
+            status, _, body = self._polls[url].request("GET", f"{CONTROL_PATH}?{self._query}", self._headers,
+                                                      POLL_TIMEOUT_S, max_bytes=MAX_SUMMARY_BYTES)
             if status in (200, 204):
                 ok = True
                 self._counts["polls"] += 1

@@ -37,8 +37,8 @@ from traceml.schema.otlp_headers import parse_otlp_headers
 
 _log = logging.getLogger("traceml.exporter")
 
-PROTOCOL_GRPC = "grpc"
-PROTOCOL_HTTP = "http/protobuf"
+PROTOCOL_GRPC = env_names.PROTOCOL_GRPC
+PROTOCOL_HTTP = env_names.PROTOCOL_HTTP
 PROTOCOLS = (PROTOCOL_GRPC, PROTOCOL_HTTP)
 # `http` is a TraceML alias kept from the first release; `http/json` is not sent, and
 # http/protobuf goes to the same URL instead (OTLP/HTTP servers accept both there).

@@ -20,11 +20,15 @@ from __future__ import annotations
 
 import email.utils
 import gzip
+import http.client
 import logging
 import random
+import ssl
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from traceml.schema import vocabulary as v
 from traceml.schema import distribution
@@ -272,15 +276,90 @@ def http_client_options(settings: SignalSettings, tls: bool) -> tuple[dict[str, 
     return headers, verify, pair
 
 
+class KeptAliveConnection:
+    """One kept-alive HTTP(S) connection to one server through `http.client`: a request costs the
+    calling thread (and so, through the GIL, the training thread) a fraction of what a `requests`
+    call does (docs/performance.md). Used for the deep-capture polls (`control`) and for OTLP/HTTP
+    to a plain `http://` endpoint that no proxy variable covers (`HttpTransport`).
+
+    `verify` (a CA file, or True for the system's) and `cert` (a client pair) are
+    `http_client_options`' for HTTPS."""
+
+    def __init__(self, base_url: str, verify=True, cert=None) -> None:
+        parts = urlsplit(base_url)
+        self._https = parts.scheme.lower() == "https"
+        self._host, self._port = parts.hostname, parts.port
+        self.prefix = parts.path.rstrip("/")
+        self._context = None
+        if self._https:
+            self._context = ssl.create_default_context(cafile=verify if isinstance(verify, str) else None)
+            if cert is not None:
+                self._context.load_cert_chain(cert[0], cert[1])
+        self._conn = None
+
+    def request(self, method: str, target: str, headers: dict, timeout_s: float, body: bytes | None = None,
+                max_bytes: int = 1 << 20) -> tuple[int, http.client.HTTPMessage, bytes]:
+        """(status, headers, at most `max_bytes` + 1 of the body) of one request; raises OSError or
+        http.client.HTTPException (the connection is then dropped and made again by the next call).
+        A kept-alive connection the server closed meanwhile (its idle timeout) is replaced once, at
+        once: that is no failed request."""
+        if self._conn is not None:
+            try:
+                return self._request(method, target, headers, timeout_s, body, max_bytes)
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                pass  # closed by the peer while idle; _request dropped it
+        return self._request(method, target, headers, timeout_s, body, max_bytes)
+
+    def _request(self, method, target, headers, timeout_s, body, max_bytes):
+        conn = self._conn
+        if conn is None:
+            conn = self._conn = (http.client.HTTPSConnection(self._host, self._port, timeout=timeout_s,
+                                                             context=self._context) if self._https
+                                 else http.client.HTTPConnection(self._host, self._port, timeout=timeout_s))
+        elif conn.sock is not None:
+            conn.sock.settimeout(timeout_s)
+        try:
+            conn.request(method, self.prefix + target, body=body, headers=headers)
+            response = conn.getresponse()
+            data = response.read(max_bytes + 1)
+            if response.will_close or not response.isclosed():
+                self.close()
+            return response.status, response.headers, data
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:
+                pass
+
+
+def direct_http(url: str) -> bool:
+    """A plain `http://` URL that no proxy variable (HTTP_PROXY, NO_PROXY: what `requests` reads)
+    sends through a proxy: `KeptAliveConnection` can reach it. HTTPS stays with `requests`, whose
+    trust store (certifi, REQUESTS_CA_BUNDLE) users of an OTLP/HTTP exporter configure."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() != "http" or not parts.hostname:
+        return False
+    return not urllib.request.getproxies().get("http") or bool(urllib.request.proxy_bypass(parts.hostname))
+
+
 class HttpTransport:
-    """One signal's OTLP/HTTP endpoint: POSTs protobuf to `settings.endpoint` on a kept-alive session."""
+    """One signal's OTLP/HTTP endpoint: POSTs protobuf to `settings.endpoint` on a kept-alive
+    connection (`KeptAliveConnection` where `direct_http`, else a `requests` session)."""
 
     def __init__(self, settings: SignalSettings, stop: threading.Event):
-        import requests
-
-        self._requests = requests
-        self._session = requests.Session()
         self._url = settings.endpoint
+        self._direct = KeptAliveConnection(self._url) if direct_http(self._url) else None
+        if self._direct is None:
+            import requests
+
+            self._requests = requests
+            self._session = requests.Session()
         self._timeout_s = settings.timeout_s
         self._headers, self._verify, self._cert = http_client_options(settings, settings.uses_tls)
         self._headers["Content-Type"] = "application/x-protobuf"
@@ -301,27 +380,40 @@ class HttpTransport:
                 return ExportOutcome(False, retries, error="deadline passed before sending")
             delay = None
             try:
-                response = self._session.post(self._url, data=body, headers=self._headers,
-                                              timeout=remaining, verify=self._verify, cert=self._cert)
-                if response.status_code == 200:
-                    return ExportOutcome(True, retries, _rejected_http(signal, response.content))
-                retryable = response.status_code in _RETRYABLE_HTTP
+                status, headers, content = self._post(body, remaining)
+                if status == 200:
+                    return ExportOutcome(True, retries, _rejected_http(signal, content))
+                retryable = status in _RETRYABLE_HTTP
                 if retryable:
-                    delay = retry_after_s(response.headers.get("Retry-After"))
-                error = f"HTTP {response.status_code}: {response.text[:200]}"
-            except self._requests.exceptions.RequestException as exc:
-                retryable = isinstance(exc, (self._requests.exceptions.ConnectionError,
-                                             self._requests.exceptions.Timeout))
-                error = f"{type(exc).__name__}: {exc}"
+                    delay = retry_after_s(headers.get("Retry-After"))
+                error = f"HTTP {status}: {content[:200].decode('utf-8', 'replace')}"
+            except (OSError, http.client.HTTPException) as exc:  # the direct connection's failures
+                retryable, error = True, f"{type(exc).__name__}: {exc}"
             except Exception as exc:
-                return ExportOutcome(False, retries, error=f"{type(exc).__name__}: {exc}")
+                if self._direct is None and isinstance(exc, self._requests.exceptions.RequestException):
+                    retryable = isinstance(exc, (self._requests.exceptions.ConnectionError,
+                                                 self._requests.exceptions.Timeout))
+                    error = f"{type(exc).__name__}: {exc}"
+                else:
+                    return ExportOutcome(False, retries, error=f"{type(exc).__name__}: {exc}")
             if not retryable or not self._retry.wait(retries + 1, deadline, delay):
                 return ExportOutcome(False, retries, error=error)
             retries += 1
 
+    def _post(self, body: bytes, timeout_s: float):
+        """(status, headers, body) of one POST of `body`."""
+        if self._direct is not None:
+            return self._direct.request("POST", "", self._headers, timeout_s, body)
+        response = self._session.post(self._url, data=body, headers=self._headers,
+                                      timeout=timeout_s, verify=self._verify, cert=self._cert)
+        return response.status_code, response.headers, response.content
+
     def close(self) -> None:
         try:
-            self._session.close()
+            if self._direct is not None:
+                self._direct.close()
+            else:
+                self._session.close()
         except Exception:
             pass
 

@@ -85,7 +85,7 @@ def add_traceml_options(parser: argparse.ArgumentParser) -> None:
                             "processor (default: $TRACEML_OTLP_ENDPOINT, else the OTEL_EXPORTER_OTLP_*"
                             "ENDPOINT variables); the job's own OpenTelemetry keeps its own")
     group.add_argument("--protocol", dest="traceml_protocol", default=None,
-                       choices=("grpc", "http/protobuf"),
+                       choices=(env.PROTOCOL_GRPC, env.PROTOCOL_HTTP),
                        help="OTLP protocol for --endpoint (default: $TRACEML_OTLP_PROTOCOL, else "
                             "$OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)")
     group.add_argument("--run-id", dest="traceml_run_id", default=None, metavar="ID",
@@ -410,7 +410,7 @@ def _export_to_job_processor(placement, options: RunOptions, rank_env: dict[str,
                              out: TextIO) -> None:
     """A node that does not host the rendezvous: no processor here, the ranks export to the host's."""
     rank_env[env.TRACEML_OTLP_ENDPOINT] = placement.endpoint
-    rank_env[env.TRACEML_OTLP_PROTOCOL] = "grpc"
+    rank_env[env.TRACEML_OTLP_PROTOCOL] = env.PROTOCOL_GRPC
     _to_our_processor(rank_env)
     _say(out, f"run {run_id}: no processor on this node; the ranks export OTLP gRPC to the job's "
               f"processor on {placement.address} ({placement.why})")
@@ -506,16 +506,24 @@ def _start_embedded(args: argparse.Namespace, options: RunOptions, run_path: Pat
         # Telemetry must not stop training: run the job, just without collection.
         _say(out, f"warning: {exc}; the script runs without telemetry collection")
         return None
-    rank_env[env.TRACEML_OTLP_ENDPOINT] = endpoints.otlp_grpc_endpoint
-    rank_env[env.TRACEML_OTLP_PROTOCOL] = "grpc"
+    if placement is None:
+        # One node: OTLP/HTTP on loopback, where the exporter keeps one plain connection and no
+        # gRPC threads run beside training (docs/performance.md: the background cost).
+        rank_env[env.TRACEML_OTLP_ENDPOINT] = endpoints.control_url
+        rank_env[env.TRACEML_OTLP_PROTOCOL] = env.PROTOCOL_HTTP
+    else:  # every node's ranks reach the job's processor alike, over gRPC
+        rank_env[env.TRACEML_OTLP_ENDPOINT] = endpoints.otlp_grpc_endpoint
+        rank_env[env.TRACEML_OTLP_PROTOCOL] = env.PROTOCOL_GRPC
     _to_our_processor(rank_env)
     if not os.environ.get(env.TRACEML_CONTROL_ENDPOINT, "").strip():
         # Deep captures: the ranks poll the processor's OTLP/HTTP for requests: loopback on one
         # node, the rendezvous host at --processor-port + 1 for every node's ranks on several (a
         # user's own setting is kept as it is).
         rank_env[env.TRACEML_CONTROL_ENDPOINT] = endpoints.control_url
-    _say(out, f"run {run_id}: embedded processor on {endpoints.grpc_address} (OTLP gRPC), "
-              f"data in {run_path}")
+    grpc_label, http_label = ("OTLP gRPC", "OTLP/HTTP, where the ranks send") if placement is None \
+        else ("OTLP gRPC, where the ranks send", "OTLP/HTTP")
+    _say(out, f"run {run_id}: embedded processor on {endpoints.grpc_address} ({grpc_label}) and "
+              f"{endpoints.control_url.removeprefix('http://')} ({http_label}), data in {run_path}")
     if endpoints.ui is not None:
         _say(out, f"live web view: {endpoints.ui_url(run_id)}")
     if placement is not None:

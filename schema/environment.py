@@ -164,6 +164,9 @@ variable, which the job's own OpenTelemetry SDK goes on reading. Same forms as
 OTEL_EXPORTER_OTLP_ENDPOINT (a base URL over HTTP). `traceml run` sets it in the ranks."""
 TRACEML_OTLP_PROTOCOL = "TRACEML_OTLP_PROTOCOL"
 """The protocol of TraceML's own exporter (`grpc` or `http/protobuf`); wins over the OTEL_* ones."""
+PROTOCOL_GRPC = "grpc"
+PROTOCOL_HTTP = "http/protobuf"
+"""The two OTLP protocols' names, as OTEL_EXPORTER_OTLP_PROTOCOL and TRACEML_OTLP_PROTOCOL spell them."""
 TRACEML_OTLP_HEADERS = "TRACEML_OTLP_HEADERS"
 """Headers TraceML's own exporter sends (`k=v,...`, as OTEL_EXPORTER_OTLP_HEADERS); wins over the
 OTEL_* ones. `traceml run` puts the job processor's bearer token here, where no SDK of the job reads it."""

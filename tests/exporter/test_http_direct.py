@@ -1,0 +1,147 @@
+"""OTLP/HTTP over a kept-alive `http.client` connection where no proxy is in the way, and through
+`requests` (which follows HTTP_PROXY / NO_PROXY, as the OpenTelemetry SDK's exporter does) where one
+is: the same requests arrive either way, and a proxied endpoint really goes through the proxy."""
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from harness.otlp_receiver import OtlpTestReceiver
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+from traceml.exporter import resolve_settings
+from traceml.exporter.transport import HttpTransport, KeptAliveConnection, direct_http
+from traceml.schema import vocabulary as v
+
+_PROXY_VARIABLES = ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "NO_PROXY", "no_proxy",
+                    "ALL_PROXY", "all_proxy")
+
+
+@pytest.fixture
+def no_proxy_variables(monkeypatch):
+    for name in _PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_only_plain_http_that_no_proxy_variable_covers_is_sent_directly(no_proxy_variables):
+    assert direct_http("http://127.0.0.1:4318/v1/traces")
+    assert not direct_http("https://127.0.0.1:4318/v1/traces")  # TLS: requests' trust store, as before
+    no_proxy_variables.setenv("HTTP_PROXY", "http://proxy.example:3128")
+    assert not direct_http("http://collector.example:4318/v1/traces")
+    no_proxy_variables.setenv("NO_PROXY", "collector.example")
+    assert direct_http("http://collector.example:4318/v1/traces")
+
+
+def _request_with_one_span() -> trace_service_pb2.ExportTraceServiceRequest:
+    request = trace_service_pb2.ExportTraceServiceRequest()
+    span = request.resource_spans.add().scope_spans.add().spans.add()
+    span.name, span.trace_id, span.span_id = "traceml.step", b"\x01" * 16, b"\x02" * 8
+    return request
+
+
+def _export(base_url: str) -> bool:
+    """One traces request to `base_url` (OTLP's generic endpoint: the transport posts to /v1/traces)."""
+    transport = HttpTransport(resolve_settings(base_url, "http/protobuf", environ={}).traces, threading.Event())
+    try:
+        return transport.export(v.SIGNAL_TRACES, _request_with_one_span(), time.monotonic() + 5).delivered
+    finally:
+        transport.close()
+
+
+class _ForwardProxy(ThreadingHTTPServer):
+    """A plain HTTP forward proxy: relays each absolute-URI request to its target and counts them."""
+
+    def __init__(self):
+        self.relayed: list[str] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                outer.relayed.append(self.path)
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                headers = {k: val for k, val in self.headers.items() if k.lower() not in ("host", "proxy-connection")}
+                forwarded = urllib.request.Request(self.path, data=body, headers=headers, method="POST")
+                opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # straight to the target
+                with opener.open(forwarded, timeout=5) as answer:
+                    data = answer.read()
+                    self.send_response(answer.status)
+                    self.send_header("Content-Type", answer.headers.get("Content-Type", "application/x-protobuf"))
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+
+def test_a_proxied_endpoint_goes_through_the_proxy_and_an_unproxied_one_does_not(no_proxy_variables):
+    proxy = _ForwardProxy()
+    try:
+        with OtlpTestReceiver() as receiver:
+            url = receiver.http_endpoint
+            assert _export(url) and proxy.relayed == []  # direct: the proxy saw nothing
+            no_proxy_variables.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.server_address[1]}")
+            assert not direct_http(url)  # no NO_PROXY: even loopback goes through the proxy, as with requests
+            assert _export(url)
+            assert proxy.relayed == [f"{url}/v1/traces"]
+            assert receiver.wait_for(lambda: len(receiver.spans()) == 2, timeout_s=5)
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+
+
+class _ClosesSilently(ThreadingHTTPServer):
+    """Answers each request with a keep-alive response, then closes the connection without saying
+    so: what a server's idle timeout does to a kept-alive connection between two exports."""
+
+    def __init__(self):
+        self.calls = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):
+                outer.calls += 1
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                self.close_connection = True  # closed after the answer, which promised keep-alive
+
+            def log_message(self, *args):
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+
+def test_a_kept_alive_connection_the_server_closed_is_replaced_without_a_failure():
+    server = _ClosesSilently()
+    try:
+        conn = KeptAliveConnection(f"http://127.0.0.1:{server.server_address[1]}")
+        for _ in range(3):
+            status, _, _ = conn.request("POST", "/v1/traces", {}, 2.0, b"x")
+            assert status == 200
+            time.sleep(0.05)  # the server has closed its end by now
+        assert server.calls == 3
+        conn.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_refused_connection_is_an_error_the_caller_sees():
+    with OtlpTestReceiver() as receiver:
+        port = receiver.http_port
+    conn = KeptAliveConnection(f"http://127.0.0.1:{port}")  # nothing listens there any more
+    with pytest.raises((OSError, http.client.HTTPException)):
+        conn.request("POST", "/v1/traces", {}, 1.0, b"x")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import email.utils
 import gzip
 import http.client
+import ipaddress
 import logging
 import random
 import ssl
@@ -339,13 +340,27 @@ class KeptAliveConnection:
 
 
 def direct_http(url: str) -> bool:
-    """A plain `http://` URL that no proxy variable (HTTP_PROXY, NO_PROXY: what `requests` reads)
-    sends through a proxy: `KeptAliveConnection` can reach it. HTTPS stays with `requests`, whose
-    trust store (certifi, REQUESTS_CA_BUNDLE) users of an OTLP/HTTP exporter configure."""
+    """A plain `http://` URL that `KeptAliveConnection` reaches: a loopback address (this
+    machine's: a proxy could not reach it for us; `traceml run`'s own processor is one), or one
+    that no proxy variable (HTTP_PROXY, NO_PROXY: what `requests` reads) sends through a proxy.
+    HTTPS stays with `requests`, whose trust store (certifi, REQUESTS_CA_BUNDLE) users of an
+    OTLP/HTTP exporter configure."""
     parts = urlsplit(url)
-    if parts.scheme.lower() != "http" or not parts.hostname:
+    host = parts.hostname
+    if parts.scheme.lower() != "http" or not host:
         return False
-    return not urllib.request.getproxies().get("http") or bool(urllib.request.proxy_bypass(parts.hostname))
+    if _loopback(host) or not urllib.request.getproxies().get("http"):
+        return True
+    return bool(urllib.request.proxy_bypass(host))
+
+
+def _loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name
+        return False
 
 
 class HttpTransport:
@@ -387,18 +402,20 @@ class HttpTransport:
                 if retryable:
                     delay = retry_after_s(headers.get("Retry-After"))
                 error = f"HTTP {status}: {content[:200].decode('utf-8', 'replace')}"
-            except (OSError, http.client.HTTPException) as exc:  # the direct connection's failures
-                retryable, error = True, f"{type(exc).__name__}: {exc}"
             except Exception as exc:
-                if self._direct is None and isinstance(exc, self._requests.exceptions.RequestException):
-                    retryable = isinstance(exc, (self._requests.exceptions.ConnectionError,
-                                                 self._requests.exceptions.Timeout))
-                    error = f"{type(exc).__name__}: {exc}"
-                else:
-                    return ExportOutcome(False, retries, error=f"{type(exc).__name__}: {exc}")
+                retryable, error = self._retryable(exc), f"{type(exc).__name__}: {exc}"
             if not retryable or not self._retry.wait(retries + 1, deadline, delay):
                 return ExportOutcome(False, retries, error=error)
             retries += 1
+
+    def _retryable(self, exc: Exception) -> bool:
+        """Whether a POST that raised is retried: a failed connection or a timeout is (for the
+        direct connection every socket or HTTP-framing error: plain HTTP has no other kind);
+        anything else is not."""
+        if self._direct is not None:
+            return isinstance(exc, (OSError, http.client.HTTPException))
+        errors = self._requests.exceptions
+        return isinstance(exc, (errors.ConnectionError, errors.Timeout))
 
     def _post(self, body: bytes, timeout_s: float):
         """(status, headers, body) of one POST of `body`."""

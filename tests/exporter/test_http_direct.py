@@ -29,10 +29,13 @@ def no_proxy_variables(monkeypatch):
 
 
 def test_only_plain_http_that_no_proxy_variable_covers_is_sent_directly(no_proxy_variables):
-    assert direct_http("http://127.0.0.1:4318/v1/traces")
+    assert direct_http("http://collector.example:4318/v1/traces")
     assert not direct_http("https://127.0.0.1:4318/v1/traces")  # TLS: requests' trust store, as before
     no_proxy_variables.setenv("HTTP_PROXY", "http://proxy.example:3128")
     assert not direct_http("http://collector.example:4318/v1/traces")
+    # This machine's loopback: no proxy can reach it for us (traceml run's processor is there).
+    for loopback in ("127.0.0.1", "127.0.1.1", "[::1]", "localhost"):
+        assert direct_http(f"http://{loopback}:4318/v1/traces"), loopback
     no_proxy_variables.setenv("NO_PROXY", "collector.example")
     assert direct_http("http://collector.example:4318/v1/traces")
 
@@ -54,9 +57,10 @@ def _export(base_url: str) -> bool:
 
 
 class _ForwardProxy(ThreadingHTTPServer):
-    """A plain HTTP forward proxy: relays each absolute-URI request to its target and counts them."""
+    """A plain HTTP forward proxy in front of one server: relays each absolute-URI request, whatever
+    its host (a collector's name that resolves nowhere here), to `target` and records its URI."""
 
-    def __init__(self):
+    def __init__(self, target: str):
         self.relayed: list[str] = []
         outer = self
 
@@ -65,7 +69,8 @@ class _ForwardProxy(ThreadingHTTPServer):
                 outer.relayed.append(self.path)
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 headers = {k: val for k, val in self.headers.items() if k.lower() not in ("host", "proxy-connection")}
-                forwarded = urllib.request.Request(self.path, data=body, headers=headers, method="POST")
+                path = "/" + self.path.split("://", 1)[-1].split("/", 1)[-1]
+                forwarded = urllib.request.Request(target + path, data=body, headers=headers, method="POST")
                 opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # straight to the target
                 with opener.open(forwarded, timeout=5) as answer:
                     data = answer.read()
@@ -82,20 +87,19 @@ class _ForwardProxy(ThreadingHTTPServer):
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
 
-def test_a_proxied_endpoint_goes_through_the_proxy_and_an_unproxied_one_does_not(no_proxy_variables):
-    proxy = _ForwardProxy()
-    try:
-        with OtlpTestReceiver() as receiver:
-            url = receiver.http_endpoint
-            assert _export(url) and proxy.relayed == []  # direct: the proxy saw nothing
+def test_a_proxied_endpoint_goes_through_the_proxy_and_a_direct_one_does_not(no_proxy_variables):
+    with OtlpTestReceiver() as receiver:
+        proxy = _ForwardProxy(receiver.http_endpoint)
+        try:
             no_proxy_variables.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.server_address[1]}")
-            assert not direct_http(url)  # no NO_PROXY: even loopback goes through the proxy, as with requests
-            assert _export(url)
-            assert proxy.relayed == [f"{url}/v1/traces"]
+            assert _export(receiver.http_endpoint) and proxy.relayed == []  # loopback: direct
+            remote = "http://collector.invalid:4318"  # a collector elsewhere: only the proxy reaches it
+            assert not direct_http(remote) and _export(remote)
+            assert proxy.relayed == [f"{remote}/v1/traces"]
             assert receiver.wait_for(lambda: len(receiver.spans()) == 2, timeout_s=5)
-    finally:
-        proxy.shutdown()
-        proxy.server_close()
+        finally:
+            proxy.shutdown()
+            proxy.server_close()
 
 
 class _ClosesSilently(ThreadingHTTPServer):

@@ -166,7 +166,8 @@ def _worker_ours(job, folder: Path) -> tuple[dict, _Helper, callable]:
     from benchmarks.lib.traced_steps import mode_runner, with_timed_loader
     import traceml
 
-    proc = ProcessorProcess(folder, extra_args=["--log-level", "WARNING", "--idle-timeout", "3600"])
+    proc = ProcessorProcess(folder, grpc_port=None,  # as a one-node `traceml run` starts it: OTLP/HTTP only
+                            extra_args=["--log-level", "WARNING", "--idle-timeout", "3600"])
     proc.start(wait_readyz=True)
     # As `traceml run` sets up a rank of a one-node job: OTLP/HTTP to its processor, no phase child
     # spans (for trace viewers; the processor drops them). bench_background measures the exporter

@@ -21,7 +21,7 @@ from typing import Iterable, Mapping
 
 from harness.waiting import wait_until
 
-READY_LINE = re.compile(r"traceml-processor ready grpc=(\d+) http=(\d+) prometheus=(\S+)")
+READY_LINE = re.compile(r"traceml-processor ready grpc=(\d+|None) http=(\d+) prometheus=(\S+)")
 
 
 class ProcessorProcess:
@@ -29,7 +29,8 @@ class ProcessorProcess:
 
     Args:
         folder: working directory, database, summaries and one log per start.
-        grpc_port, http_port, prometheus_port: 0 (default) lets the processor pick.
+        grpc_port, http_port, prometheus_port: 0 (default) lets the processor pick; grpc_port
+            None: no OTLP gRPC listener (`--otlp-grpc off`, as a one-node `traceml run` has it).
         extra_args: further CLI flags, after the defaults (so they win).
         env: added to the inherited environment, from which OTEL_* and TRACEML_*
             are removed so the caller's settings cannot leak into the processor.
@@ -37,7 +38,7 @@ class ProcessorProcess:
         summary_dir: where ended runs' summaries go; None: no `--summary-dir`.
     """
 
-    def __init__(self, folder: Path, *, grpc_port: int = 0, http_port: int = 0, prometheus_port: int = 0,
+    def __init__(self, folder: Path, *, grpc_port: int | None = 0, http_port: int = 0, prometheus_port: int = 0,
                  extra_args: Iterable[str] = (), env: Mapping[str, str] | None = None,
                  db: Path | None = None, summary_dir: Path | None | bool = True):
         self.folder = Path(folder)
@@ -57,7 +58,8 @@ class ProcessorProcess:
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "traceml.processor.cli", "--db", str(self.db),
-               "--otlp-grpc", f"127.0.0.1:{self.grpc}", "--otlp-http", f"127.0.0.1:{self.http}",
+               "--otlp-grpc", "off" if self.grpc is None else f"127.0.0.1:{self.grpc}",
+               "--otlp-http", f"127.0.0.1:{self.http}",
                "--prometheus", f"127.0.0.1:{self.prom}", "--export-endpoint", "off"]
         if self.summary_dir is not None:
             cmd += ["--summary-dir", str(self.summary_dir)]
@@ -77,7 +79,7 @@ class ProcessorProcess:
             self.stop()
             raise RuntimeError(f"processor did not start: {self.log_text()}")
         grpc, http, prom = match.groups()
-        self.grpc, self.http = int(grpc), int(http)
+        self.grpc, self.http = (int(grpc) if grpc.isdigit() else None), int(http)
         self.prom = int(prom) if prom.isdigit() else self.prom
         if wait_readyz and not wait_until(self.ready, timeout_s, 0.01):
             self.stop()

@@ -145,7 +145,5 @@ def main(argv: Sequence[str] | None = None) -> None:
         exit_without_teardown(0)
 
 
-
-
 if __name__ == "__main__":
     main()

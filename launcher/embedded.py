@@ -48,7 +48,7 @@ def free_loopback_port() -> int:
 
 @dataclass(frozen=True, slots=True)
 class ProcessorEndpoints:
-    grpc_port: int
+    grpc_port: int | None  # None: no OTLP gRPC listener (a one-node run's processor)
     http_port: int
     ui: tuple[str, int] | None = None  # the web view's address (`traceml run --ui`)
     grpc_host: str = "127.0.0.1"  # where OTLP gRPC listens
@@ -93,11 +93,12 @@ class EmbeddedProcessor:
     def __init__(self, db_path: Path, summary_dir: Path, log_path: Path,
                  ui: tuple[str, int] | None = None, grpc_bind: tuple[str, int] | None = None,
                  advertised_host: str | None = None, auth_token_file: Path | None = None,
-                 http_bind: tuple[str, int] | None = None) -> None:
+                 http_bind: tuple[str, int] | None = None, grpc: bool = True) -> None:
         self.db_path = Path(db_path)
         self.summary_dir = Path(summary_dir)
         self.log_path = Path(log_path)
         self.ui = ui  # serve the web view here; port 0 = a free loopback port
+        self.grpc = grpc  # listen for OTLP gRPC at all: not when every rank sends OTLP/HTTP
         self.grpc_bind = grpc_bind  # (host, port) for OTLP gRPC; None = a free loopback port
         self.http_bind = http_bind  # (host, port) for OTLP/HTTP; None = a free loopback port
         self.advertised_host = advertised_host
@@ -110,7 +111,8 @@ class EmbeddedProcessor:
         command = [
             sys.executable, "-m", "traceml.processor.cli",
             "--db", str(self.db_path),
-            "--otlp-grpc", f"{format_host(endpoints.grpc_host)}:{endpoints.grpc_port}",
+            "--otlp-grpc", "off" if endpoints.grpc_port is None
+            else f"{format_host(endpoints.grpc_host)}:{endpoints.grpc_port}",
             "--otlp-http", f"{format_host(endpoints.http_host)}:{endpoints.http_port}",
             "--summary-dir", str(self.summary_dir),
         ]
@@ -123,7 +125,7 @@ class EmbeddedProcessor:
 
     def start(self, ready_timeout_s: float = READY_TIMEOUT_S) -> ProcessorEndpoints:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        grpc_host, grpc_port = self.grpc_bind or ("127.0.0.1", free_loopback_port())
+        grpc_host, grpc_port = self.grpc_bind or ("127.0.0.1", free_loopback_port() if self.grpc else None)
         http_host, http_port = self.http_bind or (LOOPBACK, free_loopback_port())
         while http_port == grpc_port and self.http_bind is None:
             http_port = free_loopback_port()

@@ -491,8 +491,11 @@ def _start_embedded(args: argparse.Namespace, options: RunOptions, run_path: Pat
         shared = dict(grpc_bind=(bind, placement.port), advertised_host=placement.host,
                       auth_token_file=Path(token_file).resolve() if token_file else None,
                       http_bind=None if placement.control_port is None else (bind, placement.control_port))
+    # One node: every rank sends OTLP/HTTP (below), so the processor runs no gRPC server, whose
+    # threads would wake all run long for nothing.
     processor = EmbeddedProcessor(db_path=run_path / rd.DB_FILENAME, summary_dir=Path(options.runs_dir),
-                                  log_path=run_path / "processor.log", ui=options.ui, **shared)
+                                  log_path=run_path / "processor.log", ui=options.ui,
+                                  grpc=placement is not None, **shared)
     try:
         run_path.mkdir(parents=True, exist_ok=True)
         endpoints = processor.start()
@@ -520,10 +523,10 @@ def _start_embedded(args: argparse.Namespace, options: RunOptions, run_path: Pat
         # node, the rendezvous host at --processor-port + 1 for every node's ranks on several (a
         # user's own setting is kept as it is).
         rank_env[env.TRACEML_CONTROL_ENDPOINT] = endpoints.control_url
-    grpc_label, http_label = ("OTLP gRPC", "OTLP/HTTP, where the ranks send") if placement is None \
-        else ("OTLP gRPC, where the ranks send", "OTLP/HTTP")
-    _say(out, f"run {run_id}: embedded processor on {endpoints.grpc_address} ({grpc_label}) and "
-              f"{endpoints.control_url.removeprefix('http://')} ({http_label}), data in {run_path}")
+    http_address = endpoints.control_url.removeprefix("http://")
+    listens = f"{http_address} (OTLP/HTTP)" if placement is None \
+        else f"{endpoints.grpc_address} (OTLP gRPC, where the ranks send) and {http_address} (OTLP/HTTP)"
+    _say(out, f"run {run_id}: embedded processor on {listens}, data in {run_path}")
     if endpoints.ui is not None:
         _say(out, f"live web view: {endpoints.ui_url(run_id)}")
     if placement is not None:

@@ -162,7 +162,7 @@ def test_the_ranks_of_every_node_get_the_control_endpoint_unless_the_user_set_it
     assert ProcessorEndpoints(1, 2, http_host="::", advertised_host="fd00::1").ready_url == "http://[::1]:2/readyz"
 
 
-def test_ranks_exporting_only_to_our_processor_send_no_phase_spans_unless_the_user_asks(monkeypatch, tmp_path):
+def test_ranks_exporting_only_to_our_processor_send_no_phase_spans_unless_the_user_asks_and_one_node_uses_http(monkeypatch, tmp_path):
     """Phase child spans are for trace viewers; the embedded processor and the job's processor
     on another node only count and drop them, so those ranks are told not to send them, and a
     user's TRACEML_PHASE_SPANS (on or off) is left to the ranks as it is."""
@@ -172,7 +172,13 @@ def test_ranks_exporting_only_to_our_processor_send_no_phase_spans_unless_the_us
     from traceml.launcher.embedded import EmbeddedProcessor, ProcessorEndpoints
     from traceml.schema import environment as env
 
-    monkeypatch.setattr(EmbeddedProcessor, "start", lambda self: ProcessorEndpoints(40000, 40001))
+    grpc_servers: list[bool] = []
+
+    def start(self):
+        grpc_servers.append(self.grpc)
+        return ProcessorEndpoints(40000 if self.grpc else None, 40001)
+
+    monkeypatch.setattr(EmbeddedProcessor, "start", start)
     args, options = parse(["train.py"])
     other = _placement("--nnodes", "2", "--node-rank", "1", "--master-addr", "10.1.2.3")
 
@@ -184,7 +190,14 @@ def test_ranks_exporting_only_to_our_processor_send_no_phase_spans_unless_the_us
         return embedded, remote
 
     monkeypatch.delenv(env.TRACEML_PHASE_SPANS, raising=False)
-    assert [e[env.TRACEML_PHASE_SPANS] for e in rank_envs()] == ["0", "0"]
+    embedded, remote = rank_envs()
+    assert [e[env.TRACEML_PHASE_SPANS] for e in (embedded, remote)] == ["0", "0"]
+    # One node: the ranks send OTLP/HTTP to the processor's loopback port, which runs no gRPC server.
+    assert (embedded[env.TRACEML_OTLP_ENDPOINT], embedded[env.TRACEML_OTLP_PROTOCOL]) == \
+        ("http://127.0.0.1:40001", "http/protobuf") and grpc_servers == [False]
+    assert "--otlp-grpc" in (command := EmbeddedProcessor("db", ".", "log").command(ProcessorEndpoints(None, 1))) \
+        and command[command.index("--otlp-grpc") + 1] == "off"
+    assert remote[env.TRACEML_OTLP_PROTOCOL] == "grpc"  # another node's ranks: the job's processor's gRPC
     for mine in ("1", "0"):
         monkeypatch.setenv(env.TRACEML_PHASE_SPANS, mine)
         assert [env.TRACEML_PHASE_SPANS in e for e in rank_envs()] == [False, False]  # inherited as set

@@ -70,8 +70,14 @@ def test_an_extra_operator_on_one_rank_is_the_top_of_its_captures_digest(op_run)
     assert capture["trigger"] in STRAGGLER_KINDS, capture
     assert capture["status"] == "done", capture
     assert (capture["culprit_rank"], capture["reference_rank"]) == (1, 0)  # the other rank of its node
-    top = capture["digest"]["rows"][0]
-    assert top["name"] == "aten::sort" and top["kind"] == "op", capture["digest"]
+    # The top operator. A collective may rank above it: on this shared 2-core machine the
+    # reference rank can be descheduled during one of the five captured steps, and the culprit
+    # then waits in that step's all-reduce (seen once in a clean-clone CI run: +12.5 ms against
+    # the sort's +11.4); the digest reports what happened, and only collectives may be above.
+    rows = capture["digest"]["rows"]
+    top = next(row for row in rows if row["kind"] == "op")
+    assert top["name"] == "aten::sort", capture["digest"]
+    assert all(row["kind"] == "collective" for row in rows[:rows.index(top)]), capture["digest"]
     assert top["excess_ms"] > 5 and top["reference_ms"] == 0, top
     # The finding that asked names its capture; the card says what the capture found.
     if straggler["kind"] == capture["trigger"]:
@@ -91,8 +97,8 @@ def test_traceml_capture_against_the_live_run_returns_a_digest(op_run):
     cli = json.loads((op_run.cwd / "capture_cli.json").read_text())
     assert cli["returncode"] == 0, cli
     assert "rank 1 vs rank 0 over 3 steps (manual): done" in cli["stdout"], cli
-    first_row = next(line for line in cli["stdout"].splitlines() if "::" in line)
-    assert "aten::sort" in first_row, cli["stdout"]
+    first_op = next(line for line in cli["stdout"].splitlines() if line.split()[1:2] == ["op"])
+    assert first_op.startswith("aten::sort"), cli["stdout"]  # the top operator (a collective may lead: above)
     manual = [c for c in op_run.summary["captures"] if c["trigger"] == "manual"]
     assert [c["status"] for c in manual] == ["done"] and manual[0]["steps"] == 3
 

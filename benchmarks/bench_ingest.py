@@ -261,16 +261,23 @@ def bench_idle_flood(folder: Path, args) -> dict:
     return out
 
 
-def bench_freshness(folder: Path, samples: int, refresh_s: float) -> dict:
-    proc = Processor(folder / "freshness", refresh_s=refresh_s)
+def bench_freshness(folder: Path, samples: int, refresh_s: float, transport: str = "grpc") -> dict:
+    """Step end -> `/metrics`, each step sent over `transport` (grpc, or http: what a one-node
+    `traceml run`'s ranks use)."""
+    proc = Processor(folder / f"freshness-{transport}", refresh_s=refresh_s)
     channel = grpc.insecure_channel(f"127.0.0.1:{proc.grpc}")
-    call = channel.unary_unary(TRACE_METHOD)
+    call = channel.unary_unary(TRACE_METHOD) if transport == "grpc" else None
+    post = http_sender(proc.http)() if transport == "http" else None
     lags = []
     try:
         for step in range(samples + 2):
             end = time.time()
             for rank in range(2):
-                call(trace_request("fresh", rank, [step_span(step, rank, end_s=end)]).SerializeToString(), timeout=10)
+                body = trace_request("fresh", rank, [step_span(step, rank, end_s=end)]).SerializeToString()
+                if call is not None:
+                    call(body, timeout=10)
+                else:
+                    post(body)
             pattern = re.compile(r'traceml_window_last_step\{traceml_run_id="fresh"\} (\d+)')
             while True:
                 match = pattern.search(proc.scrape())
@@ -282,8 +289,8 @@ def bench_freshness(folder: Path, samples: int, refresh_s: float) -> dict:
     finally:
         channel.close()
         proc.stop()
-    return {"refresh_s": refresh_s, "median_s": round(statistics.median(lags), 3), "max_s": round(max(lags), 3),
-            "samples": len(lags)}
+    return {"transport": transport, "refresh_s": refresh_s, "median_s": round(statistics.median(lags), 3),
+            "max_s": round(max(lags), 3), "samples": len(lags)}
 
 
 def bench_memory(folder: Path, ranks: int, steps: int) -> dict:
@@ -394,9 +401,10 @@ def measure(args) -> dict:
         best = max(r["spans_per_s"] for per_batch in results["grpc"].values() for r in per_batch.values())
         print(f"best OTLP/gRPC: {best:,} spans/s = {best / TARGET_SPANS_PER_S:.2f}x the 20,000 target, "
               f"{best / base:.2f}x the store-only baseline")
-        fresh = bench_freshness(folder / "freshness", 10, 0.5)
-        print(f"freshness (refresh 0.5 s): median {fresh['median_s']} s, max {fresh['max_s']} s "
-              f"over {fresh['samples']} steps")
+        fresh = {transport: bench_freshness(folder / "freshness", 10, 0.5, transport) for transport in ("grpc", "http")}
+        for transport, figures in fresh.items():
+            print(f"freshness over {transport} (refresh 0.5 s): median {figures['median_s']} s, max "
+                  f"{figures['max_s']} s over {figures['samples']} steps")
         mem = bench_memory(folder / "memory", args.memory_ranks, args.memory_steps)
         print(f"memory: {mem['ranks']} ranks x {mem['steps']} steps ({mem['rows']:,} rows): "
               f"peak RSS {mem['peak_rss_mib']} MiB, final {mem['final_rss_mib']} MiB (bound 500 MiB)")

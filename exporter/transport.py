@@ -344,10 +344,10 @@ def direct_http(url: str) -> bool:
     machine's: a proxy could not reach it for us; `traceml run`'s own processor is one), or one
     that no proxy variable (HTTP_PROXY, NO_PROXY: what `requests` reads) sends through a proxy.
     HTTPS stays with `requests`, whose trust store (certifi, REQUESTS_CA_BUNDLE) users of an
-    OTLP/HTTP exporter configure."""
+    OTLP/HTTP exporter configure, and so does a URL with a query (the connection posts to a path)."""
     parts = urlsplit(url)
     host = parts.hostname
-    if parts.scheme.lower() != "http" or not host:
+    if parts.scheme.lower() != "http" or not host or parts.query:
         return False
     if _loopback(host) or not urllib.request.getproxies().get("http"):
         return True

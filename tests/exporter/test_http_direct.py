@@ -31,6 +31,7 @@ def no_proxy_variables(monkeypatch):
 def test_only_plain_http_that_no_proxy_variable_covers_is_sent_directly(no_proxy_variables):
     assert direct_http("http://collector.example:4318/v1/traces")
     assert not direct_http("https://127.0.0.1:4318/v1/traces")  # TLS: requests' trust store, as before
+    assert not direct_http("http://127.0.0.1:4318/v1/traces?tenant=a")  # requests keeps the query
     no_proxy_variables.setenv("HTTP_PROXY", "http://proxy.example:3128")
     assert not direct_http("http://collector.example:4318/v1/traces")
     # This machine's loopback: no proxy can reach it for us (traceml run's processor is there).
@@ -149,3 +150,25 @@ def test_a_refused_connection_is_an_error_the_caller_sees():
     conn = KeptAliveConnection(f"http://127.0.0.1:{port}")  # nothing listens there any more
     with pytest.raises((OSError, http.client.HTTPException)):
         conn.request("POST", "/v1/traces", {}, 1.0, b"x")
+
+
+@pytest.mark.slow
+def test_the_direct_connection_delivers_to_a_collector_we_did_not_write(no_proxy_variables, tmp_path):
+    """rotel-agent's OTLP/HTTP receiver (a Rust agent, hyper's HTTP/1.1) takes our kept-alive
+    connection's requests, one after another on the same connection and again after a pause, and
+    relays every span to a gRPC receiver."""
+    from harness.rotel_relay import RotelRelay
+
+    with OtlpTestReceiver() as receiver, RotelRelay(tmp_path / "rotel", receiver.grpc_endpoint, "grpc",
+                                                    ["--disable-batching"]) as relay:
+        settings = resolve_settings(f"http://127.0.0.1:{relay.http_port}", "http/protobuf", environ={}).traces
+        transport = HttpTransport(settings, threading.Event())
+        try:
+            assert transport._direct is not None  # loopback: the kept-alive http.client connection
+            for pause_s in (0.0, 0.0, 1.5):
+                time.sleep(pause_s)
+                outcome = transport.export(v.SIGNAL_TRACES, _request_with_one_span(), time.monotonic() + 5)
+                assert outcome.delivered and outcome.retries == 0, outcome
+        finally:
+            transport.close()
+        assert receiver.wait_for(lambda: len(receiver.spans()) == 3, timeout_s=10), relay.log_text()[-2000:]

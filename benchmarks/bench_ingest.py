@@ -265,19 +265,18 @@ def bench_freshness(folder: Path, samples: int, refresh_s: float, transport: str
     """Step end -> `/metrics`, each step sent over `transport` (grpc, or http: what a one-node
     `traceml run`'s ranks use)."""
     proc = Processor(folder / f"freshness-{transport}", refresh_s=refresh_s)
-    channel = grpc.insecure_channel(f"127.0.0.1:{proc.grpc}")
-    call = channel.unary_unary(TRACE_METHOD) if transport == "grpc" else None
-    post = http_sender(proc.http)() if transport == "http" else None
+    channel = grpc.insecure_channel(f"127.0.0.1:{proc.grpc}") if transport == "grpc" else None
+    if channel is not None:
+        call = channel.unary_unary(TRACE_METHOD)
+        send = lambda body: call(body, timeout=10)  # noqa: E731
+    else:
+        send = http_sender(proc.http)()
     lags = []
     try:
         for step in range(samples + 2):
             end = time.time()
             for rank in range(2):
-                body = trace_request("fresh", rank, [step_span(step, rank, end_s=end)]).SerializeToString()
-                if call is not None:
-                    call(body, timeout=10)
-                else:
-                    post(body)
+                send(trace_request("fresh", rank, [step_span(step, rank, end_s=end)]).SerializeToString())
             pattern = re.compile(r'traceml_window_last_step\{traceml_run_id="fresh"\} (\d+)')
             while True:
                 match = pattern.search(proc.scrape())
@@ -287,7 +286,8 @@ def bench_freshness(folder: Path, samples: int, refresh_s: float, transport: str
             if step >= 2:  # the first refreshes open the session
                 lags.append(time.time() - end)
     finally:
-        channel.close()
+        if channel is not None:
+            channel.close()
         proc.stop()
     return {"transport": transport, "refresh_s": refresh_s, "median_s": round(statistics.median(lags), 3),
             "max_s": round(max(lags), 3), "samples": len(lags)}

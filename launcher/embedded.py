@@ -65,6 +65,11 @@ class ProcessorEndpoints:
         return f"http://{self.grpc_address}"
 
     @property
+    def http_address(self) -> str:
+        """OTLP/HTTP's host:port as the ranks use it (`control_url`'s)."""
+        return self.control_url.removeprefix("http://")
+
+    @property
     def ready_url(self) -> str:
         """Asked by the launcher on this machine: a wildcard bind is reached through loopback."""
         host = {"0.0.0.0": LOOPBACK, "::": "::1"}.get(self.http_host, self.http_host)

@@ -523,9 +523,8 @@ def _start_embedded(args: argparse.Namespace, options: RunOptions, run_path: Pat
         # node, the rendezvous host at --processor-port + 1 for every node's ranks on several (a
         # user's own setting is kept as it is).
         rank_env[env.TRACEML_CONTROL_ENDPOINT] = endpoints.control_url
-    http_address = endpoints.control_url.removeprefix("http://")
-    listens = f"{http_address} (OTLP/HTTP)" if placement is None \
-        else f"{endpoints.grpc_address} (OTLP gRPC, where the ranks send) and {http_address} (OTLP/HTTP)"
+    listens = f"{endpoints.http_address} (OTLP/HTTP)" if placement is None else \
+        f"{endpoints.grpc_address} (OTLP gRPC, where the ranks send) and {endpoints.http_address} (OTLP/HTTP)"
     _say(out, f"run {run_id}: embedded processor on {listens}, data in {run_path}")
     if endpoints.ui is not None:
         _say(out, f"live web view: {endpoints.ui_url(run_id)}")

@@ -195,8 +195,8 @@ def test_ranks_exporting_only_to_our_processor_send_no_phase_spans_unless_the_us
     # One node: the ranks send OTLP/HTTP to the processor's loopback port, which runs no gRPC server.
     assert (embedded[env.TRACEML_OTLP_ENDPOINT], embedded[env.TRACEML_OTLP_PROTOCOL]) == \
         ("http://127.0.0.1:40001", "http/protobuf") and grpc_servers == [False]
-    assert "--otlp-grpc" in (command := EmbeddedProcessor("db", ".", "log").command(ProcessorEndpoints(None, 1))) \
-        and command[command.index("--otlp-grpc") + 1] == "off"
+    command = EmbeddedProcessor("db", ".", "log", grpc=False).command(ProcessorEndpoints(None, 1))
+    assert command[command.index("--otlp-grpc") + 1] == "off"
     assert remote[env.TRACEML_OTLP_PROTOCOL] == "grpc"  # another node's ranks: the job's processor's gRPC
     for mine in ("1", "0"):
         monkeypatch.setenv(env.TRACEML_PHASE_SPANS, mine)

@@ -10,6 +10,11 @@ bash scripts/setup.sh
 # same wheel into fresh environments: TRACEML_TEST_DIST).
 PYTHON_UNDER_TEST=$(bash scripts/wheel_venv.sh)
 export TRACEML_TEST_DIST="$PWD/dist"
-# Two pytest-xdist workers; a module's tests that share a module-scoped fixture stay on one worker,
-# and the tests that measure time run with nothing beside them (tests/serial_tests.py).
-exec "$PYTHON_UNDER_TEST" -m pytest -q -n 2 --dist loadscope "$@"
+# One pytest-xdist worker more than there are cores (most tests spend part of their time waiting
+# on the processes they start; with one per core the cores idle then), at most eight (the free-port
+# slices, harness/ports.py); TRACEML_TEST_WORKERS overrides. A module's tests that share a
+# module-scoped fixture stay on one worker, the tests that measure time run with nothing beside
+# them, and the longest work goes out first (tests/serial_tests.py, tests/durations.py).
+WORKERS=${TRACEML_TEST_WORKERS:-$(( $(nproc) + 1 ))}
+(( WORKERS > 8 )) && WORKERS=8
+exec "$PYTHON_UNDER_TEST" -m pytest -q -n "$WORKERS" --dist loadscope "$@"

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.durations import store_durations
 from tests.serial_tests import (SerialLock, group_shared_fixtures, is_beside_serial, mark_serial,
                                 module_group_scheduling)
 
@@ -24,6 +25,27 @@ def pytest_addoption(parser):
         help="rewrite tests/step_time/golden/*.json (refused for a key or null-pattern change "
              "at an unchanged SCHEMA_VERSION)",
     )
+    parser.addoption(
+        "--store-durations", action="store_true", default=False,
+        help="write each test's duration (setup, call and teardown) into tests/durations.json, "
+             "which orders the work under -n (tests/durations.py); run it on the whole suite",
+    )
+
+
+class _DurationRecorder:
+    """On the process that receives the reports (xdist's controller, or the only one): each test's
+    setup, call and teardown seconds, written at the end (tests/durations.py)."""
+
+    def __init__(self, root: Path) -> None:
+        self._root = root
+        self._seconds: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report) -> None:
+        self._seconds[report.nodeid] = self._seconds.get(report.nodeid, 0.0) + report.duration
+
+    def pytest_sessionfinish(self) -> None:
+        if self._seconds:
+            store_durations(self._seconds, lambda nodeid: (self._root / nodeid.split("::", 1)[0]).is_file())
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` and `-k` deselect: a module's groups count all its tests
@@ -71,6 +93,8 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 def pytest_configure(config):
+    if config.getoption("--store-durations") and getattr(config, "workerinput", None) is None:
+        config.pluginmanager.register(_DurationRecorder(config.rootpath), "traceml-durations")
     workerinput = getattr(config, "workerinput", None)  # set on pytest-xdist's workers only
     if workerinput is not None and config.option.basetemp:
         # Each worker's basetemp is <the run's temporary root>/<worker id>: the root is this run's.

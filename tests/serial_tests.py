@@ -15,11 +15,13 @@ nothing is locked. Each entry is a node id or a node id prefix (a module, or a t
 without its parameters); an entry that matches nothing in a module that was collected is
 an error, so a renamed test cannot silently fall out of the list.
 
-While a serial test runs, the other worker waits; before it starts, it waits for the test the
-other worker is running. So that the second wait is paid once rather than before each serial
+While a serial test runs, the other workers wait; before it starts, it waits for the tests the
+other workers are running. So that the second wait is paid once rather than before each serial
 test, the scheduler hands all of them to one worker as one block (with the whole modules of
 those that share a fixture), the serial tests of the other modules first, one after the other,
 and a serial test followed by another on its worker keeps the machine for it (SerialLock).
+While the block runs, the other workers get the tests listed as fit to run beside it, then the
+shortest ones (a serial test waits for them); after it, the longest first (tests/durations.py).
 """
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ import os
 from pathlib import Path
 
 import pytest
+
+from tests.durations import load_durations, unit_seconds
 
 # node id (prefix) -> why it must not share the machine with other tests
 SERIAL: dict[str, str] = {
@@ -63,9 +67,9 @@ SERIAL: dict[str, str] = {
     "tests/launcher/test_resource_runs.py::"
     "test_an_input_bound_run_beside_a_cpu_burning_neighbour_is_told_the_cpus_are_saturated":
         "burns every core itself, then compares the host CPU of a quiet run against it",
-    "tests/reliability/test_http_front.py::test_a_body_that_pauses_longer_than_the_chunk_deadline_is_answered_408_before_the_body_deadline":
+    "tests/reliability/test_http_front_deadlines.py::test_a_body_that_pauses_longer_than_the_chunk_deadline_is_answered_408_before_the_body_deadline":
         "the 408 must come after the chunk deadline and before the body deadline",
-    "tests/reliability/test_http_front.py::test_at_the_cap_with_every_head_complete_the_slowest_body_makes_room":
+    "tests/reliability/test_http_front_deadlines.py::test_at_the_cap_with_every_head_complete_the_slowest_body_makes_room":
         "which connection made the least progress is decided by how fast each one sent",
     "tests/reliability/test_load.py":
         "hundreds of simulated ranks: the processor's lag, and no false culprit at any scrape",
@@ -100,6 +104,8 @@ BESIDE_SERIAL: dict[str, str] = {
         "waits out a 1 s idle timeout: 1.2 s, 0.07 CPU-s",
     "tests/instrumentation/test_resource_sampler.py::test_stop_takes_a_last_sample_so_a_short_run_still_has_its_figures":
         "waits for a sampler's stop: 1.1 s, 0.01 CPU-s",
+    "tests/reliability/test_http_front.py":
+        "raw sockets that stall, flood and wait out 1 s deadlines against one processor: 35 s, 2.5 CPU-s",
 }
 
 
@@ -133,12 +139,24 @@ def work_units(collection: list[str], grouped: set[str]) -> dict[str, str]:
     return units
 
 
-def queue_order(units: list[str]) -> list[str]:
+def queue_order(units: list[str], seconds: dict[str, float]) -> list[str]:
     """The work units in the order they are handed out: the serial block, then the tests that may
-    run beside it (each its own unit unless its module is grouped), then the rest as they were."""
+    run beside it (each its own unit unless its module is grouped), then the rest, longest first
+    (`seconds`: a unit's expected duration, tests/durations.py), so that what is left for the end
+    is short and no worker finishes long before the other."""
     block = [unit for unit in units if unit == SERIAL_BLOCK]
     beside = [unit for unit in units if unit != SERIAL_BLOCK and is_beside_serial(unit)]
-    return block + beside + [unit for unit in units if unit != SERIAL_BLOCK and not is_beside_serial(unit)]
+    rest = [unit for unit in units if unit != SERIAL_BLOCK and not is_beside_serial(unit)]
+    return block + beside + sorted(rest, key=lambda unit: -seconds.get(unit, 0.0))
+
+
+def next_unit(queue: list[str], block_running: bool) -> str:
+    """The unit a worker gets next from the queue (in `queue_order`). While another worker runs the
+    serial block, a test that may run beside it, else the shortest one: each serial test waits for
+    the test any other worker has in hand, so that test should be short; after it, the longest."""
+    if block_running and queue[0] != SERIAL_BLOCK and not is_beside_serial(queue[0]):
+        return queue[-1]
+    return queue[0]
 
 
 def block_order(nodeids: list[str], grouped: set[str]) -> list[str]:
@@ -179,7 +197,7 @@ def module_group_scheduling(config: pytest.Config, log=None):
     """pytest-xdist's load-by-scope scheduler where a scope is a whole module for the modules
     whose tests share a fixture (as the workers wrote them down) and a single test otherwise,
     so independent heavy tests of one module still run on both workers; the serial tests are one
-    block, handed out first (`work_units`, `block_order`)."""
+    block, handed out first (`work_units`, `block_order`), and the rest in `next_unit`'s order."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ModuleGroupScheduling(LoadScopeScheduling):
@@ -189,6 +207,7 @@ def module_group_scheduling(config: pytest.Config, log=None):
             self._grouped: set[str] | None = None
             self._units: dict[str, str] = {}
             self._ordered = False
+            self._block_node = None
 
         def _split_scope(self, nodeid: str) -> str:
             if self._grouped is None:  # every worker has collected before the first test is handed out
@@ -197,15 +216,29 @@ def module_group_scheduling(config: pytest.Config, log=None):
                 self._units = work_units(list(self.collection or ()), self._grouped)
             return self._units.get(nodeid, nodeid)
 
+        def _order_queue(self) -> None:
+            block = self.workqueue.get(SERIAL_BLOCK)
+            if block is not None:
+                self.workqueue[SERIAL_BLOCK] = {nodeid: block[nodeid]
+                                                for nodeid in block_order(list(block), self._grouped or set())}
+            durations = load_durations()
+            seconds = {unit: unit_seconds(nodeids, durations) for unit, nodeids in self.workqueue.items()}
+            for unit in reversed(queue_order(list(self.workqueue), seconds)):
+                self.workqueue.move_to_end(unit, last=False)
+
+        def _block_running(self, node) -> bool:
+            if self._block_node is None or self._block_node is node:
+                return False
+            return not all(self.assigned_work.get(self._block_node, {}).get(SERIAL_BLOCK, {None: True}).values())
+
         def _assign_work_unit(self, node) -> None:
             if not self._ordered:  # the first call: the block goes first, in its running order
                 self._ordered = True
-                block = self.workqueue.get(SERIAL_BLOCK)
-                if block is not None:
-                    self.workqueue[SERIAL_BLOCK] = {nodeid: block[nodeid]
-                                                    for nodeid in block_order(list(block), self._grouped or set())}
-                for unit in reversed(queue_order(list(self.workqueue))):
-                    self.workqueue.move_to_end(unit, last=False)
+                self._order_queue()
+            unit = next_unit(list(self.workqueue), self._block_running(node))
+            if unit == SERIAL_BLOCK:
+                self._block_node = node
+            self.workqueue.move_to_end(unit, last=False)  # the base class hands out the first unit
             super()._assign_work_unit(node)
 
     return ModuleGroupScheduling()

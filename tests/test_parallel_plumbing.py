@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 import harness.ports as ports
-from tests.serial_tests import BESIDE_SERIAL, SERIAL_BLOCK, SerialLock, block_order, queue_order, work_units
+from tests.durations import UNKNOWN_SECONDS, load_durations, store_durations, unit_seconds
+from tests.serial_tests import (BESIDE_SERIAL, SERIAL_BLOCK, SerialLock, block_order, next_unit, queue_order,
+                                work_units)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -102,12 +104,35 @@ def test_the_serial_tests_are_one_work_unit_alone_ones_first_and_grouped_modules
     assert block_order(block, grouped={demo, shared}) == [alone_serial, collection[0], collection[1]]
 
 
-def test_the_tests_fit_to_run_beside_the_serial_block_are_handed_out_right_after_it():
+def test_the_tests_fit_to_run_beside_the_serial_block_come_right_after_it_and_the_rest_longest_first():
     beside = next(iter(BESIDE_SERIAL))
     units = ["tests/a.py::test_x", f"{beside}[p]", "tests/processor/test_prometheus_exposition.py", SERIAL_BLOCK,
-             "tests/b.py::test_y"]
-    assert queue_order(units) == [SERIAL_BLOCK, f"{beside}[p]", "tests/a.py::test_x",
-                                  "tests/processor/test_prometheus_exposition.py", "tests/b.py::test_y"]
+             "tests/b.py::test_y", "tests/c.py::test_z"]
+    seconds = {"tests/a.py::test_x": 3.0, "tests/processor/test_prometheus_exposition.py": 40.0,
+               "tests/b.py::test_y": 3.0, "tests/c.py::test_z": 0.1, SERIAL_BLOCK: 100.0}
+    assert queue_order(units, seconds) == [SERIAL_BLOCK, f"{beside}[p]", "tests/processor/test_prometheus_exposition.py",
+                                           "tests/a.py::test_x", "tests/b.py::test_y", "tests/c.py::test_z"]
+
+
+def test_beside_a_running_serial_block_a_worker_gets_the_shortest_unit_and_after_it_the_longest():
+    beside = f"{next(iter(BESIDE_SERIAL))}[p]"
+    queue = [SERIAL_BLOCK, beside, "tests/long.py", "tests/short.py::test_z"]
+    assert next_unit(queue, block_running=False) == SERIAL_BLOCK
+    assert next_unit(queue[1:], block_running=True) == beside  # no lock: it runs while the block holds the room
+    # A serial test waits for what the other workers have in hand: the shortest keeps it waiting least.
+    assert next_unit(queue[2:], block_running=True) == "tests/short.py::test_z"
+    assert next_unit(queue[2:], block_running=False) == "tests/long.py"
+
+
+def test_durations_are_stored_per_test_and_kept_for_tests_that_did_not_run(tmp_path):
+    path = tmp_path / "durations.json"
+    store_durations({"tests/a.py::test_x": 2.04, "tests/gone.py::test_y": 1.0}, lambda nodeid: True, path)
+    store_durations({"tests/a.py::test_w": 0.01}, lambda nodeid: "gone" not in nodeid, path)
+    durations = load_durations(path)
+    assert durations == {"tests/a.py::test_x": 2.0, "tests/a.py::test_w": 0.0}
+    assert unit_seconds(["tests/a.py::test_x", "tests/a.py::test_new"], durations) == 2.0 + UNKNOWN_SECONDS
+    path.write_text("not json")
+    assert load_durations(path) == {}  # a damaged file orders nothing; it breaks nothing either
 
 
 def _workers_by_module(*paths: str) -> dict[str, set[str]]:

@@ -196,7 +196,7 @@ _GROUPS_PREFIX = "module-groups-"
 def module_group_scheduling(config: pytest.Config, log=None):
     """pytest-xdist's load-by-scope scheduler where a scope is a whole module for the modules
     whose tests share a fixture (as the workers wrote them down) and a single test otherwise,
-    so independent heavy tests of one module still run on both workers; the serial tests are one
+    so independent heavy tests of one module still run on all workers; the serial tests are one
     block, handed out first (`work_units`, `block_order`), and the rest in `next_unit`'s order."""
     from xdist.scheduler import LoadScopeScheduling
 

@@ -71,8 +71,6 @@ SERIAL: dict[str, str] = {
         "the 408 must come after the chunk deadline and before the body deadline",
     "tests/reliability/test_http_front_deadlines.py::test_at_the_cap_with_every_head_complete_the_slowest_body_makes_room":
         "which connection made the least progress is decided by how fast each one sent",
-    "tests/reliability/test_load.py":
-        "hundreds of simulated ranks: the processor's lag, and no false culprit at any scrape",
 }
 
 

@@ -2,7 +2,10 @@
 every step is stored, and the diagnosis names the one straggler rank.
 
 The bounds are generous "stays bounded" limits, not performance claims (the
-figures themselves come from checks/load.py).
+figures themselves come from checks/load.py), and the step durations are the senders'
+own, not timed: so the test shares the machine with the suite's other tests. With both
+cores kept busy by two spinning processes it passed three times out of three, the lag
+under 1 s and no scrape naming another rank (2026-12-07).
 """
 from __future__ import annotations
 

@@ -77,7 +77,7 @@ SERIAL: dict[str, str] = {
 # node id (prefix) -> why it may run beside a serial test: it waits on timeouts or deadlines and uses
 # next to no CPU (measured with its children, on a loaded machine), so it neither disturbs a serial
 # test nor is disturbed by one more than by any other neighbour. It takes no lock, and the scheduler
-# hands these out right after the serial block, so the other worker runs them while the block holds
+# hands these out right after the serial block, so the other workers run them while the block holds
 # the machine instead of idling.
 BESIDE_SERIAL: dict[str, str] = {
     "tests/processor/test_settings.py::test_stop_stays_bounded_when_the_push_timeout_is_no_limit":
@@ -283,7 +283,7 @@ class SerialLock:
 
     def leave(self, exclusive: bool, next_exclusive: bool = False) -> None:
         """Release, unless a serial test is followed by another on this worker: then the room
-        stays closed for it, so the other worker does not slip a test in between."""
+        stays closed for it, so the other workers do not slip a test in between."""
         if exclusive and next_exclusive:
             self._kept = True
             return

@@ -21,7 +21,6 @@ from __future__ import annotations
 import email.utils
 import gzip
 import http.client
-import ipaddress
 import logging
 import random
 import ssl
@@ -32,6 +31,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from traceml.schema import vocabulary as v
+from traceml.schema.hosts import is_loopback
 from traceml.schema import distribution
 
 from .settings import COMPRESSION_GZIP, PROTOCOL_GRPC, ExporterSettings, SignalSettings
@@ -349,18 +349,9 @@ def direct_http(url: str) -> bool:
     host = parts.hostname
     if parts.scheme.lower() != "http" or not host or parts.query:
         return False
-    if _loopback(host) or not urllib.request.getproxies().get("http"):
+    if is_loopback(host) or not urllib.request.getproxies().get("http"):
         return True
     return bool(urllib.request.proxy_bypass(host))
-
-
-def _loopback(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a name
-        return False
 
 
 class HttpTransport:

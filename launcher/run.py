@@ -533,7 +533,7 @@ def _start_embedded(args: argparse.Namespace, options: RunOptions, run_path: Pat
                  if placement.control_port is not None else "")
         _say(out, f"every node's ranks export to it ({placement.why}){polls}; the summary of all ranks "
                   f"is written here")
-        from traceml.processor.api import is_loopback
+        from traceml.schema.hosts import is_loopback
 
         if not options.processor_token_file and not is_loopback(endpoints.grpc_host):
             _say(out, f"warning: the job's processor listens on {endpoints.grpc_address} without a "

@@ -36,7 +36,7 @@ _OWNERS: dict[str, tuple[str, ...]] = {
     # Deep captures kept with a run: its raw traces (`traceml run` copies them beside the summary).
     "capture.files": ("capture_trace_paths",),
     # Addresses, tokens and the summary folder of a run id.
-    "security": ("parse_host_port", "is_loopback", "read_token_file", "TokenFileError",
+    "security": ("parse_host_port", "read_token_file", "TokenFileError",
                  "summary_folder"),
 }
 _OWNER_OF = {name: module for module, names in _OWNERS.items() for name in names}

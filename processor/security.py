@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 import logging
 import re
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
+
+from traceml.schema.hosts import is_loopback
 
 LOG = logging.getLogger(__name__)
 
@@ -139,15 +140,6 @@ def parse_host_port(value: str, *, default_host: str = "127.0.0.1") -> tuple[str
     if not 0 <= port <= 65535:
         raise ValueError(f"port out of range in {value!r}")
     return host, port
-
-
-def is_loopback(host: str) -> bool:
-    if host in ("localhost",):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def warn_if_exposed(what: str, host: str, auth: BearerAuth, tls: TlsConfig) -> None:

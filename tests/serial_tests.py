@@ -227,7 +227,8 @@ def module_group_scheduling(config: pytest.Config, log=None):
         def _block_running(self, node) -> bool:
             if self._block_node is None or self._block_node is node:
                 return False
-            return not all(self.assigned_work.get(self._block_node, {}).get(SERIAL_BLOCK, {None: True}).values())
+            block = self.assigned_work[self._block_node][SERIAL_BLOCK]  # node id -> done
+            return not all(block.values())
 
         def _assign_work_unit(self, node) -> None:
             if not self._ordered:  # the first call: the block goes first, in its running order

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from tests.durations import store_durations
-from tests.serial_tests import (SerialLock, group_shared_fixtures, is_beside_serial, mark_serial,
-                                module_group_scheduling)
+from tests.serial_tests import (SerialLock, group_shared_fixtures, holds_the_room, is_beside_serial, mark_serial,
+                                module_group_scheduling, run_at)
 
 _SERIAL_LOCK = pytest.StashKey["SerialLock"]()
 
@@ -75,20 +75,25 @@ def pytest_xdist_make_scheduler(config, log):
 
 @pytest.hookimpl(tryfirst=True, wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Under pytest-xdist, a `serial` test runs with no other test beside it but those listed as
-    fit to (tests/serial_tests.py: they wait and use next to no CPU; they take no lock).
+    """Under pytest-xdist, a `serial` test runs at normal priority and every other at idle priority
+    where the workers can set it, and one that holds the room runs with no other test beside it but
+    those listed as fit to (tests/serial_tests.py: they wait and use next to no CPU; they take no lock).
 
     The outermost wrapper, so the wait for the lock is neither in the test's timeout nor its duration.
     """
     lock = item.config.stash.get(_SERIAL_LOCK, None)
-    if lock is None or is_beside_serial(item.nodeid):  # it may run beside a serial test: no lock
+    if lock is None:
         return (yield)
-    exclusive = item.get_closest_marker("serial") is not None
+    if lock.by_priority:
+        run_at(serial=item.get_closest_marker("serial") is not None)
+    if is_beside_serial(item.nodeid):  # it may run beside a serial test: no lock
+        return (yield)
+    exclusive = holds_the_room(item.nodeid, lock.by_priority)
     lock.enter(exclusive)
     try:
         return (yield)
     finally:
-        after = nextitem is not None and nextitem.get_closest_marker("serial") is not None
+        after = nextitem is not None and holds_the_room(nextitem.nodeid, lock.by_priority)
         lock.leave(exclusive, next_exclusive=after)  # a serial test keeps the room for the next one
 
 

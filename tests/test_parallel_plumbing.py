@@ -13,8 +13,8 @@ import pytest
 
 import harness.ports as ports
 from tests.durations import UNKNOWN_SECONDS, load_durations, store_durations, unit_seconds
-from tests.serial_tests import (BESIDE_SERIAL, SERIAL_BLOCK, SerialLock, block_order, next_unit, queue_order,
-                                work_units)
+from tests.serial_tests import (BESIDE_SERIAL, SERIAL_BLOCK, WHOLE_MACHINE, SerialLock, block_order, holds_the_room,
+                                idle_priority_works, next_unit, queue_order, run_at, work_units)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -101,7 +101,40 @@ def test_the_serial_tests_are_one_work_unit_alone_ones_first_and_grouped_modules
                      collection[4]: shared, collection[5]: shared,
                      "tests/schema/test_x.py::test_y": "tests/schema/test_x.py::test_y"}
     block = [nodeid for nodeid in collection if units[nodeid] == SERIAL_BLOCK]
-    assert block_order(block, grouped={demo, shared}) == [alone_serial, collection[0], collection[1]]
+    assert block_order(block, grouped={demo, shared}, by_priority=False) == [alone_serial, collection[0], collection[1]]
+
+
+def test_where_priorities_keep_the_room_the_block_starts_with_the_tests_that_still_hold_it():
+    demo = "tests/launcher/test_demo_and_surfaces.py"
+    alone_serial = "tests/launcher/test_collective_diagnosis.py::test_a_balanced_ddp_run_names_no_rank"
+    whole = next(entry for entry in WHOLE_MACHINE if "::" in entry)
+    block = [f"{demo}::test_demo_diagnosis_names_the_injected_problem_and_rank[balanced]",
+             f"{demo}::test_top_reads_a_processor_database", alone_serial, whole]
+    assert [holds_the_room(nodeid, by_priority=True) for nodeid in block] == [False, False, False, True]
+    assert [holds_the_room(nodeid, by_priority=False) for nodeid in block] == [True, False, True, True]
+    assert block_order(block, grouped={demo}, by_priority=True) == [whole, alone_serial, *block[:2]]
+    assert block_order(block, grouped={demo}, by_priority=False) == [alone_serial, whole, *block[:2]]
+
+
+@pytest.mark.skipif(not idle_priority_works(), reason="this host does not let a process leave SCHED_IDLE again")
+def test_a_test_at_idle_priority_starts_its_processes_at_idle_priority_and_a_serial_one_at_normal():
+    import os
+
+    def child_policy() -> int:
+        child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+        try:
+            return os.sched_getscheduler(child.pid)
+        finally:
+            child.communicate(b"")
+
+    before = os.sched_getscheduler(0)
+    try:
+        run_at(serial=False)
+        assert child_policy() == os.SCHED_IDLE
+        run_at(serial=True)
+        assert child_policy() == os.SCHED_OTHER
+    finally:
+        os.sched_setscheduler(0, before, os.sched_param(0))
 
 
 def test_the_tests_fit_to_run_beside_the_serial_block_come_right_after_it_and_the_rest_longest_first():
@@ -117,11 +150,11 @@ def test_the_tests_fit_to_run_beside_the_serial_block_come_right_after_it_and_th
 def test_beside_a_running_serial_block_a_worker_gets_the_shortest_unit_and_after_it_the_longest():
     beside = f"{next(iter(BESIDE_SERIAL))}[p]"
     queue = [SERIAL_BLOCK, beside, "tests/long.py", "tests/short.py::test_z"]
-    assert next_unit(queue, block_running=False) == SERIAL_BLOCK
-    assert next_unit(queue[1:], block_running=True) == beside  # no lock: it runs while the block holds the room
+    assert next_unit(queue, room_held=False) == SERIAL_BLOCK
+    assert next_unit(queue[1:], room_held=True) == beside  # no lock: it runs while the block holds the room
     # A serial test waits for what the other workers have in hand: the shortest keeps it waiting least.
-    assert next_unit(queue[2:], block_running=True) == "tests/short.py::test_z"
-    assert next_unit(queue[2:], block_running=False) == "tests/long.py"
+    assert next_unit(queue[2:], room_held=True) == "tests/short.py::test_z"
+    assert next_unit(queue[2:], room_held=False) == "tests/long.py"
 
 
 def test_durations_are_stored_per_test_and_kept_for_tests_that_did_not_run(tmp_path):

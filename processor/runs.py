@@ -84,6 +84,7 @@ class RunState:
     points: list = field(default_factory=list)
     analysis_s: float | None = None
     refreshed_at: float = float("-inf")  # monotonic (the monitor's clock), latest refresh
+    watch_s: float | None = None  # seconds between the watch's analyses of this run (None: the first)
     freshness: str | None = None
     last_error: str | None = None
 
@@ -98,7 +99,8 @@ class RunMonitor:
                  retain_ended_s: float = 600.0, clock: Callable[[], float] = time.monotonic,
                  on_ended: Callable[[str], None] | None = None, poll_store: bool = False,
                  on_forgotten: Callable[[str], None] | None = None,
-                 on_refreshed: Callable[[str, object], None] | None = None, watch_interval_s: float | None = None):
+                 on_refreshed: Callable[[str, object], bool | None] | None = None,
+                 watch_interval_s: float | None = None, watch_max_interval_s: float | None = None):
         self.db_path = Path(db_path)
         self.backend = backend
         self.summary_dir = Path(summary_dir) if summary_dir else None
@@ -110,8 +112,11 @@ class RunMonitor:
         self._on_forgotten = on_forgotten  # frees the run's slot under the run cap
         # Told each fresh analysis (the capture policy); with `watch_interval_s`, a run with new rows is
         # analysed that often although nobody reads its figures, so the policy sees its findings.
+        # Where the callback answers False (nothing near to act on), the run's interval doubles, up
+        # to `watch_max_interval_s`; any other answer takes it back to `watch_interval_s`.
         self._on_refreshed = on_refreshed
         self.watch_interval_s = watch_interval_s
+        self.watch_max_interval_s = max(watch_interval_s or 0.0, watch_max_interval_s or 0.0)
         self._poll = poll_store  # ingest workers commit in other processes: learn from the store
         self._seen: dict[str, tuple] = {}
         self._lock = threading.Lock()
@@ -311,7 +316,7 @@ class RunMonitor:
                         return 0.0
                     due.append(state.last_activity + self.idle_timeout_s)
                     if state.dirty and self.watch_interval_s is not None:
-                        due.append(state.refreshed_at + self.watch_interval_s)
+                        due.append(state.refreshed_at + self._watch_s(state))
                 else:
                     due.append(state.last_activity + self.retain_ended_s)
         if not due:
@@ -331,7 +336,7 @@ class RunMonitor:
         for state in states:
             if state.ended is None:
                 ending = state.all_finished() or now - state.last_activity >= self.idle_timeout_s
-                watched = self.watch_interval_s is not None and now - state.refreshed_at >= self.watch_interval_s
+                watched = self.watch_interval_s is not None and now - state.refreshed_at >= self._watch_s(state)
                 if state.session is None or (state.dirty and (refresh_dirty or ending or watched)):
                     self._refresh(state)
                 if state.all_finished():
@@ -389,10 +394,17 @@ class RunMonitor:
         # Not for a run ending now (every rank sent its end marker): nobody is left to act on it.
         if result is not None and self._on_refreshed is not None and not state.all_finished():
             try:
-                self._on_refreshed(state.run_id, result)
+                near = self._on_refreshed(state.run_id, result) is not False
             except Exception:
+                near = True
                 LOG.exception("after the analysis of run %r", state.run_id)
+            if self.watch_interval_s is not None:
+                state.watch_s = self.watch_interval_s if near or state.watch_s is None \
+                    else min(2 * state.watch_s, self.watch_max_interval_s)
         self.refreshes += 1
+
+    def _watch_s(self, state: RunState) -> float:
+        return self.watch_interval_s if state.watch_s is None else state.watch_s
 
     def _end(self, state: RunState, how: str) -> None:
         state.ended = how

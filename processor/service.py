@@ -224,7 +224,8 @@ class ProcessorService:
             refresh_interval_s=config.refresh_interval_s, idle_timeout_s=config.idle_timeout_s,
             poll_store=config.workers > 1, on_forgotten=self._forget_run,
             on_refreshed=self.capture_policy.after_refresh if auto else None,
-            watch_interval_s=s.CAPTURE_WATCH_INTERVAL_S if auto else None)
+            watch_interval_s=s.CAPTURE_WATCH_INTERVAL_S if auto else None,
+            watch_max_interval_s=s.CAPTURE_WATCH_MAX_INTERVAL_S)
         self.monitor.adopt(known)
         self.captures.adopt(known)
         self.ingest = IngestQueue(self.store, stats=self.stats, on_committed=self.monitor.observe,

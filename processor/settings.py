@@ -424,6 +424,14 @@ holds the processor's background cost); a straggler confirmed over 20 steps is s
 later. A run a scrape or the summary push reads is analysed at their pace and never waits for this
 (`traceml run`'s live view and the web view read through sessions of their own: they do not)."""
 
+CAPTURE_WATCH_MAX_INTERVAL_S = 30.0
+"""The longest the watch waits between analyses of a run whose last one found nothing a capture
+could be asked for over a window long enough to confirm a finding (`bears_watching`): each such
+analysis doubles the run's interval from CAPTURE_WATCH_INTERVAL_S up to this; an analysis that
+names a culprit, or a window still too short, takes it back to the start. A balanced run then
+costs one analysis every 30 s instead of every 5 s, and a straggler that appears late in a long
+balanced run is looked at within 30 s of its rows (issue 37)."""
+
 # --- internal sizes: no flag, stated here so that their users share one value ------------
 
 MAX_PENDING_RECORDS = 200_000

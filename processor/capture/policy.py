@@ -19,6 +19,7 @@ import statistics
 import threading
 
 from traceml.processor.capture.book import CaptureBook
+from traceml.processor.diagnosis.policy import DEFAULT_POLICY
 from traceml.schema.diagnosis import COLLECTIVE_BOUND, STATUS_CONFIRMED, STEP_TIME_DRIFT, STRAGGLER_KINDS
 from traceml.schema.vocabulary import METRIC_STEP_TIME
 
@@ -90,6 +91,15 @@ def capture_target(analysis) -> tuple[str, int, int] | None:
     return None
 
 
+def bears_watching(analysis) -> bool:
+    """Whether the watch should look at the run again soon: a finding names a culprit (confirmed or
+    not yet), or the window is still shorter than a confirmation needs. Otherwise (balanced, or
+    findings that name nobody, over enough steps) no capture is near, and the watch may slow down."""
+    if analysis.window.step_count < DEFAULT_POLICY.crit_min_steps:
+        return True
+    return any(culprit_of(issue) is not None for issue in analysis.diagnosis.issues)
+
+
 class CapturePolicy:
     """The monitor's side of the book: asks after refreshes, answers reference choices."""
 
@@ -98,7 +108,8 @@ class CapturePolicy:
         self._lock = threading.Lock()
         self._windows: dict[str, object] = {}  # run id -> its latest analysed window
 
-    def after_refresh(self, run_id: str, result) -> None:
+    def after_refresh(self, run_id: str, result) -> bool:
+        """Ask for a capture if a confirmed finding calls for one; returns `bears_watching`."""
         analysis = result.analysis
         with self._lock:
             self._windows[run_id] = analysis.window
@@ -107,6 +118,7 @@ class CapturePolicy:
         if target is not None:
             trigger, culprit, reference = target
             self.book.auto_capture(run_id, culprit, reference, trigger)
+        return bears_watching(analysis)
 
     def choose_reference(self, run_id: str, culprit: int) -> int | None:
         with self._lock:

@@ -19,7 +19,7 @@ from traceml.processor.capture.book import (
     stored_captures,
 )
 from traceml.processor.capture.files import CaptureFiles, capture_trace_paths, load_records, run_captures_folder
-from traceml.processor.capture.policy import CapturePolicy, capture_target, culprit_of, reference_for
+from traceml.processor.capture.policy import CapturePolicy, bears_watching, capture_target, culprit_of, reference_for
 from traceml.processor.capture.book import digest_of
 from traceml.schema import diagnosis as d
 from traceml.schema.capture import (
@@ -197,8 +197,9 @@ def _facts(rank, step_ms, node, host="h"):
     return SimpleNamespace(identity=identity, average=SimpleNamespace(step_time=step_ms))
 
 
-def _window(facts, representative):
-    return SimpleNamespace(rank_facts=facts, metrics={"step_time": SimpleNamespace(representative_rank=representative)})
+def _window(facts, representative, steps=40):
+    return SimpleNamespace(rank_facts=facts, metrics={"step_time": SimpleNamespace(representative_rank=representative)},
+                           step_count=steps)
 
 
 def _issue(kind, culprit=None, status=d.STATUS_CONFIRMED, evidence=None):
@@ -240,14 +241,27 @@ def test_the_policy_asks_the_book_after_a_refresh_and_a_balanced_run_asks_nothin
     facts = {0: _facts(0, 50.0, 0), 1: _facts(1, 50.0, 0)}
     balanced = SimpleNamespace(analysis=SimpleNamespace(window=_window(facts, 0), diagnosis=SimpleNamespace(
         issues=(_issue(d.BALANCED, status=d.STATUS_BALANCED),))))
-    policy.after_refresh(RUN, balanced)
+    assert policy.after_refresh(RUN, balanced) is False  # nothing near: the watch may slow down
     assert book.of_run(RUN) == []
     straggler = SimpleNamespace(analysis=SimpleNamespace(window=_window(facts, 0), diagnosis=SimpleNamespace(
         issues=(_issue(d.COMPUTE_STRAGGLER, 1),))))
-    policy.after_refresh(RUN, straggler)
+    assert policy.after_refresh(RUN, straggler) is True
     [record] = book.of_run(RUN)
     assert (record.trigger, record.culprit_rank, record.reference_rank) == (d.COMPUTE_STRAGGLER, 1, 0)
     assert policy.choose_reference(RUN, 0) == 1
+
+
+def test_the_watch_may_slow_down_only_over_a_confirmable_window_with_no_culprit_in_sight():
+    facts = {0: _facts(0, 50.0, 0), 1: _facts(1, 50.0, 0)}
+
+    def analysis(steps, *issues):
+        return SimpleNamespace(window=_window(facts, 0, steps), diagnosis=SimpleNamespace(issues=issues))
+
+    assert not bears_watching(analysis(20, _issue(d.BALANCED, status=d.STATUS_BALANCED)))
+    assert not bears_watching(analysis(20, _issue(d.INPUT_BOUND)))  # a finding, but nobody to capture
+    assert bears_watching(analysis(19, _issue(d.BALANCED, status=d.STATUS_BALANCED)))  # too short to confirm
+    assert bears_watching(analysis(20, _issue(d.COMPUTE_STRAGGLER, 1, status=d.STATUS_PROVISIONAL)))
+    assert bears_watching(analysis(400, _issue(d.INPUT_BOUND), _issue(d.STEP_TIME_DRIFT, 2)))
 
 
 def test_after_a_restart_the_adopted_runs_captures_come_back_open_ones_failed_and_other_runs_files_go(tmp_path):

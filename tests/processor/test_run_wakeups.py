@@ -114,3 +114,25 @@ def test_with_a_watch_interval_rows_nobody_reads_are_analysed_at_that_pace_and_e
         assert backend.refreshes == 2
     finally:
         monitor.stop(summarise_open_runs=False)
+
+
+def test_the_watch_doubles_a_runs_interval_while_nothing_is_near_and_starts_over_when_something_is(tmp_path):
+    """Issue 37: a run whose analyses find nothing a capture could be asked for is watched ever less
+    often (up to `watch_max_interval_s`); one that names a culprit, at the start again. New rows
+    arrive every second; the monitor's rounds run on a clock the test sets."""
+    backend = _Backend()
+    near = {1: True, 2: False, 3: False, 4: False, 5: True}  # the policy's answer to each analysis
+    now = [0.0]
+    monitor = RunMonitor(tmp_path / "absent.db", backend, summary_dir=None, refresh_interval_s=5.0,
+                         idle_timeout_s=3600.0, watch_interval_s=1.0, watch_max_interval_s=4.0,
+                         clock=lambda: now[0], on_refreshed=lambda run_id, result: near.get(result.count, True))
+    analysed_at = []
+    for second in range(13):
+        now[0] = float(second)
+        monitor.observe([_rows("w", range(second * 3, second * 3 + 3))])
+        before = backend.refreshes
+        monitor.tick(refresh_dirty=False)  # a round nobody asked for: only the watch refreshes
+        if backend.refreshes > before:
+            analysed_at.append(second)
+    # 1 s after a near answer, then 2 and 4 s, 4 s at most, and 1 s again after the next near one.
+    assert analysed_at == [0, 1, 3, 7, 11, 12]

@@ -10,6 +10,7 @@ from tests.serial_tests import (SerialLock, group_shared_fixtures, holds_the_roo
                                 module_group_scheduling, run_at)
 
 _SERIAL_LOCK = pytest.StashKey["SerialLock"]()
+_GROUPED = pytest.StashKey[set]()
 
 if sys.dont_write_bytecode and sys.prefix != sys.base_prefix and sys.pycache_prefix is None:
     # PYTHONDONTWRITEBYTECODE keeps bytecode out of the checkout; pytest then rewrites and
@@ -52,7 +53,14 @@ class _DurationRecorder:
 def pytest_collection_modifyitems(config, items):
     mark_serial(items, config.rootpath)
     if getattr(config, "workerinput", None) is not None and config.option.basetemp:
-        group_shared_fixtures(items, Path(config.option.basetemp).parent)
+        config.stash[_GROUPED] = group_shared_fixtures(items, Path(config.option.basetemp).parent)
+
+
+def pytest_collection_finish(session):
+    """The serial block as the scheduler will hand it out: the tests left after `-m` and `-k`."""
+    lock = session.config.stash.get(_SERIAL_LOCK, None)
+    if lock is not None:
+        lock.know_block([item.nodeid for item in session.items], session.config.stash.get(_GROUPED, set()))
 
 
 _WHOLLY_SLOW = re.compile(r"^pytestmark = \[?pytest\.mark\.slow\b", re.M)
@@ -75,9 +83,10 @@ def pytest_xdist_make_scheduler(config, log):
 
 @pytest.hookimpl(tryfirst=True, wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Under pytest-xdist, a `serial` test runs at normal priority and every other at idle priority
-    where the workers can set it, and one that holds the room runs with no other test beside it but
-    those listed as fit to (tests/serial_tests.py: they wait and use next to no CPU; they take no lock).
+    """Under pytest-xdist, where the workers can set priorities, the serial block's tests run at
+    normal priority and the others at idle priority until the block is done; a test that holds
+    the room runs with no other test beside it but those listed as fit to (tests/serial_tests.py:
+    they wait and use next to no CPU; they take no lock).
 
     The outermost wrapper, so the wait for the lock is neither in the test's timeout nor its duration.
     """
@@ -85,16 +94,18 @@ def pytest_runtest_protocol(item, nextitem):
     if lock is None:
         return (yield)
     if lock.by_priority:
-        run_at(serial=item.get_closest_marker("serial") is not None)
-    if is_beside_serial(item.nodeid):  # it may run beside a serial test: no lock
-        return (yield)
+        run_at(normal=lock.at_normal_priority(item.nodeid))
+    locks = not is_beside_serial(item.nodeid)  # one that may run beside a serial test takes no lock
     exclusive = holds_the_room(item.nodeid, lock.by_priority)
-    lock.enter(exclusive)
+    if locks:
+        lock.enter(exclusive)
     try:
         return (yield)
     finally:
-        after = nextitem is not None and holds_the_room(nextitem.nodeid, lock.by_priority)
-        lock.leave(exclusive, next_exclusive=after)  # a serial test keeps the room for the next one
+        if locks:
+            after = nextitem is not None and holds_the_room(nextitem.nodeid, lock.by_priority)
+            lock.leave(exclusive, next_exclusive=after)  # a serial test keeps the room for the next one
+        lock.finished(item.nodeid)
 
 
 def pytest_configure(config):

@@ -16,12 +16,15 @@ without its parameters); an entry that matches nothing in a module that was coll
 an error, so a renamed test cannot silently fall out of the list.
 
 Where the workers may set their own scheduling policy (Linux, allowed to leave SCHED_IDLE again:
-`idle_priority_works`), the room is kept by priority instead: every other test runs at idle
-priority (SCHED_IDLE, inherited by the processes it starts), a serial test at normal priority,
-so the kernel gives a serial test's processes a core the moment they want one and the other
-workers only the time they leave; without the lock, the other workers use that time instead of
-waiting. Only the serial tests listed in WHOLE_MACHINE (they read the host's own load, or were
-seen to change with idle-priority neighbours) still take the room exclusively.
+`idle_priority_works`), the room is kept by priority instead: while the serial block (below)
+runs, its tests run at normal priority and every other test at idle priority (SCHED_IDLE,
+inherited by the processes it starts), so the kernel gives the block's processes a core the
+moment they want one and the other workers only the time they leave; without the lock, the
+other workers use that time instead of waiting. Once the block is done every test runs at
+normal priority again: idle-priority processes do not preempt each other when they wake (the
+next tick does, up to 4 ms later), which the other tests should pay only while they must. Only
+the serial tests listed in WHOLE_MACHINE (they read the host's own load, or were seen to change
+with idle-priority neighbours) still take the room exclusively.
 
 While a serial test holds the room, the other workers wait; before it starts, it waits for the tests the
 other workers are running. So that the second wait is paid once rather than before each serial
@@ -167,10 +170,10 @@ def idle_priority_works() -> bool:
             pass
 
 
-def run_at(serial: bool) -> None:
-    """This thread, and the processes it starts from now on: normal priority for a serial test,
-    idle priority (they run on what normal-priority work leaves) for any other."""
-    os.sched_setscheduler(0, os.SCHED_OTHER if serial else os.SCHED_IDLE, os.sched_param(0))
+def run_at(normal: bool) -> None:
+    """This thread, and the processes it starts from now on: normal priority, or idle priority
+    (they run on what normal-priority work leaves)."""
+    os.sched_setscheduler(0, os.SCHED_OTHER if normal else os.SCHED_IDLE, os.sched_param(0))
 
 
 SERIAL_BLOCK = "serial tests"
@@ -226,7 +229,7 @@ def block_order(nodeids: list[str], grouped: set[str], by_priority: bool) -> lis
     return sorted(nodeids, key=lambda nodeid: (unit(nodeid) != nodeid, unit(nodeid) not in holding))
 
 
-def group_shared_fixtures(items: list[pytest.Item], folder: Path) -> None:
+def group_shared_fixtures(items: list[pytest.Item], folder: Path) -> set[str]:
     """Write down the modules whose tests share a module-, class- or package-scoped fixture.
 
     Such a fixture is one expensive thing (a training run, a receiver, a demo) read by many
@@ -235,12 +238,14 @@ def group_shared_fixtures(items: list[pytest.Item], folder: Path) -> None:
     from the `_nodeid` that xdist 3.8 rewrites (the marker is accepted and silently ignored),
     so each worker writes the list into the session's shared temporary root and
     `ModuleGroupScheduling`, on the controller, reads it before it hands out the first test.
+    Returns the same list.
     """
-    grouped = sorted({item.nodeid.split("::", 1)[0] for item in items if _shares_a_fixture(item)})
+    grouped = {item.nodeid.split("::", 1)[0] for item in items if _shares_a_fixture(item)}
     folder.mkdir(parents=True, exist_ok=True)
     partial = folder / f"{_GROUPS_PREFIX}{os.getpid()}.tmp"
-    partial.write_text("\n".join(grouped))
+    partial.write_text("\n".join(sorted(grouped)))
     partial.replace(folder / f"{_GROUPS_PREFIX}{os.getpid()}.txt")
+    return grouped
 
 
 def _shares_a_fixture(item: pytest.Item) -> bool:
@@ -326,7 +331,8 @@ def mark_serial(items: list[pytest.Item], root: Path) -> None:
 
 
 class SerialLock:
-    """The shared/exclusive lock of one xdist session (see the module docstring)."""
+    """The shared/exclusive lock of one xdist session, and whether a test runs at normal
+    priority (see the module docstring)."""
 
     def __init__(self, folder: Path) -> None:
         self.by_priority = idle_priority_works()
@@ -334,6 +340,28 @@ class SerialLock:
         self._turnstile = open(folder / "serial-turnstile.lock", "a+b")
         self._room = open(folder / "serial-room.lock", "a+b")
         self._kept = False  # still held exclusively for the next serial test
+        self._block_done = folder / "serial-block-done"  # written by the worker that ran the block
+        self._block: set[str] = set()
+        self._block_left = 0
+
+    def know_block(self, collection: list[str], grouped: set[str]) -> None:
+        """The serial block's tests, from this worker's collection (`work_units`): the worker that
+        runs them counts them down and says when the last is done."""
+        units = work_units(collection, grouped)
+        self._block = {nodeid for nodeid, unit in units.items() if unit == SERIAL_BLOCK}
+        self._block_left = len(self._block)
+        if not self._block:
+            self._block_done.touch()
+
+    def at_normal_priority(self, nodeid: str) -> bool:
+        """A test of the serial block: yes; any other: once the block is done."""
+        return nodeid in self._block or self._block_done.exists()
+
+    def finished(self, nodeid: str) -> None:
+        if nodeid in self._block:
+            self._block_left -= 1
+            if self._block_left == 0:
+                self._block_done.touch()
 
     def enter(self, exclusive: bool) -> None:
         if self._kept:

@@ -116,6 +116,24 @@ def test_where_priorities_keep_the_room_the_block_starts_with_the_tests_that_sti
     assert block_order(block, grouped={demo}, by_priority=False) == [alone_serial, whole, *block[:2]]
 
 
+def test_the_serial_blocks_tests_run_at_normal_priority_and_the_others_once_the_block_is_done(tmp_path):
+    demo = "tests/launcher/test_demo_and_surfaces.py"
+    serial = "tests/launcher/test_collective_diagnosis.py::test_a_balanced_ddp_run_names_no_rank"
+    collection = [f"{demo}::test_demo_diagnosis_names_the_injected_problem_and_rank[balanced]",
+                  f"{demo}::test_top_reads_a_processor_database", serial, "tests/schema/test_x.py::test_y"]
+    block_worker, other = SerialLock(tmp_path), SerialLock(tmp_path)  # two workers of one run
+    for lock in (block_worker, other):
+        lock.know_block(collection, grouped={demo})
+    assert [block_worker.at_normal_priority(nodeid) for nodeid in collection] == [True, True, True, False]
+    for nodeid in collection[:3]:
+        assert not other.at_normal_priority(collection[3])
+        block_worker.finished(nodeid)  # the block's last test done: every test at normal priority again
+    assert other.at_normal_priority(collection[3]) and block_worker.at_normal_priority(collection[3])
+    nothing_serial = SerialLock(tmp_path / "other-run")
+    nothing_serial.know_block(collection[3:], grouped=set())
+    assert nothing_serial.at_normal_priority(collection[3])
+
+
 @pytest.mark.skipif(not idle_priority_works(), reason="this host does not let a process leave SCHED_IDLE again")
 def test_a_test_at_idle_priority_starts_its_processes_at_idle_priority_and_a_serial_one_at_normal():
     import os
@@ -129,9 +147,9 @@ def test_a_test_at_idle_priority_starts_its_processes_at_idle_priority_and_a_ser
 
     before = os.sched_getscheduler(0)
     try:
-        run_at(serial=False)
+        run_at(normal=False)
         assert child_policy() == os.SCHED_IDLE
-        run_at(serial=True)
+        run_at(normal=True)
         assert child_policy() == os.SCHED_OTHER
     finally:
         os.sched_setscheduler(0, before, os.sched_param(0))

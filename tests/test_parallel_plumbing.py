@@ -106,9 +106,9 @@ def test_the_serial_tests_are_one_work_unit_alone_ones_first_and_grouped_modules
 
 def test_where_priorities_keep_the_room_the_block_starts_with_the_tests_that_still_hold_it():
     demo = "tests/launcher/test_demo_and_surfaces.py"
-    alone_serial = "tests/launcher/test_collective_diagnosis.py::test_a_balanced_ddp_run_names_no_rank"
+    alone_serial = "tests/launcher/test_collective_hf.py::test_the_fast_rank_waits_in_hugging_faces_token_count_gather"
     whole = next(entry for entry in WHOLE_MACHINE if "::" in entry)
-    block = [f"{demo}::test_demo_diagnosis_names_the_injected_problem_and_rank[balanced]",
+    block = [f"{demo}::test_demo_diagnosis_names_the_injected_problem_and_rank[input-straggler]",
              f"{demo}::test_top_reads_a_processor_database", alone_serial, whole]
     assert [holds_the_room(nodeid, by_priority=True) for nodeid in block] == [False, False, False, True]
     assert [holds_the_room(nodeid, by_priority=False) for nodeid in block] == [True, False, True, True]

@@ -23,8 +23,8 @@ moment they want one and the other workers only the time they leave; without the
 other workers use that time instead of waiting. Once the block is done every test runs at
 normal priority again: idle-priority processes do not preempt each other when they wake (the
 next tick does, up to 4 ms later), which the other tests should pay only while they must. Only
-the serial tests listed in WHOLE_MACHINE (they read the host's own load, or were seen to change
-with idle-priority neighbours) still take the room exclusively.
+the serial tests listed in WHOLE_MACHINE (they read the host's own load, nothing is injected into
+them, or they were seen to change with idle-priority neighbours) still take the room exclusively.
 
 While a serial test holds the room, the other workers wait; before it starts, it waits for the tests the
 other workers are running. So that the second wait is paid once rather than before each serial
@@ -46,7 +46,7 @@ import pytest
 
 from tests.durations import load_durations, unit_seconds
 
-# node id (prefix) -> why it must not share the machine with other tests
+# node id (prefix) -> why it must not share the machine with other tests at its own priority
 SERIAL: dict[str, str] = {
     "tests/benchmarks/test_bench_resources.py":
         "throughput ratios with and without the sampler, and tick counts in a fixed time",
@@ -235,7 +235,7 @@ def next_unit(queue: list[str], room_held: bool) -> str:
 
 def block_order(nodeids: list[str], grouped: set[str], by_priority: bool) -> list[str]:
     """The serial block's tests in running order: the serial tests of modules without a shared
-    fixture first, one after the other (the machine stays theirs throughout), then each grouped
+    fixture first, one after the other, then each grouped
     module whole, as collected (a module's tests stay together, so its fixtures are built once);
     within each part those that hold the room (`holds_the_room`) go first, so the other workers'
     wait for short tests ends early."""

@@ -13,8 +13,9 @@ export TRACEML_TEST_DIST="$PWD/dist"
 # One pytest-xdist worker more than there are cores (most tests spend part of their time waiting
 # on the processes they start; with one per core the cores idle then), at most eight (the free-port
 # slices, harness/ports.py); TRACEML_TEST_WORKERS overrides. A module's tests that share a
-# module-scoped fixture stay on one worker, the tests that measure time run with nothing beside
-# them, and the longest work goes out first (tests/serial_tests.py, tests/durations.py).
+# module-scoped fixture stay on one worker, the tests that measure time run first, at normal
+# priority while the others run at idle priority (alone where priorities cannot be set), and the
+# longest work goes out first (tests/serial_tests.py, tests/durations.py).
 WORKERS=${TRACEML_TEST_WORKERS:-$(( $(nproc) + 1 ))}
 (( WORKERS > 8 )) && WORKERS=8
 exec "$PYTHON_UNDER_TEST" -m pytest -q -n "$WORKERS" --dist loadscope "$@"

@@ -4,7 +4,7 @@
 decides how long the run takes. Handed out in collection order, a minute-long test picked up
 last runs alone at the end, and one picked up beside the serial block keeps a serial test
 waiting for the room (tests/serial_tests.py). With each test's duration known the scheduler
-hands out the longest work first, and beside the serial block only the shortest.
+hands out the longest work first, and beside a serial test that holds the room only the shortest.
 
 The figures live in `tests/durations.json` (node id -> seconds of setup, call and teardown,
 one decimal), written by `pytest --store-durations` on a whole run and committed; a test not

@@ -4,9 +4,9 @@
 processes and share the CPUs well; the ones listed here measure time or decide something
 from how fast a rank, a thread or a loop went, with margins that another worker's test
 burning a core beside them could cross. They get the `serial` marker (pyproject's markers
-say what it means), and while one of them runs (setup, call and teardown) no other test of
-the same session runs on any worker: every test holds a lock on one file, the serial ones
-exclusively, the others shared. A second file is a turnstile taken before the lock, so a
+say what it means). Where priorities cannot be set (below), while one of them runs (setup,
+call and teardown) no other test of the same session runs on any worker: every test holds a
+lock on one file, the serial ones exclusively, the others shared. A second file is a turnstile taken before the lock, so a
 serial test waiting for the room to empty is not overtaken by new shared holders.
 
 The lock files live in the session's temporary root, which all workers of one run share
@@ -37,7 +37,6 @@ it, then the shortest ones (a serial test waits for them); after it, the longest
 """
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
 from pathlib import Path
@@ -177,9 +176,7 @@ def idle_priority_works() -> bool:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
         os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
         return True
-    except OSError as exc:
-        if exc.errno not in (errno.EPERM, errno.EINVAL):
-            raise
+    except OSError:  # EPERM: not allowed back; EINVAL: no SCHED_IDLE in this kernel
         return False
     finally:
         try:

@@ -3,6 +3,7 @@ the serial tests alone, and the scheduler that keeps a shared fixture's module o
 (tests/serial_tests.py)."""
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -136,8 +137,6 @@ def test_the_serial_blocks_tests_run_at_normal_priority_and_the_others_once_the_
 
 @pytest.mark.skipif(not idle_priority_works(), reason="this host does not let a process leave SCHED_IDLE again")
 def test_a_test_at_idle_priority_starts_its_processes_at_idle_priority_and_a_serial_one_at_normal():
-    import os
-
     def child_policy() -> int:
         child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
         try:

@@ -10,9 +10,15 @@ import pytest
 from harness.child_python import ROOT, child_env, module_command
 
 
+ROUNDS = "4"
+"""Each round's sampler block lasts about three 0.1 s intervals, so it holds about two ticks; with
+two rounds a clean-clone CI run once saw none at all (on_block_ticks 0), so four rounds give the
+per-tick figures more than one chance."""
+
+
 @pytest.mark.slow
 def test_bench_resources_prints_its_figures_as_json():
-    out = subprocess.run(module_command("benchmarks.bench_resources", "--rounds", "2", "--interval", "0.1",
+    out = subprocess.run(module_command("benchmarks.bench_resources", "--rounds", ROUNDS, "--interval", "0.1",
                                         "--tick-seconds", "3", "--hidden", "64", "--json"),
                          cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
